@@ -1,0 +1,3 @@
+"""rsc: a coordinator for sharded Redis Streams."""
+
+__version__ = "0.1.0"

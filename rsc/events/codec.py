@@ -1,0 +1,68 @@
+"""The one place where domain values become JSON-ready data and back.
+
+One configured cattrs converter serves the journal, snapshots and the HTTP
+wire: attribute names become camelCase, enums their values, sets sorted
+lists, and each event or command family a tagged union with a `type` field
+naming the class. Domain modules never import cattrs; only this one does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Set
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.strategies import configure_tagged_union
+
+from rsc.events.commands import GroupCommand, StreamCommand
+from rsc.events.events import GroupEvent, StreamEvent
+
+T = TypeVar("T")
+TAG = "type"
+
+
+def camel(name: str) -> str:
+    """`member_epoch` -> `memberEpoch`."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _is_set(tp: Any) -> bool:
+    origin = getattr(tp, "__origin__", tp)
+    return isinstance(origin, type) and issubclass(origin, Set)
+
+
+def _renames(cl: Any) -> dict[str, Any]:
+    return {a.name: override(rename=camel(a.name)) for a in attrs.fields(cl)}
+
+
+def make_converter() -> cattrs.Converter:
+    """Build the converter; `converter` below is the shared instance."""
+    conv = cattrs.Converter(forbid_extra_keys=False)
+    conv.register_unstructure_hook_factory(
+        attrs.has, lambda cl: make_dict_unstructure_fn(cl, conv, **_renames(cl))
+    )
+    conv.register_structure_hook_factory(
+        attrs.has, lambda cl: make_dict_structure_fn(cl, conv, **_renames(cl))
+    )
+    conv.register_unstructure_hook_func(_is_set, sorted)
+    for union in (GroupEvent, StreamEvent, GroupCommand, StreamCommand):
+        configure_tagged_union(union, conv, tag_generator=lambda cl: cl.__name__, tag_name=TAG)
+    return conv
+
+
+converter = make_converter()
+
+
+def to_json(value: Any, as_type: Any = None) -> str:
+    """Serialize `value` (as `as_type`, e.g. a union, when given) to compact JSON."""
+    data = converter.unstructure(value, unstructure_as=as_type)
+    return json.dumps(data, separators=(",", ":"), sort_keys=False)
+
+
+def from_json(text: str | bytes, as_type: type[T]) -> T:
+    """Parse JSON into `as_type`; raises `cattrs` errors on a shape mismatch."""
+    return converter.structure(json.loads(text), as_type)

@@ -1,0 +1,132 @@
+"""Commands: what someone asks an aggregate to do, in the imperative.
+
+A command carries every input its decision needs, including the time
+(`now_ms`), so deciding is a pure function. Commands are validated by
+`decide`; they are never stored, only the events they produce are.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rsc.events.model import (
+    ClientInfo,
+    DrainProgress,
+    GroupConfig,
+    Layout,
+    ReshardMode,
+    StartFrom,
+    Timing,
+)
+
+# --- group commands -------------------------------------------------------
+
+
+@attrs.frozen
+class CreateGroup:
+    """Create the group aggregate (on its first member's join)."""
+
+    stream_prefix: str
+    group: str
+    layout: Layout
+    timing: Timing = Timing()
+    config: GroupConfig = GroupConfig()
+    now_ms: int = 0
+
+
+@attrs.frozen
+class Heartbeat:
+    """One member's heartbeat (PROTOCOL section 3), stamped with arrival time.
+
+    `member_epoch` is 0 to join, -1 to leave, else the epoch the member last
+    received. `owned` is what it reads now; `revoked` acknowledges revokes.
+    """
+
+    member_id: str
+    incarnation: str
+    member_epoch: int
+    now_ms: int
+    metadata_version: int = 0
+    owned: frozenset[int] = frozenset()
+    revoked: frozenset[int] = frozenset()
+    drain_progress: tuple[DrainProgress, ...] = ()
+    client: ClientInfo = ClientInfo()
+
+
+@attrs.frozen
+class Tick:
+    """Time passed: fence expired leases and missed revokes, refresh the target."""
+
+    now_ms: int
+
+
+@attrs.frozen
+class ApplyLayout:
+    """The stream's layout changed; the group reassigns over the new shards."""
+
+    layout: Layout
+    now_ms: int
+
+
+@attrs.frozen
+class ConfigureGroup:
+    """Change per-group settings (Admin API)."""
+
+    config: GroupConfig
+
+
+@attrs.frozen
+class RemoveMember:
+    """Remove a live member by hand (Admin API); it is told FENCED."""
+
+    member_id: str
+    now_ms: int
+
+
+@attrs.frozen
+class RestartTimers:
+    """After recovery every member gets a whole lease and revoke timeout again."""
+
+    now_ms: int
+
+
+GroupCommand = CreateGroup | Heartbeat | Tick | ApplyLayout | ConfigureGroup | RemoveMember | RestartTimers
+
+# --- stream commands ------------------------------------------------------
+
+
+@attrs.frozen
+class CreateStream:
+    """Create a logical stream with `shard_count` ACTIVE shards."""
+
+    stream_prefix: str
+    shard_count: int
+    now_ms: int = 0
+
+
+@attrs.frozen
+class ChangeShardCount:
+    """The next resharding: scale out (new shards) or in (shards start draining)."""
+
+    shard_count: int
+    mode: ReshardMode = ReshardMode.ONLINE
+    now_ms: int = 0
+
+
+@attrs.frozen
+class RetireShards:
+    """Retire DRAINING shards once drain evidence is in (checked by the caller)."""
+
+    indexes: frozenset[int]
+    now_ms: int = 0
+
+
+@attrs.frozen
+class RegisterGroup:
+    """Record a consumer group reading this stream (its shard groups get created)."""
+
+    group: str
+    start_from: StartFrom = StartFrom.EARLIEST
+
+
+StreamCommand = CreateStream | ChangeShardCount | RetireShards | RegisterGroup

@@ -1,0 +1,46 @@
+"""The core's errors: each is a request the protocol refuses, with a stable code.
+
+The HTTP layer maps every one of these to a 4xx with `error: code`.
+"""
+
+from __future__ import annotations
+
+
+class CoordinationError(Exception):
+    """Base of every refusal by the pure core."""
+
+    code = "COORDINATION_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidCommand(CoordinationError):
+    """A field is out of range or inconsistent."""
+
+    code = "INVALID_REQUEST"
+
+
+class IncarnationMismatch(CoordinationError):
+    """A live member id was driven by another incarnation (PROTOCOL section 8)."""
+
+    code = "INCARNATION_MISMATCH"
+
+
+class UnsupportedProtocolVersion(CoordinationError):
+    """The request's `protocolVersion` is outside the supported range."""
+
+    code = "UNSUPPORTED_PROTOCOL_VERSION"
+
+
+class AggregateNotFound(CoordinationError):
+    """The command needs an aggregate that was never created."""
+
+    code = "NOT_FOUND"
+
+
+class CorruptHistory(CoordinationError):
+    """An event cannot apply to the state it follows: the journal is damaged."""
+
+    code = "CORRUPT_HISTORY"

@@ -1,0 +1,212 @@
+"""Events: what happened to an aggregate, named in the past tense.
+
+Folding an aggregate's events from nothing gives its state. Events marked
+`durable = False` record liveness (a heartbeat was heard) or an answer that
+changed nothing (a heartbeat was rejected): they are applied but never
+journaled, because liveness restarts in full on recovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import attrs
+
+from rsc.events.model import (
+    ClientInfo,
+    FenceReason,
+    GroupConfig,
+    HeartbeatStatus,
+    Layout,
+    ReleaseReason,
+    Shard,
+    StartFrom,
+    Timing,
+)
+
+# --- group events ---------------------------------------------------------
+
+
+@attrs.frozen
+class GroupCreated:
+    durable: ClassVar[bool] = True
+    stream_prefix: str
+    group: str
+    layout: Layout
+    timing: Timing
+    config: GroupConfig
+    created_at_ms: int
+
+
+@attrs.frozen
+class MemberJoined:
+    durable: ClassVar[bool] = True
+    member_id: str
+    incarnation: str
+    client: ClientInfo
+    joined_at_ms: int
+    group_epoch: int
+
+
+@attrs.frozen
+class MemberHeartbeated:
+    """The member was heard: its lease now ends at `lease_deadline_ms`."""
+
+    durable: ClassVar[bool] = False
+    member_id: str
+    lease_deadline_ms: int
+
+
+@attrs.frozen
+class MemberLeft:
+    durable: ClassVar[bool] = True
+    member_id: str
+    group_epoch: int
+
+
+@attrs.frozen
+class MemberFenced:
+    durable: ClassVar[bool] = True
+    member_id: str
+    incarnation: str
+    reason: FenceReason
+    fenced_at_ms: int
+    group_epoch: int
+
+
+@attrs.frozen
+class TargetAssignmentUpdated:
+    """A new target at `assignment_epoch`; `changed` lists only members whose target changed."""
+
+    durable: ClassVar[bool] = True
+    assignment_epoch: int
+    changed: Mapping[str, frozenset[int]]
+    computed_at_ms: int
+
+
+@attrs.frozen
+class MemberEpochAdvanced:
+    durable: ClassVar[bool] = True
+    member_id: str
+    member_epoch: int
+
+
+@attrs.frozen
+class ShardsRevokeRequested:
+    durable: ClassVar[bool] = True
+    member_id: str
+    shards: frozenset[int]
+    requested_at_ms: int
+    deadline_ms: int
+
+
+@attrs.frozen
+class ShardsRevokeAcked:
+    durable: ClassVar[bool] = True
+    member_id: str
+    shards: frozenset[int]
+
+
+@attrs.frozen
+class ShardsReleased:
+    durable: ClassVar[bool] = True
+    member_id: str
+    shards: frozenset[int]
+    reason: ReleaseReason
+
+
+@attrs.frozen
+class ShardsInstalled:
+    durable: ClassVar[bool] = True
+    member_id: str
+    shards: frozenset[int]
+
+
+@attrs.frozen
+class LayoutApplied:
+    durable: ClassVar[bool] = True
+    layout: Layout
+    group_epoch: int
+
+
+@attrs.frozen
+class GroupConfigured:
+    durable: ClassVar[bool] = True
+    config: GroupConfig
+
+
+@attrs.frozen
+class TimersRestarted:
+    durable: ClassVar[bool] = True
+    restarted_at_ms: int
+
+
+@attrs.frozen
+class HeartbeatRejected:
+    """A heartbeat answered FENCED or UNKNOWN_MEMBER; nothing changed."""
+
+    durable: ClassVar[bool] = False
+    member_id: str
+    status: HeartbeatStatus
+    reason: FenceReason | None = None
+
+
+GroupEvent = (
+    GroupCreated
+    | MemberJoined
+    | MemberHeartbeated
+    | MemberLeft
+    | MemberFenced
+    | TargetAssignmentUpdated
+    | MemberEpochAdvanced
+    | ShardsRevokeRequested
+    | ShardsRevokeAcked
+    | ShardsReleased
+    | ShardsInstalled
+    | LayoutApplied
+    | GroupConfigured
+    | TimersRestarted
+    | HeartbeatRejected
+)
+
+# --- stream events --------------------------------------------------------
+
+
+@attrs.frozen
+class StreamCreated:
+    durable: ClassVar[bool] = True
+    stream_prefix: str
+    layout: Layout
+    created_at_ms: int
+
+
+@attrs.frozen
+class ShardsAdded:
+    durable: ClassVar[bool] = True
+    shards: tuple[Shard, ...]
+    metadata_version: int
+
+
+@attrs.frozen
+class ShardsDraining:
+    durable: ClassVar[bool] = True
+    indexes: frozenset[int]
+    metadata_version: int
+
+
+@attrs.frozen
+class ShardsRetired:
+    durable: ClassVar[bool] = True
+    indexes: frozenset[int]
+    metadata_version: int
+
+
+@attrs.frozen
+class GroupRegistered:
+    durable: ClassVar[bool] = True
+    group: str
+    start_from: StartFrom
+
+
+StreamEvent = StreamCreated | ShardsAdded | ShardsDraining | ShardsRetired | GroupRegistered

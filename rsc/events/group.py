@@ -1,0 +1,457 @@
+"""The group aggregate: membership, epochs, target and current assignment.
+
+The rules this module keeps (PROTOCOL sections 2-4):
+
+* `group_epoch` bumps whenever the target must change (join, leave, fence,
+  layout change); `assignment_epoch` is the group epoch the target was
+  computed at; a member's `member_epoch` is the assignment epoch it has
+  reconciled to.
+* A shard is installed to at most one live member (`owners`). A member must
+  acknowledge a revoke before its shard is released, and only a released
+  shard is installed to its next owner: revoke ack -> release -> install.
+* Each member reconciles on its own heartbeats, with no group-wide barrier:
+  a member with shards to revoke keeps its old epoch and gets nothing new;
+  once it holds nothing outside its target it advances to the assignment
+  epoch and takes the targeted shards that are free (the rest stay pending).
+
+`decide(state, command)` validates a command and returns the events it
+causes; `evolve(state, event)` applies one event. Folding the events from
+`None` gives the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from rsc.events import assignor
+from rsc.events.commands import (
+    ApplyLayout,
+    ConfigureGroup,
+    CreateGroup,
+    GroupCommand,
+    Heartbeat,
+    RemoveMember,
+    RestartTimers,
+    Tick,
+)
+from rsc.events.errors import AggregateNotFound, CorruptHistory, IncarnationMismatch, InvalidCommand
+from rsc.events.events import (
+    GroupConfigured,
+    GroupCreated,
+    GroupEvent,
+    HeartbeatRejected,
+    LayoutApplied,
+    MemberEpochAdvanced,
+    MemberFenced,
+    MemberHeartbeated,
+    MemberJoined,
+    MemberLeft,
+    ShardsInstalled,
+    ShardsReleased,
+    ShardsRevokeAcked,
+    ShardsRevokeRequested,
+    TargetAssignmentUpdated,
+    TimersRestarted,
+)
+from rsc.events.model import (
+    FencedMember,
+    FenceReason,
+    GroupConfig,
+    HeartbeatStatus,
+    Layout,
+    Member,
+    MemberState,
+    ReleaseReason,
+    Timing,
+)
+from rsc.events.stream import check_name
+
+#: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.
+FENCED_MEMORY = 1024
+MAX_ID_LENGTH = 256
+
+
+@attrs.frozen
+class GroupState:
+    """Everything the coordinator knows about one consumer group."""
+
+    stream_prefix: str
+    group: str
+    layout: Layout
+    timing: Timing
+    config: GroupConfig
+    created_at_ms: int
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignment_computed_at_ms: int | None = None
+    target: Mapping[str, frozenset[int]] = attrs.field(factory=dict)
+    members: Mapping[str, Member] = attrs.field(factory=dict)
+    owners: Mapping[int, str] = attrs.field(factory=dict)
+    fenced: Mapping[str, FencedMember] = attrs.field(factory=dict)
+
+    def target_of(self, member_id: str) -> frozenset[int]:
+        """The shards the current target gives `member_id`."""
+        return self.target.get(member_id, frozenset())
+
+    def pending_of(self, member: Member) -> frozenset[int]:
+        """Targeted shards not yet installed to `member` (someone else holds them or it must revoke first)."""
+        return self.target_of(member.member_id) - member.installed
+
+    def member_state(self, member: Member) -> MemberState:
+        """Where `member` stands in its reconciliation."""
+        if member.revoking:
+            return MemberState.UNREVOKED
+        if self.pending_of(member) or member.member_epoch != self.assignment_epoch:
+            return MemberState.UNRELEASED
+        return MemberState.STABLE
+
+
+# --- evolve ---------------------------------------------------------------
+
+
+def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
+    """Apply one event; raise `CorruptHistory` if it cannot follow `state`."""
+    if state is None:
+        if not isinstance(event, GroupCreated):
+            raise CorruptHistory(f"{type(event).__name__} before GroupCreated")
+        return GroupState(
+            stream_prefix=event.stream_prefix,
+            group=event.group,
+            layout=event.layout,
+            timing=event.timing,
+            config=event.config,
+            created_at_ms=event.created_at_ms,
+        )
+    match event:
+        case GroupCreated():
+            raise CorruptHistory("GroupCreated twice")
+        case MemberJoined():
+            member = Member(
+                member_id=event.member_id,
+                incarnation=event.incarnation,
+                member_epoch=0,
+                previous_epoch=-1,
+                client=event.client,
+                joined_at_ms=event.joined_at_ms,
+                lease_deadline_ms=event.joined_at_ms + state.timing.lease_ttl_ms,
+            )
+            fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
+            return attrs.evolve(
+                state,
+                members={**state.members, event.member_id: member},
+                fenced=fenced,
+                group_epoch=event.group_epoch,
+            )
+        case MemberHeartbeated():
+            member = _member(state, event.member_id)
+            return _put(state, attrs.evolve(member, lease_deadline_ms=event.lease_deadline_ms))
+        case MemberLeft():
+            return _drop_member(state, event.member_id, event.group_epoch)
+        case MemberFenced():
+            tomb = FencedMember(event.member_id, event.incarnation, event.reason, event.fenced_at_ms)
+            fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
+            fenced[event.member_id] = tomb
+            while len(fenced) > FENCED_MEMORY:
+                del fenced[next(iter(fenced))]
+            return attrs.evolve(_drop_member(state, event.member_id, event.group_epoch), fenced=fenced)
+        case TargetAssignmentUpdated():
+            return attrs.evolve(
+                state,
+                target={**state.target, **event.changed},
+                assignment_epoch=event.assignment_epoch,
+                assignment_computed_at_ms=event.computed_at_ms,
+            )
+        case MemberEpochAdvanced():
+            member = _member(state, event.member_id)
+            return _put(
+                state,
+                attrs.evolve(member, member_epoch=event.member_epoch, previous_epoch=member.member_epoch),
+            )
+        case ShardsRevokeRequested():
+            member = _member(state, event.member_id)
+            if not event.shards <= member.assigned:
+                raise CorruptHistory(f"revoke of shards {member.member_id} does not hold")
+            return _put(
+                state,
+                attrs.evolve(
+                    member,
+                    assigned=member.assigned - event.shards,
+                    revoking=member.revoking | event.shards,
+                    revoking_since_ms=member.revoking_since_ms or event.requested_at_ms,
+                    revoke_deadline_ms=member.revoke_deadline_ms or event.deadline_ms,
+                ),
+            )
+        case ShardsRevokeAcked():
+            # The member's word only; the release that follows changes ownership.
+            if not event.shards <= _member(state, event.member_id).revoking:
+                raise CorruptHistory(f"ack of shards {event.member_id} was not revoking")
+            return state
+        case ShardsReleased():
+            member = _member(state, event.member_id)
+            if any(state.owners.get(s) != member.member_id for s in event.shards):
+                raise CorruptHistory(f"release of shards {member.member_id} does not own")
+            owners = {s: m for s, m in state.owners.items() if s not in event.shards}
+            return attrs.evolve(_put(state, _without(member, event.shards)), owners=owners)
+        case ShardsInstalled():
+            member = _member(state, event.member_id)
+            if any(s in state.owners for s in event.shards):
+                raise CorruptHistory("install of a shard another member holds")
+            owners = {**state.owners, **dict.fromkeys(event.shards, member.member_id)}
+            member = attrs.evolve(member, assigned=member.assigned | event.shards)
+            return attrs.evolve(_put(state, member), owners=owners)
+        case LayoutApplied():
+            return attrs.evolve(state, layout=event.layout, group_epoch=event.group_epoch)
+        case GroupConfigured():
+            return attrs.evolve(state, config=event.config)
+        case TimersRestarted():
+            return attrs.evolve(state, members=_restart_timers(state, event.restarted_at_ms))
+        case HeartbeatRejected():
+            return state
+
+
+def fold(events: Iterable[GroupEvent], state: GroupState | None = None) -> GroupState | None:
+    """Apply `events` in order, starting from `state` (None: from nothing)."""
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def _member(state: GroupState, member_id: str) -> Member:
+    try:
+        return state.members[member_id]
+    except KeyError:
+        raise CorruptHistory(f"event for unknown member {member_id!r}") from None
+
+
+def _put(state: GroupState, member: Member) -> GroupState:
+    return attrs.evolve(state, members={**state.members, member.member_id: member})
+
+
+def _without(member: Member, shards: frozenset[int]) -> Member:
+    """`member` no longer holding `shards`, whether they were readable or being revoked."""
+    revoking = member.revoking - shards
+    return attrs.evolve(
+        member,
+        assigned=member.assigned - shards,
+        revoking=revoking,
+        revoking_since_ms=member.revoking_since_ms if revoking else None,
+        revoke_deadline_ms=member.revoke_deadline_ms if revoking else None,
+    )
+
+
+def _drop_member(state: GroupState, member_id: str, group_epoch: int) -> GroupState:
+    member = _member(state, member_id)
+    if member.installed:
+        raise CorruptHistory(f"{member_id} removed while holding shards")
+    members = {k: v for k, v in state.members.items() if k != member_id}
+    target = {k: v for k, v in state.target.items() if k != member_id}
+    return attrs.evolve(state, members=members, target=target, group_epoch=group_epoch)
+
+
+def _restart_timers(state: GroupState, now_ms: int) -> dict[str, Member]:
+    lease = now_ms + state.timing.lease_ttl_ms
+    revoke = now_ms + state.timing.revoke_timeout_ms
+    return {
+        k: attrs.evolve(m, lease_deadline_ms=lease, revoke_deadline_ms=revoke if m.revoking else None)
+        for k, m in state.members.items()
+    }
+
+
+# --- decide ---------------------------------------------------------------
+
+
+class _Decision:
+    """Collects events and keeps the state they lead to, so later rules see earlier effects."""
+
+    def __init__(self, state: GroupState | None) -> None:
+        self.state = state
+        self.events: list[GroupEvent] = []
+
+    @property
+    def group(self) -> GroupState:
+        if self.state is None:
+            raise AggregateNotFound("the group does not exist")
+        return self.state
+
+    def emit(self, event: GroupEvent) -> None:
+        self.events.append(event)
+        self.state = evolve(self.state, event)
+
+
+def decide(state: GroupState | None, command: GroupCommand) -> list[GroupEvent]:
+    """Return the events `command` causes; raise a `CoordinationError` to refuse it."""
+    decision = _Decision(state)
+    match command:
+        case CreateGroup():
+            _create(decision, command)
+        case Heartbeat():
+            _heartbeat(decision, command)
+        case Tick():
+            _tick(decision, command.now_ms)
+        case ApplyLayout():
+            _apply_layout(decision, command)
+        case ConfigureGroup():
+            if command.config.max_concurrency < 1:
+                raise InvalidCommand("maxConcurrency must be at least 1")
+            if decision.group.config != command.config:
+                decision.emit(GroupConfigured(command.config))
+        case RemoveMember():
+            if command.member_id not in decision.group.members:
+                raise AggregateNotFound(f"no live member {command.member_id!r}")
+            _fence(decision, command.member_id, FenceReason.REMOVED, command.now_ms)
+            _refresh_target(decision, command.now_ms)
+        case RestartTimers():
+            if decision.group.members:
+                decision.emit(TimersRestarted(command.now_ms))
+    return decision.events
+
+
+def _create(decision: _Decision, command: CreateGroup) -> None:
+    if decision.state is not None:
+        return  # idempotent: the group exists
+    check_name(command.stream_prefix, "streamPrefix")
+    check_name(command.group, "consumerGroup")
+    decision.emit(
+        GroupCreated(
+            stream_prefix=command.stream_prefix,
+            group=command.group,
+            layout=command.layout,
+            timing=command.timing,
+            config=command.config,
+            created_at_ms=command.now_ms,
+        )
+    )
+
+
+def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
+    _validate_heartbeat(hb)
+    group = decision.group
+    member = group.members.get(hb.member_id)
+    if member is not None and member.incarnation != hb.incarnation:
+        raise IncarnationMismatch(
+            f"member {hb.member_id!r} is live with another incarnation; wait for its lease to end"
+        )
+    if hb.member_epoch == -1:
+        _leave(decision, hb)
+        return
+    if member is None and hb.member_epoch > 0:
+        tomb = group.fenced.get(hb.member_id)
+        if tomb is None:
+            decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.UNKNOWN_MEMBER))
+        else:
+            decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, tomb.reason))
+        return
+    if member is None:
+        decision.emit(MemberJoined(hb.member_id, hb.incarnation, hb.client, hb.now_ms, group.group_epoch + 1))
+    elif hb.member_epoch > 0 and not _epoch_accepted(member, hb):
+        decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.STALE_EPOCH))
+        return
+    decision.emit(MemberHeartbeated(hb.member_id, hb.now_ms + group.timing.lease_ttl_ms))
+    _refresh_target(decision, hb.now_ms)
+    _reconcile(decision, hb)
+
+
+def _epoch_accepted(member: Member, hb: Heartbeat) -> bool:
+    """The member's own epoch, or the previous one when a response was lost."""
+    if hb.member_epoch == member.member_epoch:
+        return True
+    return hb.member_epoch == member.previous_epoch and hb.owned <= member.installed
+
+
+def _leave(decision: _Decision, hb: Heartbeat) -> None:
+    member = decision.group.members.get(hb.member_id)
+    if member is None:
+        decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.UNKNOWN_MEMBER))
+        return
+    if member.installed:
+        decision.emit(ShardsReleased(hb.member_id, member.installed, ReleaseReason.LEFT))
+    decision.emit(MemberLeft(hb.member_id, decision.group.group_epoch + 1))
+    _refresh_target(decision, hb.now_ms)
+
+
+def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
+    """Move one member one step towards its target (Kafka's CurrentAssignmentBuilder)."""
+    group = decision.group
+    member = group.members[hb.member_id]
+    # A revoking shard is still held only while reported owned and not acked.
+    acked = member.revoking - (hb.owned - hb.revoked)
+    if acked:
+        decision.emit(ShardsRevokeAcked(member.member_id, acked))
+        decision.emit(ShardsReleased(member.member_id, acked, ReleaseReason.REVOKE_ACKED))
+    group = decision.group
+    member = group.members[hb.member_id]
+    target = group.target_of(member.member_id)
+    to_revoke = member.assigned - target
+    if to_revoke:
+        deadline = hb.now_ms + group.timing.revoke_timeout_ms
+        decision.emit(ShardsRevokeRequested(member.member_id, to_revoke, hb.now_ms, deadline))
+    if decision.group.members[member.member_id].revoking:
+        return  # keeps its old epoch and gets nothing new until it has acked
+    if member.member_epoch != group.assignment_epoch:
+        decision.emit(MemberEpochAdvanced(member.member_id, group.assignment_epoch))
+    free = frozenset(s for s in target - member.installed if s not in group.owners)
+    if free:
+        decision.emit(ShardsInstalled(member.member_id, free))
+
+
+def _tick(decision: _Decision, now_ms: int) -> None:
+    for member_id in sorted(decision.group.members):
+        member = decision.group.members[member_id]
+        if now_ms >= member.lease_deadline_ms:
+            _fence(decision, member_id, FenceReason.LEASE_EXPIRED, now_ms)
+        elif member.revoke_deadline_ms is not None and now_ms >= member.revoke_deadline_ms:
+            _fence(decision, member_id, FenceReason.REVOKE_TIMEOUT, now_ms)
+    _refresh_target(decision, now_ms)
+
+
+def _fence(decision: _Decision, member_id: str, reason: FenceReason, now_ms: int) -> None:
+    member = decision.group.members[member_id]
+    if member.installed:
+        decision.emit(ShardsReleased(member_id, member.installed, ReleaseReason.FENCED))
+    decision.emit(MemberFenced(member_id, member.incarnation, reason, now_ms, decision.group.group_epoch + 1))
+
+
+def _apply_layout(decision: _Decision, command: ApplyLayout) -> None:
+    group = decision.group
+    if command.layout.metadata_version <= group.layout.metadata_version:
+        return  # already applied (layouts only move forward)
+    decision.emit(LayoutApplied(command.layout, group.group_epoch + 1))
+    _refresh_target(decision, command.now_ms)
+
+
+def _refresh_target(decision: _Decision, now_ms: int) -> None:
+    """Compute a new target if the group epoch moved and the assignment interval allows."""
+    group = decision.group
+    if group.group_epoch <= group.assignment_epoch:
+        return
+    last = group.assignment_computed_at_ms
+    if last is not None and now_ms - last < group.timing.assignment_interval_ms:
+        return
+    target = assignor.assign(group.members, group.layout.readable_indexes, group.target)
+    changed = {m: shards for m, shards in target.items() if group.target.get(m) != shards}
+    decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
+
+
+def _validate_heartbeat(hb: Heartbeat) -> None:
+    _check_id(hb.member_id, "memberId")
+    _check_id(hb.incarnation, "incarnation")
+    if hb.member_epoch < -1:
+        raise InvalidCommand("memberEpoch must be -1 (leave), 0 (join) or a received epoch")
+    if any(s < 0 for s in hb.owned | hb.revoked):
+        raise InvalidCommand("shard indexes are never negative")
+
+
+def _check_id(value: str, field: str) -> None:
+    if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+        raise InvalidCommand(f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
+
+
+def execute(state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
+    """Decide `command` and apply its events: the new state and what happened."""
+    events = decide(state, command)
+    new_state = fold(events, state)
+    if new_state is None:
+        raise AggregateNotFound("the group does not exist")
+    return new_state, events

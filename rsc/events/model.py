@@ -1,0 +1,193 @@
+"""Value types shared by the stream and group aggregates.
+
+Everything here is a frozen attrs class or an enum: plain values with no
+behaviour beyond small derived properties. Time is always an integer number
+of milliseconds supplied by the caller; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+
+#: The minor protocol version this core speaks (PROTOCOL section 7).
+PROTOCOL_VERSION = 1
+#: The oldest minor protocol version still accepted (N/N-1).
+MIN_PROTOCOL_VERSION = 1
+#: The routing protocol every new stream uses (defined in docs/routing.md later).
+DEFAULT_ROUTING = "jump-v1"
+
+
+class ShardState(enum.Enum):
+    """Lifecycle of one shard key in a stream layout."""
+
+    ACTIVE = "ACTIVE"  # producers route to it, consumers read it
+    DRAINING = "DRAINING"  # no new appends; consumers read until drained
+    RETIRED = "RETIRED"  # drained and sealed; never read again
+
+
+class HeartbeatStatus(enum.Enum):
+    """The `status` of a heartbeat response (PROTOCOL section 3)."""
+
+    OK = "OK"
+    REVOKE_PENDING = "REVOKE_PENDING"
+    SYNC_METADATA = "SYNC_METADATA"
+    FENCED = "FENCED"
+    UNKNOWN_MEMBER = "UNKNOWN_MEMBER"
+
+
+class MemberState(enum.Enum):
+    """Where a member stands in its own reconciliation (derived, never stored)."""
+
+    STABLE = "STABLE"  # reconciled to the assignment epoch, nothing pending
+    UNREVOKED = "UNREVOKED"  # must stop reading some shards and ack them
+    UNRELEASED = "UNRELEASED"  # waits for shards another member still holds
+
+
+class FenceReason(enum.Enum):
+    """Why a member was removed from the group without leaving."""
+
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    REVOKE_TIMEOUT = "REVOKE_TIMEOUT"
+    STALE_EPOCH = "STALE_EPOCH"
+    REMOVED = "REMOVED"
+
+
+class ReleaseReason(enum.Enum):
+    """Why a shard stopped being installed to a member."""
+
+    REVOKE_ACKED = "REVOKE_ACKED"
+    LEFT = "LEFT"
+    FENCED = "FENCED"
+
+
+class StartFrom(enum.Enum):
+    """Where a new consumer group starts reading a shard."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class ReshardMode(enum.Enum):
+    """How a shard-count change treats producers (PROTOCOL section 5)."""
+
+    ONLINE = "online"
+    QUIESCE = "quiesce"
+
+
+@attrs.frozen
+class Shard:
+    """One physical stream key of a logical stream."""
+
+    index: int
+    key: str
+    state: ShardState = ShardState.ACTIVE
+
+    @property
+    def readable(self) -> bool:
+        """Consumers read ACTIVE and DRAINING shards; RETIRED ones are gone."""
+        return self.state is not ShardState.RETIRED
+
+
+@attrs.frozen
+class Layout:
+    """The routing metadata of a stream at one `metadata_version`."""
+
+    metadata_version: int
+    shards: tuple[Shard, ...]
+    routing: str = DEFAULT_ROUTING
+
+    @property
+    def active(self) -> tuple[Shard, ...]:
+        """Shards producers route to, in routing order (ascending index)."""
+        return tuple(s for s in self.shards if s.state is ShardState.ACTIVE)
+
+    @property
+    def readable_indexes(self) -> frozenset[int]:
+        """Indexes of the shards a consumer group must have assigned."""
+        return frozenset(s.index for s in self.shards if s.readable)
+
+
+EMPTY_LAYOUT = Layout(metadata_version=0, shards=())
+
+
+@attrs.frozen
+class Timing:
+    """Control-plane timing a group runs with (coordinator defaults)."""
+
+    heartbeat_interval_ms: int = 3_000
+    lease_ttl_ms: int = 10_000
+    revoke_timeout_ms: int = 60_000
+    #: A new target assignment is computed at most this often; epoch bumps in
+    #: between are folded into the next computation (0 = at once).
+    assignment_interval_ms: int = 0
+
+
+@attrs.frozen
+class GroupConfig:
+    """Per-group settings changed only through the Admin API."""
+
+    max_concurrency: int = 1
+    start_from: StartFrom = StartFrom.EARLIEST
+
+
+@attrs.frozen
+class ClientInfo:
+    """Name and version of the client library a member runs."""
+
+    name: str = "unknown"
+    version: str = "unknown"
+
+
+@attrs.frozen
+class DrainProgress:
+    """A member's report on one DRAINING shard it owns."""
+
+    shard: int
+    pending: int
+    lag: int | None = None
+
+
+@attrs.frozen
+class Member:
+    """A live member of a group as the coordinator knows it.
+
+    `assigned` and `revoking` together are the shards installed to the member
+    (the current assignment): no other live member has any of them installed.
+    `lease_deadline_ms` is liveness, not history: it is reset in full when an
+    actor recovers, so it is never compared when checking a replay.
+    """
+
+    member_id: str
+    incarnation: str
+    member_epoch: int
+    previous_epoch: int
+    assigned: frozenset[int] = frozenset()
+    revoking: frozenset[int] = frozenset()
+    revoking_since_ms: int | None = None
+    revoke_deadline_ms: int | None = None
+    lease_deadline_ms: int = 0
+    client: ClientInfo = ClientInfo()
+    joined_at_ms: int = 0
+
+    @property
+    def installed(self) -> frozenset[int]:
+        """Every shard this member holds: readable ones and ones being revoked."""
+        return self.assigned | self.revoking
+
+
+@attrs.frozen
+class FencedMember:
+    """A tombstone: a member removed without leaving, so it is told FENCED."""
+
+    member_id: str
+    incarnation: str
+    reason: FenceReason
+    fenced_at_ms: int
+
+
+def owners_of(members: Mapping[str, Member]) -> dict[int, str]:
+    """Return the current assignment as shard -> member with it installed."""
+    return {shard: m.member_id for m in members.values() for shard in m.installed}

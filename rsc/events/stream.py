@@ -1,0 +1,155 @@
+"""The stream aggregate: the layout of one logical stream and its resharding.
+
+Rules:
+
+* `metadata_version` bumps on every layout change, and only then.
+* Shard indexes are identities: never reused. Scale-out appends new ACTIVE
+  shards after the highest index; scale-in turns the highest ACTIVE shards
+  DRAINING; a DRAINING shard becomes RETIRED only by `RetireShards`, which the
+  caller sends once Redis-level drain evidence is in.
+* Shard key names are chosen here and stored in the layout; clients never
+  compute them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from rsc.events.commands import ChangeShardCount, CreateStream, RegisterGroup, RetireShards, StreamCommand
+from rsc.events.errors import AggregateNotFound, CorruptHistory, InvalidCommand
+from rsc.events.events import (
+    GroupRegistered,
+    ShardsAdded,
+    ShardsDraining,
+    ShardsRetired,
+    StreamCreated,
+    StreamEvent,
+)
+from rsc.events.model import Layout, ReshardMode, Shard, ShardState, StartFrom
+
+#: One shard per Redis Cluster hash slot is the most that can ever help.
+MAX_SHARDS = 16_384
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+
+
+@attrs.frozen
+class StreamState:
+    """The layout of one logical stream and the groups that read it."""
+
+    stream_prefix: str
+    layout: Layout
+    created_at_ms: int
+    reshard_mode: ReshardMode = ReshardMode.ONLINE
+    groups: Mapping[str, StartFrom] = attrs.field(factory=dict)
+
+    @property
+    def shard_count(self) -> int:
+        """The number of ACTIVE shards: what producers route over."""
+        return len(self.layout.active)
+
+
+def shard_key(stream_prefix: str, index: int) -> str:
+    """The Redis key of shard `index`; its hash tag keeps the shard's own keys in one slot."""
+    return f"{stream_prefix}:{{{stream_prefix}:{index}}}"
+
+
+def check_name(value: str, field: str) -> None:
+    """Refuse names that would make awkward Redis keys (braces, spaces, empty)."""
+    if not _NAME.match(value):
+        raise InvalidCommand(f"{field} must be 1-200 characters of letters, digits, '.', '_', ':' or '-'")
+
+
+def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
+    """Apply one event; raise `CorruptHistory` if it cannot follow `state`."""
+    if state is None:
+        if not isinstance(event, StreamCreated):
+            raise CorruptHistory(f"{type(event).__name__} before StreamCreated")
+        return StreamState(event.stream_prefix, event.layout, event.created_at_ms)
+    match event:
+        case StreamCreated():
+            raise CorruptHistory("StreamCreated twice")
+        case ShardsAdded():
+            layout = Layout(event.metadata_version, state.layout.shards + event.shards, state.layout.routing)
+            return attrs.evolve(state, layout=layout)
+        case ShardsDraining():
+            return _restate(state, event.indexes, ShardState.DRAINING, event.metadata_version)
+        case ShardsRetired():
+            return _restate(state, event.indexes, ShardState.RETIRED, event.metadata_version)
+        case GroupRegistered():
+            return attrs.evolve(state, groups={**state.groups, event.group: event.start_from})
+
+
+def fold(events: Iterable[StreamEvent], state: StreamState | None = None) -> StreamState | None:
+    """Apply `events` in order, starting from `state` (None: from nothing)."""
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def _restate(state: StreamState, indexes: frozenset[int], to: ShardState, version: int) -> StreamState:
+    shards = tuple(attrs.evolve(s, state=to) if s.index in indexes else s for s in state.layout.shards)
+    return attrs.evolve(state, layout=attrs.evolve(state.layout, shards=shards, metadata_version=version))
+
+
+def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEvent]:
+    """Return the events `command` causes; raise a `CoordinationError` to refuse it."""
+    match command:
+        case CreateStream():
+            return _create(state, command)
+    if state is None:
+        raise AggregateNotFound("the stream does not exist")
+    match command:
+        case ChangeShardCount():
+            return _change_shard_count(state, command)
+        case RetireShards():
+            return _retire(state, command)
+        case RegisterGroup():
+            check_name(command.group, "consumerGroup")
+            if state.groups.get(command.group) == command.start_from:
+                return []
+            return [GroupRegistered(command.group, command.start_from)]
+    return []
+
+
+def _create(state: StreamState | None, command: CreateStream) -> list[StreamEvent]:
+    check_name(command.stream_prefix, "streamPrefix")
+    _check_count(command.shard_count)
+    if command.shard_count < 1:
+        raise InvalidCommand("a new stream needs at least one shard")
+    if state is not None:
+        return []  # idempotent: the stream exists, resharding is a separate command
+    shards = tuple(Shard(i, shard_key(command.stream_prefix, i)) for i in range(command.shard_count))
+    return [StreamCreated(command.stream_prefix, Layout(1, shards), command.now_ms)]
+
+
+def _change_shard_count(state: StreamState, command: ChangeShardCount) -> list[StreamEvent]:
+    _check_count(command.shard_count)
+    active = state.layout.active
+    version = state.layout.metadata_version + 1
+    if command.shard_count > len(active):
+        start = max((s.index for s in state.layout.shards), default=-1) + 1
+        count = command.shard_count - len(active)
+        added = tuple(Shard(i, shard_key(state.stream_prefix, i)) for i in range(start, start + count))
+        return [ShardsAdded(added, version)]
+    if command.shard_count < len(active):
+        draining = frozenset(s.index for s in active[command.shard_count :])
+        return [ShardsDraining(draining, version)]
+    return []
+
+
+def _retire(state: StreamState, command: RetireShards) -> list[StreamEvent]:
+    states = {s.index: s.state for s in state.layout.shards}
+    wrong = sorted(i for i in command.indexes if states.get(i) is not ShardState.DRAINING)
+    if wrong:
+        raise InvalidCommand(f"only DRAINING shards can be retired, not {wrong}")
+    if not command.indexes:
+        return []
+    return [ShardsRetired(command.indexes, state.layout.metadata_version + 1)]
+
+
+def _check_count(count: int) -> None:
+    if not 0 <= count <= MAX_SHARDS:
+        raise InvalidCommand(f"shardCount must be between 0 and {MAX_SHARDS}")

@@ -1,0 +1,68 @@
+"""A small driver for the pure group aggregate, shared by the core tests."""
+
+from __future__ import annotations
+
+import attrs
+
+from rsc.events import group
+from rsc.events.commands import ApplyLayout, CreateGroup, GroupCommand, Heartbeat, Tick
+from rsc.events.events import GroupEvent
+from rsc.events.model import Layout, Shard, Timing
+from rsc.events.stream import shard_key
+from rsc.events.wire import HeartbeatResponse, respond
+
+TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=20_000)
+
+
+def layout(shards: int, version: int = 1) -> Layout:
+    return Layout(version, tuple(Shard(i, shard_key("orders", i)) for i in range(shards)))
+
+
+@attrs.define
+class Group:
+    """Holds a group's state and every event it emitted; time is set by hand."""
+
+    state: group.GroupState
+    events: list[GroupEvent]
+    now: int = 0
+
+    @classmethod
+    def create(cls, shards: int = 6, timing: Timing = TIMING) -> Group:
+        state, events = group.execute(None, CreateGroup("orders", "billing", layout(shards), timing))
+        return cls(state, events)
+
+    def run(self, command: GroupCommand) -> list[GroupEvent]:
+        self.state, events = group.execute(self.state, command)
+        self.events.extend(events)
+        return events
+
+    def hb(
+        self,
+        member: str,
+        epoch: int,
+        owned: set[int] | frozenset[int] = frozenset(),
+        revoked: set[int] | frozenset[int] = frozenset(),
+        incarnation: str = "inc-1",
+        metadata_version: int = 1,
+    ) -> HeartbeatResponse:
+        command = Heartbeat(
+            member_id=member,
+            incarnation=incarnation,
+            member_epoch=epoch,
+            now_ms=self.now,
+            metadata_version=metadata_version,
+            owned=frozenset(owned),
+            revoked=frozenset(revoked),
+        )
+        events = self.run(command)
+        return respond(self.state, command, events)
+
+    def tick(self, advance_ms: int = 0) -> list[GroupEvent]:
+        self.now += advance_ms
+        return self.run(Tick(self.now))
+
+    def scale(self, shards: int, version: int) -> list[GroupEvent]:
+        return self.run(ApplyLayout(layout(shards, version), self.now))
+
+    def names(self, events: list[GroupEvent] | None = None) -> list[str]:
+        return [type(e).__name__ for e in (self.events if events is None else events)]
