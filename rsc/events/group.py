@@ -282,6 +282,19 @@ class _Decision:
 
 def decide(state: GroupState | None, command: GroupCommand) -> list[GroupEvent]:
     """Return the events `command` causes; raise a `CoordinationError` to refuse it."""
+    return _decide(state, command).events
+
+
+def execute(state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
+    """Decide `command` and apply its events: the new state and what happened.
+
+    The same as `decide` followed by `fold`, without applying the events twice.
+    """
+    decision = _decide(state, command)
+    return decision.group, decision.events
+
+
+def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
     decision = _Decision(state)
     match command:
         case CreateGroup():
@@ -305,7 +318,7 @@ def decide(state: GroupState | None, command: GroupCommand) -> list[GroupEvent]:
         case RestartTimers():
             if decision.group.members:
                 decision.emit(TimersRestarted(command.now_ms))
-    return decision.events
+    return decision
 
 
 def _create(decision: _Decision, command: CreateGroup) -> None:
@@ -447,11 +460,3 @@ def _check_id(value: str, field: str) -> None:
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise InvalidCommand(f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
 
-
-def execute(state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
-    """Decide `command` and apply its events: the new state and what happened."""
-    events = decide(state, command)
-    new_state = fold(events, state)
-    if new_state is None:
-        raise AggregateNotFound("the group does not exist")
-    return new_state, events

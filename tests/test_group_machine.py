@@ -1,0 +1,274 @@
+"""A hypothesis state machine over the group aggregate.
+
+Random joins, leaves, crashes, restarts, heartbeats with any epoch (stale,
+future, wrong incarnation), acks, ticks, shard-count changes and removals.
+After every step the invariants of PROTOCOL section 4 are checked; the
+`settle` rule lets every live client heartbeat honestly and then checks
+convergence: every readable shard installed, balance, stable members.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from rsc.events import group
+from rsc.events.commands import ApplyLayout, ChangeShardCount, CreateStream, RemoveMember
+from rsc.events.errors import IncarnationMismatch
+from rsc.events.events import (
+    MemberFenced,
+    MemberJoined,
+    MemberLeft,
+    ShardsInstalled,
+    ShardsReleased,
+    ShardsRevokeAcked,
+)
+from rsc.events.model import HeartbeatStatus, MemberState, ReleaseReason
+from rsc.events.stream import StreamState
+from rsc.events.stream import decide as stream_decide
+from rsc.events.stream import fold as stream_fold
+from rsc.events.wire import HeartbeatResponse
+from tests.groupkit import TIMING, Group
+
+MEMBER_IDS = [f"10.0.0.{i}/worker/0" for i in range(6)]
+REJECTED = (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER)
+
+
+@attrs.define
+class Client:
+    """What an honest member process believes."""
+
+    incarnation: str
+    epoch: int = 0
+    owned: frozenset[int] = frozenset()
+    to_ack: frozenset[int] = frozenset()
+    crashed: bool = False
+
+    def learn(self, r: HeartbeatResponse) -> None:
+        if r.status in REJECTED:
+            self.epoch, self.owned, self.to_ack = 0, frozenset(), frozenset()
+            return
+        self.epoch = r.member_epoch
+        self.owned = r.assignment.assigned | r.assignment.revoke  # keeps reading until it acks
+        self.to_ack = r.assignment.revoke
+
+
+class GroupMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        stream = stream_fold(stream_decide(None, CreateStream("orders", 4)))
+        assert stream is not None
+        self.stream: StreamState = stream
+        self.g = Group.create(shards=4)
+        self.clients: dict[str, Client] = {}
+        self.incarnations = 0
+        self.checked = 0  # events already checked for order
+        self.holder: dict[int, str] = {}
+        self.acked: dict[str, frozenset[int]] = {}
+        self.epochs = (0, 0)
+        self.member_epochs: dict[str, int] = {}
+
+    # --- helpers ---------------------------------------------------------
+
+    def new_incarnation(self) -> str:
+        self.incarnations += 1
+        return f"inc-{self.incarnations}"
+
+    def honest(self, member_id: str, ack: bool) -> None:
+        client = self.clients[member_id]
+        revoked = client.to_ack if ack else frozenset()
+        try:
+            r = self.g.hb(member_id, client.epoch, client.owned - revoked, revoked, client.incarnation)
+        except IncarnationMismatch:
+            assert self.g.state.members[member_id].incarnation != client.incarnation
+            return
+        if r.status is HeartbeatStatus.OK:
+            assert not r.assignment.pending
+            assert not r.assignment.revoke
+        client.learn(r)
+
+    # --- rules -------------------------------------------------------------
+
+    @rule(member_id=st.sampled_from(MEMBER_IDS))
+    def join(self, member_id: str) -> None:
+        client = self.clients.setdefault(member_id, Client(self.new_incarnation()))
+        client.crashed = False
+        client.epoch = 0
+        self.honest(member_id, ack=False)
+
+    @rule(member_id=st.sampled_from(MEMBER_IDS), ack=st.booleans())
+    def heartbeat(self, member_id: str, ack: bool) -> None:
+        client = self.clients.get(member_id)
+        if client is not None and not client.crashed:
+            self.honest(member_id, ack)
+
+    @rule(
+        member_id=st.sampled_from(MEMBER_IDS),
+        epoch=st.integers(min_value=-1, max_value=30),
+        owned=st.frozensets(st.integers(0, 20), max_size=6),
+        incarnation=st.sampled_from(["inc-1", "inc-2", "zombie"]),
+    )
+    def rogue_heartbeat(self, member_id: str, epoch: int, owned: frozenset[int], incarnation: str) -> None:
+        """A delayed, duplicated or foreign request: whatever it is, invariants hold."""
+        live = self.g.state.members.get(member_id)
+        try:
+            r = self.g.hb(member_id, epoch, owned, frozenset(), incarnation)
+        except IncarnationMismatch:
+            assert live is not None
+            assert live.incarnation != incarnation
+            return
+        assert live is None or live.incarnation == incarnation
+        if r.status not in REJECTED and epoch > 0:
+            assert live is not None
+            assert epoch in (live.member_epoch, live.previous_epoch)
+        client = self.clients.get(member_id)
+        if client is not None and client.incarnation == incarnation:
+            client.learn(r)  # the process sent it, so it sees the answer
+
+    @rule(member_id=st.sampled_from(MEMBER_IDS))
+    def leave(self, member_id: str) -> None:
+        client = self.clients.pop(member_id, None)
+        if client is None or client.crashed:
+            return
+        live = self.g.state.members.get(member_id)
+        try:
+            r = self.g.hb(member_id, -1, frozenset(), frozenset(), client.incarnation)
+        except IncarnationMismatch:
+            assert live is not None
+            assert live.incarnation != client.incarnation
+            self.clients[member_id] = client  # still waiting for the old incarnation's lease
+            return
+        assert member_id not in self.g.state.members
+        assert r.status is (HeartbeatStatus.OK if live else HeartbeatStatus.UNKNOWN_MEMBER)
+
+    @rule(member_id=st.sampled_from(MEMBER_IDS))
+    def crash(self, member_id: str) -> None:
+        if member_id in self.clients:
+            self.clients[member_id].crashed = True
+
+    @rule(member_id=st.sampled_from(MEMBER_IDS))
+    def restart(self, member_id: str) -> None:
+        """The process comes back with a new incarnation and joins."""
+        self.clients[member_id] = Client(self.new_incarnation())
+        self.honest(member_id, ack=False)
+
+    @rule(advance=st.integers(min_value=0, max_value=6_000))
+    def tick(self, advance: int) -> None:
+        self.g.tick(advance)
+
+    @rule(shards=st.integers(min_value=0, max_value=12))
+    def reshard(self, shards: int) -> None:
+        events = stream_decide(self.stream, ChangeShardCount(shards))
+        stream = stream_fold(events, self.stream)
+        assert stream is not None
+        self.stream = stream
+        self.g.run(ApplyLayout(stream.layout, self.g.now))
+
+    @precondition(lambda self: bool(self.g.state.members))
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        member_id = data.draw(st.sampled_from(sorted(self.g.state.members)))
+        self.g.run(RemoveMember(member_id, self.g.now))
+
+    @rule()
+    def settle(self) -> None:
+        """Every live client heartbeats honestly for a while: the group converges.
+
+        Enough rounds for a crashed member's (or a zombie's) lease to end and
+        for the handoffs that follow; the loop stops early once all is stable.
+        """
+        rounds = 2 * TIMING.lease_ttl_ms // TIMING.heartbeat_interval_ms + 6
+        for _ in range(rounds):
+            for member_id, client in sorted(self.clients.items()):
+                if not client.crashed:
+                    self.honest(member_id, ack=True)
+            self.g.tick(TIMING.heartbeat_interval_ms)
+            if self.stable():
+                break
+        state = self.g.state
+        live = {m for m, c in self.clients.items() if not c.crashed and m in state.members}
+        assert set(state.members) == live
+        assert set(state.owners) == set(state.layout.readable_indexes) if live else not state.owners
+        for member in state.members.values():
+            assert state.member_state(member) is MemberState.STABLE
+            assert self.clients[member.member_id].owned == member.assigned
+        sizes = [len(m.assigned) for m in state.members.values()]
+        assert not sizes or max(sizes) - min(sizes) <= 1
+
+    def stable(self) -> bool:
+        state = self.g.state
+        honest = {m for m, c in self.clients.items() if not c.crashed}
+        return set(state.members) == honest and all(
+            state.member_state(m) is MemberState.STABLE
+            and self.clients[m.member_id].incarnation == m.incarnation
+            and self.clients[m.member_id].owned == m.assigned
+            for m in state.members.values()
+        )
+
+    # --- invariants ------------------------------------------------------
+
+    @invariant()
+    def exclusivity(self) -> None:
+        state = self.g.state
+        counts = Counter(s for m in state.members.values() for s in m.installed)
+        assert all(n == 1 for n in counts.values())
+        assert dict(state.owners) == {s: m.member_id for m in state.members.values() for s in m.installed}
+
+    @invariant()
+    def install_never_before_release(self) -> None:
+        for event in self.g.events[self.checked :]:
+            match event:
+                case ShardsRevokeAcked():
+                    self.acked[event.member_id] = event.shards
+                case ShardsReleased():
+                    assert all(self.holder.get(s) == event.member_id for s in event.shards)
+                    if event.reason is ReleaseReason.REVOKE_ACKED:
+                        assert self.acked.pop(event.member_id) == event.shards
+                    for s in event.shards:
+                        del self.holder[s]
+                case ShardsInstalled():
+                    assert all(s not in self.holder for s in event.shards)
+                    self.holder.update(dict.fromkeys(event.shards, event.member_id))
+                case MemberJoined() | MemberLeft() | MemberFenced():
+                    self.member_epochs.pop(event.member_id, None)
+        self.checked = len(self.g.events)
+
+    @invariant()
+    def epochs_never_decrease(self) -> None:
+        state = self.g.state
+        epochs = (state.group_epoch, state.assignment_epoch)
+        assert epochs >= self.epochs
+        assert state.assignment_epoch <= state.group_epoch
+        self.epochs = epochs
+        for member_id, member in state.members.items():
+            assert member.member_epoch >= self.member_epochs.get(member_id, 0)
+            assert member.member_epoch <= state.assignment_epoch
+            self.member_epochs[member_id] = member.member_epoch
+
+    @invariant()
+    def target_is_a_balanced_partition(self) -> None:
+        state = self.g.state
+        if state.assignment_epoch != state.group_epoch or not state.members:
+            return
+        targets = [state.target_of(m) for m in state.members]
+        flat = [s for t in targets for s in t]
+        assert len(flat) == len(set(flat))
+        assert set(flat) == set(state.layout.readable_indexes)
+        assert max(map(len, targets)) - min(map(len, targets)) <= 1
+
+    @invariant()
+    def fold_of_events_is_the_state(self) -> None:
+        assert group.fold(self.g.events) == self.g.state
+
+
+GroupMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestGroupMachine = GroupMachine.TestCase
