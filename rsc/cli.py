@@ -18,10 +18,16 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--members", default=50, show_default=True, type=click.IntRange(0), help="Members at the start.")
-@click.option("--shards", default=512, show_default=True, type=click.IntRange(1, 16_384), help="Shards at the start.")
+@click.option(
+    "--members", default=50, show_default=True, type=click.IntRange(0), help="Members at the start."
+)
+@click.option(
+    "--shards", default=512, show_default=True, type=click.IntRange(1, 16_384), help="Shards at the start."
+)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random schedule.")
-@click.option("--churn", default=200, show_default=True, type=click.IntRange(0), help="Number of churn events.")
+@click.option(
+    "--churn", default=200, show_default=True, type=click.IntRange(0), help="Number of churn events."
+)
 @click.option("--heartbeat-interval-ms", default=1_000, show_default=True, type=click.IntRange(1))
 @click.option("--lease-ttl-ms", default=5_000, show_default=True, type=click.IntRange(1))
 @click.option("--revoke-timeout-ms", default=15_000, show_default=True, type=click.IntRange(1))
@@ -31,7 +37,9 @@ def main() -> None:
     type=click.IntRange(0),
     help="Least time between target computations [default: 0, or 1000 above 1,000 members].",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one final JSON object (progress goes to stderr).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one final JSON object (progress goes to stderr)."
+)
 def simulate(
     members: int,
     shards: int,
@@ -48,7 +56,9 @@ def simulate(
     Exits 1 if the run did not converge or broke an invariant.
     """
     if lease_ttl_ms < 3 * heartbeat_interval_ms:
-        raise click.BadParameter("the lease must be at least 3 heartbeat intervals", param_hint="--lease-ttl-ms")
+        raise click.BadParameter(
+            "the lease must be at least 3 heartbeat intervals", param_hint="--lease-ttl-ms"
+        )
     if assignment_interval_ms is None:
         assignment_interval_ms = 1_000 if members > 1_000 else 0
     config = SimConfig(

@@ -28,7 +28,15 @@ from typing import Any
 import attrs
 
 from rsc.events import assignor, group
-from rsc.events.commands import ApplyLayout, ChangeShardCount, CreateGroup, CreateStream, GroupCommand, Heartbeat, Tick
+from rsc.events.commands import (
+    ApplyLayout,
+    ChangeShardCount,
+    CreateGroup,
+    CreateStream,
+    GroupCommand,
+    Heartbeat,
+    Tick,
+)
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import GroupEvent, ShardsInstalled, ShardsReleased, ShardsRevokeAcked
 from rsc.events.model import HeartbeatStatus, ReleaseReason, Timing
@@ -182,9 +190,9 @@ class Simulation:
                 case ShardsReleased():
                     if any(self.holder.get(s) != event.member_id for s in event.shards):
                         self.stats.order_violations += 1
-                    if event.reason is ReleaseReason.REVOKE_ACKED and self.acked.pop(event.member_id, None) != (
-                        event.shards
-                    ):
+                    if event.reason is ReleaseReason.REVOKE_ACKED and self.acked.pop(
+                        event.member_id, None
+                    ) != (event.shards):
                         self.stats.order_violations += 1
                     for s in event.shards:
                         self.holder.pop(s, None)
@@ -285,7 +293,7 @@ class Simulation:
     def churn(self) -> None:
         kind = self.rng.choices(CHURN_KINDS, CHURN_WEIGHTS)[0]
         running = sorted(m for m, s in self.members.items() if s.running)
-        if kind != "join" and kind != "reshard" and not running:
+        if kind not in {"join", "reshard"} and not running:
             kind = "join"
         self.stats.churn[kind] += 1
         match kind:
@@ -301,7 +309,11 @@ class Simulation:
                 member.running = False
                 self.set_reading(member, frozenset())
                 if self.rng.random() < 0.5:
-                    self.at(self.now + self.rng.randrange(2 * self.config.lease_ttl_ms), "restart", member.member_id)
+                    self.at(
+                        self.now + self.rng.randrange(2 * self.config.lease_ttl_ms),
+                        "restart",
+                        member.member_id,
+                    )
             case "slow":
                 member = self.members[self.rng.choice(running)]
                 member.slow_until = self.now + self.rng.randrange(2 * self.config.revoke_timeout_ms)
@@ -349,8 +361,9 @@ class Simulation:
     def status_line(self) -> str:
         s = self.state
         return (
-            f"t={self.now / 1000:>7.1f}s members={len(s.members):>5} shards={len(s.layout.readable_indexes):>5} "
-            f"groupEpoch={s.group_epoch} assignmentEpoch={s.assignment_epoch} "
+            f"t={self.now / 1000:>7.1f}s members={len(s.members):>5} "
+            f"shards={len(s.layout.readable_indexes):>5} groupEpoch={s.group_epoch} "
+            f"assignmentEpoch={s.assignment_epoch} "
             f"heartbeats={self.stats.heartbeats} moves={self.stats.moves} fenced={self.stats.fenced}"
         )
 

@@ -311,3 +311,42 @@ def test_commands_before_creation_are_refused_and_creation_is_idempotent() -> No
         group.decide(None, Tick(0))
     g = Group.create()
     assert group.decide(g.state, CreateGroup("orders", "billing", layout(3), TIMING)) == []
+
+
+def test_worked_example_of_docs_protocol() -> None:
+    """The table in docs/protocol.md, step by step."""
+    g = Group.create(shards=6)
+    durable = lambda events: [type(e).__name__ for e in events if e.durable]  # noqa: E731
+    a = g.hb("a", 0)
+    assert durable(g.events[-5:]) == [
+        "MemberJoined",
+        "TargetAssignmentUpdated",
+        "MemberEpochAdvanced",
+        "ShardsInstalled",
+    ]
+    assert (a.status, a.member_epoch, a.assignment.assigned) == (OK, 1, frozenset(range(6)))
+    start = len(g.events)
+    b = g.hb("b", 0)
+    assert durable(g.events[start:]) == ["MemberJoined", "TargetAssignmentUpdated", "MemberEpochAdvanced"]
+    assert (b.status, b.member_epoch, b.assignment.assigned, b.assignment.pending) == (
+        PENDING,
+        2,
+        frozenset(),
+        frozenset({3, 4, 5}),
+    )
+    a = g.hb("a", 1, owned=range(6))
+    assert (a.status, a.member_epoch, a.assignment.assigned, a.assignment.revoke) == (
+        PENDING,
+        1,
+        frozenset({0, 1, 2}),
+        frozenset({3, 4, 5}),
+    )
+    assert g.hb("b", 2).assignment.pending == frozenset({3, 4, 5})
+    start = len(g.events)
+    a = g.hb("a", 1, owned={0, 1, 2}, revoked={3, 4, 5})
+    assert durable(g.events[start:]) == ["ShardsRevokeAcked", "ShardsReleased", "MemberEpochAdvanced"]
+    assert (a.status, a.member_epoch) == (OK, 2)
+    start = len(g.events)
+    b = g.hb("b", 2)
+    assert durable(g.events[start:]) == ["ShardsInstalled"]
+    assert (b.status, b.assignment.assigned) == (OK, frozenset({3, 4, 5}))

@@ -459,4 +459,3 @@ def _validate_heartbeat(hb: Heartbeat) -> None:
 def _check_id(value: str, field: str) -> None:
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise InvalidCommand(f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
-
