@@ -1,0 +1,125 @@
+"""`Store` on Redis: one Lua script appends events and CAS-replaces the snapshot.
+
+Keys (metadata schema v1, one hash tag per aggregate, so also on a cluster):
+
+* `rsc:v1:{<tag>}:snapshot`: hash `revision`, `lastId`, `schemaVersion`,
+  and from the latest checkpoint `state`, `stateRevision`, `stateId`;
+* `rsc:v1:{<tag>}:journal`: stream of entries `kind`, `rev`, `data`;
+* `rsc:v1:{<tag>}:checkpoints`: list of `"<entry id> <revision>"` of the
+  checkpoints still in the journal, oldest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import coredis
+
+from rsc.actors.errors import ConcurrencyConflict, StoreUnavailable, UnsupportedSchema
+from rsc.actors.keys import SCHEMA_VERSION, AggregateId
+from rsc.actors.store import CHECKPOINT, Appended, JournalEntry, Loaded
+
+# KEYS: snapshot, journal, checkpoints
+# ARGV: expected revision, schema version, retention, n, n x (kind, data), checkpoint state or ''
+APPEND = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
+if current ~= tonumber(ARGV[1]) then
+  return {'conflict', current}
+end
+local n = tonumber(ARGV[4])
+local rev = current
+local id = redis.call('HGET', KEYS[1], 'lastId') or ''
+for i = 0, n - 1 do
+  rev = rev + 1
+  id = redis.call('XADD', KEYS[2], '*', 'kind', ARGV[5 + 2 * i], 'rev', rev, 'data', ARGV[6 + 2 * i])
+end
+local state = ARGV[5 + 2 * n]
+if state ~= '' then
+  id = redis.call('XADD', KEYS[2], '*', 'kind', 'Checkpoint', 'rev', rev, 'data', state)
+  redis.call('RPUSH', KEYS[3], id .. ' ' .. rev)
+  redis.call('HSET', KEYS[1], 'state', state, 'stateRevision', rev, 'stateId', id)
+  local retention = tonumber(ARGV[3])
+  local trimmed = false
+  while redis.call('LLEN', KEYS[3]) >= 2 do
+    local second = redis.call('LINDEX', KEYS[3], 1)
+    if rev - tonumber(string.match(second, ' (%d+)$')) < retention then break end
+    redis.call('LPOP', KEYS[3])
+    trimmed = true
+  end
+  if trimmed then
+    local first = redis.call('LINDEX', KEYS[3], 0)
+    redis.call('XTRIM', KEYS[2], 'MINID', string.match(first, '^(%S+)'))
+  end
+end
+redis.call('HSET', KEYS[1], 'revision', rev, 'lastId', id, 'schemaVersion', ARGV[2])
+return {'ok', rev, id}
+"""
+
+_UNAVAILABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+
+
+class RedisStore:
+    """The `Store` port on Redis (standalone or cluster) through coredis."""
+
+    def __init__(self, redis: Any, retention: int = 10_000) -> None:
+        self.redis = redis
+        self.retention = retention
+        self._append = redis.register_script(APPEND)
+
+    async def load(self, aggregate: AggregateId) -> Loaded:
+        try:
+            snapshot = await self.redis.hgetall(aggregate.snapshot_key)
+            if not snapshot:
+                return Loaded(0, None, None, ())
+            schema = int(snapshot.get("schemaVersion", 0))
+            if schema != SCHEMA_VERSION:
+                raise UnsupportedSchema(
+                    f"{aggregate}: schemaVersion {schema}, this server reads {SCHEMA_VERSION}"
+                )
+            checkpoint = None
+            start = "-"
+            if "state" in snapshot:
+                checkpoint = JournalEntry(
+                    snapshot["stateId"], CHECKPOINT, int(snapshot["stateRevision"]), snapshot["state"]
+                )
+                start = "(" + snapshot["stateId"]
+            tail = await self.redis.xrange(aggregate.journal_key, start, "+")
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        events = tuple(e for e in map(_entry, tail) if not e.is_checkpoint)
+        return Loaded(int(snapshot["revision"]), snapshot.get("lastId"), checkpoint, events)
+
+    async def append(
+        self,
+        aggregate: AggregateId,
+        expected_revision: int,
+        events: Sequence[tuple[str, str]],
+        checkpoint: str | None = None,
+    ) -> Appended:
+        args: list[str | int] = [expected_revision, SCHEMA_VERSION, self.retention, len(events)]
+        for kind, data in events:
+            args += [kind, data]
+        args.append(checkpoint or "")
+        keys = [aggregate.snapshot_key, aggregate.journal_key, aggregate.checkpoints_key]
+        try:
+            result = await self._append(keys=keys, args=args)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        if result[0] == "conflict":
+            raise ConcurrencyConflict(expected_revision, int(result[1]))
+        return Appended(int(result[1]), str(result[2]))
+
+    async def read(
+        self, aggregate: AggregateId, start: str = "-", end: str = "+", count: int | None = None
+    ) -> list[JournalEntry]:
+        try:
+            entries = await self.redis.xrange(aggregate.journal_key, start, end, count=count)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        return [_entry(e) for e in entries]
+
+
+def _entry(raw: Any) -> JournalEntry:
+    fields = raw.field_values
+    return JournalEntry(str(raw.identifier), fields["kind"], int(fields["rev"]), fields["data"])

@@ -1,0 +1,41 @@
+"""Shared fixtures: private Redis servers (standalone and a 3-primary cluster)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from rsc.actors.connect import RedisClient, open_redis
+from tests import redis_servers
+
+
+@pytest.fixture(scope="session")
+def standalone_url() -> Iterator[str]:
+    with redis_servers.standalone() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    with redis_servers.cluster() as url:
+        yield url
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """Each test using this runs once on standalone Redis and once on the cluster."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[RedisClient]:
+    async with open_redis(redis_url) as client:
+        yield client
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A stream prefix no other test uses."""
+    return f"t{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,123 @@
+"""Real redis-server processes for the tests: standalone and a 3-primary cluster.
+
+Each server runs on a free port in its own temporary directory, keeps
+nothing on disk, and is stopped when the test session ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+
+REDIS_SERVER = shutil.which("redis-server") or "redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "redis-cli"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(cluster_bus: bool = False) -> int:
+    """A port that is free now (and, for cluster nodes, its bus port + 10000 too)."""
+    for _ in range(200):
+        port = random.randint(20_000, 40_000)
+        if _port_free(port) and (not cluster_bus or _port_free(port + 10_000)):
+            return port
+    raise RuntimeError("no free port found")
+
+
+def _wait_ping(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.ConnectionError):
+            if redis.Redis(port=port).ping():
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server on port {port} did not answer")
+
+
+def _start(port: int, workdir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    args += ["--dir", str(workdir), *extra]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_ping(port)
+    return process
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@contextlib.contextmanager
+def standalone() -> Iterator[str]:
+    """Yield the URL of a private standalone redis-server."""
+    with tempfile.TemporaryDirectory(prefix="rsc-redis-") as workdir:
+        port = free_port()
+        process = _start(port, Path(workdir))
+        try:
+            yield f"redis://127.0.0.1:{port}"
+        finally:
+            _stop([process])
+
+
+@contextlib.contextmanager
+def cluster(primaries: int = 3) -> Iterator[str]:
+    """Yield the URL of one node of a private Redis Cluster with `primaries` primaries."""
+    with tempfile.TemporaryDirectory(prefix="rsc-cluster-") as workdir:
+        ports: list[int] = []
+        while len(ports) < primaries:
+            port = free_port(cluster_bus=True)
+            if port not in ports:
+                ports.append(port)
+        processes = []
+        try:
+            for port in ports:
+                node_dir = Path(workdir) / str(port)
+                node_dir.mkdir()
+                processes.append(
+                    _start(port, node_dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+                )
+            nodes = [f"127.0.0.1:{p}" for p in ports]
+            subprocess.run(
+                [REDIS_CLI, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                capture_output=True,
+            )
+            _wait_cluster_ok(ports)
+            yield f"redis://127.0.0.1:{ports[0]}"
+        finally:
+            _stop(processes)
+
+
+def _wait_cluster_ok(ports: list[int], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [redis.Redis(port=p, decode_responses=True).cluster("info") for p in ports]
+        if all("cluster_state:ok" in str(s) or _state_ok(s) for s in states):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("cluster did not become ok")
+
+
+def _state_ok(info: object) -> bool:
+    return isinstance(info, dict) and info.get("cluster_state") == "ok"

@@ -1,0 +1,119 @@
+"""The contract of the `Store` port, run on MemoryStore, standalone Redis and a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from rsc.actors.connect import open_redis
+from rsc.actors.errors import ConcurrencyConflict
+from rsc.actors.keys import AggregateId
+from rsc.actors.redis_store import RedisStore
+from rsc.actors.store import MemoryStore, Store
+
+
+@pytest.fixture(params=["memory", "standalone", "cluster"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore(retention=20)
+        return
+    url = request.getfixturevalue(f"{request.param}_url")
+    async with open_redis(url) as client:
+        yield RedisStore(client, retention=20)
+
+
+def events(*numbers: int) -> list[tuple[str, str]]:
+    return [("Happened", f'{{"n":{n}}}') for n in numbers]
+
+
+async def test_a_new_aggregate_is_empty(store: Store, prefix: str) -> None:
+    loaded = await store.load(AggregateId(prefix, "g"))
+    assert (loaded.revision, loaded.checkpoint, loaded.events) == (0, None, ())
+
+
+async def test_append_then_load_in_order(store: Store, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    first = await store.append(agg, 0, events(1, 2))
+    second = await store.append(agg, 2, events(3))
+    assert (first.revision, second.revision) == (2, 3)
+    loaded = await store.load(agg)
+    assert loaded.revision == 3
+    assert loaded.last_id == second.last_id
+    assert [e.data for e in loaded.events] == ['{"n":1}', '{"n":2}', '{"n":3}']
+    assert [e.revision for e in loaded.events] == [1, 2, 3]
+
+
+async def test_wrong_expected_revision_conflicts_and_writes_nothing(store: Store, prefix: str) -> None:
+    agg = AggregateId(prefix)
+    await store.append(agg, 0, events(1))
+    with pytest.raises(ConcurrencyConflict) as info:
+        await store.append(agg, 0, events(2))
+    assert info.value.actual == 1
+    assert [e.data for e in (await store.load(agg)).events] == ['{"n":1}']
+
+
+async def test_two_concurrent_writers_exactly_one_wins(store: Store, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    await store.append(agg, 0, events(0))
+    outcomes: list[str] = []
+
+    async def writer(n: int) -> None:
+        loaded = await store.load(agg)
+        await trio.sleep(0)
+        try:
+            await store.append(agg, loaded.revision, events(n))
+            outcomes.append("won")
+        except ConcurrencyConflict:
+            outcomes.append("conflict")
+
+    async with trio.open_nursery() as nursery:
+        for n in (1, 2):
+            nursery.start_soon(writer, n)
+    assert sorted(outcomes) == ["conflict", "won"]
+    assert (await store.load(agg)).revision == 2
+
+
+async def test_checkpoint_replaces_the_snapshot_state(store: Store, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    await store.append(agg, 0, events(1, 2), checkpoint='{"sum":3}')
+    await store.append(agg, 2, events(3))
+    loaded = await store.load(agg)
+    assert loaded.checkpoint is not None
+    assert (loaded.checkpoint.data, loaded.checkpoint.revision) == ('{"sum":3}', 2)
+    assert [e.data for e in loaded.events] == ['{"n":3}']
+
+
+async def test_retention_bounds_the_journal_and_keeps_it_replayable(store: Store, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    revision = 0
+    for n in range(100):
+        checkpoint = f'{{"upTo":{revision + 1}}}' if (revision + 1) % 5 == 0 else None
+        revision = (await store.append(agg, revision, events(n), checkpoint=checkpoint)).revision
+    journal = await store.read(agg)
+    assert journal[0].is_checkpoint  # the oldest retained entry is a checkpoint
+    kept = [e for e in journal if not e.is_checkpoint]
+    assert 20 <= len(kept) <= 25  # retention 20, plus at most one checkpoint interval
+    # replay from the oldest retained entry reaches the head with nothing missing
+    revisions = [journal[0].revision] + [e.revision for e in kept]
+    assert revisions == list(range(journal[0].revision, 101))
+    loaded = await store.load(agg)
+    assert loaded.checkpoint is not None
+    assert loaded.checkpoint.revision + len(loaded.events) == loaded.revision == 100
+
+
+async def test_read_a_range(store: Store, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    await store.append(agg, 0, events(1, 2, 3, 4))
+    everything = await store.read(agg)
+    middle = await store.read(agg, everything[1].entry_id, everything[2].entry_id)
+    assert [e.data for e in middle] == ['{"n":2}', '{"n":3}']
+    assert len(await store.read(agg, count=3)) == 3
+
+
+async def test_aggregates_do_not_share_revisions(store: Store, prefix: str) -> None:
+    await store.append(AggregateId(prefix, "a"), 0, events(1))
+    await store.append(AggregateId(prefix, "b"), 0, events(1))
+    await store.append(AggregateId(prefix), 0, events(1))
+    assert (await store.load(AggregateId(prefix, "a"))).revision == 1
