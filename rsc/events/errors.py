@@ -44,3 +44,9 @@ class CorruptHistory(CoordinationError):
     """An event cannot apply to the state it follows: the journal is damaged."""
 
     code = "CORRUPT_HISTORY"
+
+
+class UnknownStream(AggregateNotFound):
+    """A stream the coordinator has never seen, with auto-creation switched off."""
+
+    code = "UNKNOWN_STREAM"

@@ -83,6 +83,9 @@ class GroupState:
     timing: Timing
     config: GroupConfig
     created_at_ms: int
+    #: Readable shards when the group was created: they start at `config.start_from`;
+    #: shards added later always start at the beginning.
+    initial_shards: frozenset[int] = frozenset()
     group_epoch: int = 0
     assignment_epoch: int = 0
     assignment_computed_at_ms: int | None = None
@@ -123,6 +126,7 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             timing=event.timing,
             config=event.config,
             created_at_ms=event.created_at_ms,
+            initial_shards=event.layout.readable_indexes,
         )
     match event:
         case GroupCreated():
@@ -459,3 +463,13 @@ def _validate_heartbeat(hb: Heartbeat) -> None:
 def _check_id(value: str, field: str) -> None:
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise InvalidCommand(f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
+
+
+def without_liveness(state: GroupState) -> GroupState:
+    """`state` with every lease deadline zeroed: what the journal alone determines.
+
+    Lease renewals are never journaled (they restart in full on recovery), so
+    a snapshot, and any comparison with a replay, uses this view.
+    """
+    members = {k: attrs.evolve(m, lease_deadline_ms=0) for k, m in state.members.items()}
+    return attrs.evolve(state, members=members)

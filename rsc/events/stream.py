@@ -153,3 +153,12 @@ def _retire(state: StreamState, command: RetireShards) -> list[StreamEvent]:
 def _check_count(count: int) -> None:
     if not 0 <= count <= MAX_SHARDS:
         raise InvalidCommand(f"shardCount must be between 0 and {MAX_SHARDS}")
+
+
+def execute(state: StreamState | None, command: StreamCommand) -> tuple[StreamState, list[StreamEvent]]:
+    """Decide `command` and apply its events: the new state and what happened."""
+    events = decide(state, command)
+    new_state = fold(events, state)
+    if new_state is None:
+        raise AggregateNotFound("the stream does not exist")
+    return new_state, events

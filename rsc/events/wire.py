@@ -118,3 +118,17 @@ def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> 
     else:
         status = HeartbeatStatus.OK
     return attrs.evolve(base, status=status, member_epoch=member.member_epoch, assignment=assignment)
+
+
+@attrs.frozen
+class OwnerToken:
+    """The data-plane owner token of one shard for one group (PROTOCOL section 4).
+
+    Written next to the shard key when the shard is installed to a member and
+    cleared when it is released; scripts that ack or claim entries compare the
+    caller's member id and incarnation with it.
+    """
+
+    member_id: str
+    incarnation: str
+    member_epoch: int

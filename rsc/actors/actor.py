@@ -1,0 +1,303 @@
+"""The actor: one task owns one aggregate; commands arrive through a bounded inbox.
+
+The rules it keeps:
+
+* Commands are decided one at a time, in arrival order, against the state
+  left by the previous one. Commands waiting in the inbox are taken as one
+  batch and their durable events persisted with a single write (group
+  commit).
+* A command is answered only after its events are persisted. A refused
+  command (a `CoordinationError`) is answered with that error and changes
+  nothing; the rest of its batch goes on.
+* If the write meets a `ConcurrencyConflict` (another writer moved the
+  aggregate), the actor reloads (latest checkpoint + journal tail) and
+  decides the whole batch again.
+* Side effects run after the write and before the answer. They are
+  idempotent; if they fail, the actor repairs everything on its next batch.
+* Time-driven commands (ticks) are injected by the actor itself when no
+  command arrives before the next tick is due.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+import attrs
+import trio
+
+from rsc.actors.clock import Clock
+from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, StoreUnavailable
+from rsc.actors.keys import AggregateId
+from rsc.actors.store import Loaded, Store
+from rsc.events.errors import CoordinationError
+
+log = logging.getLogger("rsc.actors")
+
+S = TypeVar("S")
+C = TypeVar("C")
+E = TypeVar("E")
+
+MAX_CONFLICT_RETRIES = 8
+
+
+class Aggregate(Protocol[S, C, E]):
+    """What an actor needs to know about the aggregate it owns."""
+
+    aggregate_id: AggregateId
+
+    def execute(self, state: S | None, command: C) -> tuple[S, list[E]]: ...
+
+    def event_to_json(self, event: E) -> tuple[str, str]: ...
+
+    def event_from_json(self, data: str) -> E: ...
+
+    def evolve(self, state: S | None, event: E) -> S: ...
+
+    def checkpoint_json(self, state: S) -> str: ...
+
+    def state_from_json(self, data: str) -> S: ...
+
+    def tick(self, state: S | None, now_ms: int) -> C | None:
+        """The command to inject when a tick is due (None: nothing to do)."""
+        ...
+
+    def recovered(self, state: S, now_ms: int) -> C | None:
+        """The command to run once after loading an existing aggregate."""
+        ...
+
+    async def after_persist(self, before: S | None, after: S, events: Sequence[E]) -> None:
+        """Perform the side effects of `events` (idempotent)."""
+        ...
+
+    async def repair(self, state: S) -> None:
+        """Perform every side effect `state` implies (idempotent), after recovery or failure."""
+        ...
+
+
+@attrs.frozen
+class Reply(Generic[S, E]):
+    """The state right after a command's events, and those events."""
+
+    state: S
+    events: list[E]
+
+
+class _Pending:
+    """A one-shot answer slot."""
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def resolve(self, value: Any) -> None:
+        if not self._done.is_set():
+            self._value = value
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    async def wait(self) -> Any:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@attrs.frozen
+class ActorSettings:
+    inbox_size: int = 1024
+    max_batch: int = 256
+    tick_interval_s: float = 1.0
+    checkpoint_every: int = 100
+
+
+class Actor(Generic[S, C, E]):
+    """Owns one aggregate: its state, revision and the only writer of its journal."""
+
+    def __init__(
+        self, aggregate: Aggregate[S, C, E], store: Store, clock: Clock, settings: ActorSettings
+    ) -> None:
+        self.aggregate = aggregate
+        self.store = store
+        self.clock = clock
+        self.settings = settings
+        self.state: S | None = None
+        self.revision = 0
+        self.checkpoint_revision = 0
+        self.writes = 0
+        self.last_used = trio.current_time()
+        self.needs_repair = True
+        self._send, self._receive = trio.open_memory_channel[tuple[C, _Pending]](settings.inbox_size)
+        self._stopped = False
+        self._in_flight: list[_Pending] = []
+
+    @property
+    def inbox_depth(self) -> int:
+        return self._receive.statistics().current_buffer_used
+
+    async def ask(self, command: C) -> Reply[S, E]:
+        """Send `command` and wait for its persisted outcome.
+
+        Raises the command's `CoordinationError`, `StoreUnavailable`, or
+        `ActorStopped` if the actor stopped first (the command may or may not
+        have been persisted: ask again, commands are safe to repeat).
+        """
+        if self._stopped:
+            raise ActorStopped(str(self.aggregate.aggregate_id))
+        self.last_used = trio.current_time()
+        pending = _Pending()
+        try:
+            await self._send.send((command, pending))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(str(self.aggregate.aggregate_id)) from None
+        result: Reply[S, E] = await pending.wait()
+        return result
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load, recover, then serve the inbox until cancelled."""
+        try:
+            await self._reload()
+            await self._recover()
+            task_status.started()
+            await self._serve()
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._stopped = True
+        self._receive.close()
+        error = ActorStopped(str(self.aggregate.aggregate_id))
+        for pending in self._in_flight:
+            pending.fail(error)
+        while True:
+            try:
+                _, pending = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                break
+            pending.fail(error)  # pragma: no cover (closed channels hold nothing)
+
+    async def _serve(self) -> None:
+        next_tick = trio.current_time() + self.settings.tick_interval_s
+        while True:
+            batch: list[tuple[C, _Pending | None]] = []
+            with trio.move_on_at(next_tick):
+                batch.append(await self._receive.receive())
+            if not batch:
+                next_tick = trio.current_time() + self.settings.tick_interval_s
+                tick = self.aggregate.tick(self.state, self.clock.now_ms())
+                if tick is None:
+                    continue
+                batch.append((tick, None))
+            while len(batch) < self.settings.max_batch:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await self._process(batch)
+
+    async def _process(self, batch: Sequence[tuple[C, _Pending | None]]) -> None:
+        # Left set if the actor is cancelled mid-batch, so that `_stop` fails these waiters.
+        self._in_flight = [p for _, p in batch if p is not None]
+        try:
+            for _ in range(MAX_CONFLICT_RETRIES):
+                try:
+                    await self._decide_and_persist(batch)
+                except ConcurrencyConflict as conflict:
+                    log.info("%s: %s; reloading", self.aggregate.aggregate_id, conflict)
+                    await self._reload()
+                else:
+                    self._in_flight = []
+                    return
+            raise StoreUnavailable(f"{self.aggregate.aggregate_id}: too many concurrent writers")
+        except StoreError as exc:
+            log.warning("%s: %s", self.aggregate.aggregate_id, exc)
+            for pending in self._in_flight:
+                pending.fail(exc)
+            self._in_flight = []
+            await self._reload_quietly()
+
+    async def _decide_and_persist(self, batch: Sequence[tuple[C, _Pending | None]]) -> None:
+        working = self.state
+        answers: list[tuple[_Pending | None, Reply[S, E] | CoordinationError]] = []
+        every: list[E] = []
+        for command, pending in batch:
+            try:
+                working, events = self.aggregate.execute(working, command)
+            except CoordinationError as refusal:
+                answers.append((pending, refusal))
+                continue
+            answers.append((pending, Reply(working, events)))
+            every.extend(events)
+        durable = [e for e in every if getattr(e, "durable", True)]
+        if durable and working is not None:
+            await self._persist(durable, working)
+        before, self.state = self.state, working
+        if self.needs_repair and working is not None:
+            await self._repair(working)
+        if every and working is not None:
+            try:
+                await self.aggregate.after_persist(before, working, every)
+            except StoreError as exc:
+                log.warning("%s: side effects failed, will repair: %s", self.aggregate.aggregate_id, exc)
+                self.needs_repair = True
+        for pending, answer in answers:
+            if pending is None:
+                continue
+            if isinstance(answer, CoordinationError):
+                pending.fail(answer)
+            else:
+                pending.resolve(answer)
+
+    async def _persist(self, durable: list[E], state: S) -> None:
+        entries = [self.aggregate.event_to_json(e) for e in durable]
+        checkpoint = None
+        if self.revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every:
+            checkpoint = self.aggregate.checkpoint_json(state)
+        appended = await self.store.append(self.aggregate.aggregate_id, self.revision, entries, checkpoint)
+        self.writes += 1
+        self.revision = appended.revision
+        if checkpoint is not None:
+            self.checkpoint_revision = appended.revision
+
+    async def _repair(self, state: S) -> None:
+        try:
+            await self.aggregate.repair(state)
+            self.needs_repair = False
+        except StoreError as exc:
+            log.warning("%s: repair failed, will retry: %s", self.aggregate.aggregate_id, exc)
+
+    async def _reload(self) -> None:
+        loaded = await self.store.load(self.aggregate.aggregate_id)
+        self.state = fold_loaded(self.aggregate, loaded)
+        self.revision = loaded.revision
+        self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
+        self.needs_repair = True
+
+    async def _reload_quietly(self) -> None:
+        try:
+            await self._reload()
+        except StoreError as exc:
+            log.warning("%s: reload failed: %s", self.aggregate.aggregate_id, exc)
+
+    async def _recover(self) -> None:
+        if self.state is None:
+            return
+        command = self.aggregate.recovered(self.state, self.clock.now_ms())
+        if command is not None:
+            await self._process([(command, None)])
+        if self.needs_repair and self.state is not None:
+            await self._repair(self.state)
+
+
+def fold_loaded(aggregate: Aggregate[S, C, E], loaded: Loaded) -> S | None:
+    """The state a `Loaded` journal tail describes: checkpoint, then each event."""
+    state = aggregate.state_from_json(loaded.checkpoint.data) if loaded.checkpoint else None
+    for entry in loaded.events:
+        state = aggregate.evolve(state, aggregate.event_from_json(entry.data))
+    return state

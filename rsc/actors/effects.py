@@ -1,0 +1,203 @@
+"""Data-plane side effects the actors perform after persisting events.
+
+Every operation is idempotent, so that a crash between a journal write and
+its effect is repaired by running the effect again on recovery:
+
+* shard keys exist (created empty, never touching an existing stream);
+* each group's consumer group exists on each readable shard key;
+* each shard's owner token for a group equals the member the shard is
+  installed to, and is absent when no one holds it.
+
+`RedisEffects` does this on Redis; `MemoryEffects` is the fake used by the
+time-driven actor tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+import coredis
+import trio
+
+from rsc.actors.connect import RedisClient
+from rsc.actors.errors import StoreUnavailable
+from rsc.actors.keys import STREAMS_KEY, owner_key
+from rsc.events import codec
+from rsc.events.wire import OwnerToken
+
+# Create the stream key empty if it does not exist (XADD then trim to 0 keeps the key).
+ENSURE_STREAM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('XADD', KEYS[1], 'MAXLEN', '0', '*', 'rsc', 'created')
+end
+return 1
+"""
+
+# Delete the owner token of a group only if it still names the same member incarnation.
+CLEAR_OWNER = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if not current then return 0 end
+local token = cjson.decode(current)
+if token['memberId'] == ARGV[2] and token['incarnation'] == ARGV[3] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+#: Concurrent Redis calls one batch of effects may have in flight.
+PARALLELISM = 32
+
+
+class Effects(Protocol):
+    async def register_stream(self, stream_prefix: str) -> None: ...
+
+    async def ensure_streams(self, shard_keys: Iterable[str]) -> None: ...
+
+    async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None: ...
+
+    async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        """Write `tokens` (shard key -> token) for `group`."""
+        ...
+
+    async def clear_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        """Remove each token of `group` if it still names the given member incarnation."""
+        ...
+
+    async def owners(self, group: str, shard_keys: Iterable[str]) -> dict[str, OwnerToken]:
+        """The tokens of `group` that exist on `shard_keys`."""
+        ...
+
+    async def sync_owners(
+        self, group: str, shard_keys: Iterable[str], tokens: Mapping[str, OwnerToken]
+    ) -> None:
+        """Make the tokens of `group` on `shard_keys` exactly `tokens`."""
+        ...
+
+
+def token_text(token: OwnerToken) -> str:
+    return codec.to_json(token)
+
+
+class RedisEffects:
+    """`Effects` on Redis through coredis; one call per shard key (each in its own slot)."""
+
+    def __init__(self, redis: RedisClient) -> None:
+        self.redis = redis
+        self._ensure_stream = redis.register_script(ENSURE_STREAM)
+        self._clear_owner = redis.register_script(CLEAR_OWNER)
+
+    async def register_stream(self, stream_prefix: str) -> None:
+        await _guard(self.redis.sadd(STREAMS_KEY, [stream_prefix]))
+
+    async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
+        await _each(shard_keys, lambda key: self._ensure_stream(keys=[key]))
+
+    async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
+        async def create(key: str) -> None:
+            try:
+                await self.redis.xgroup_create(key, group, start_id, mkstream=True)
+            except coredis.exceptions.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        await _each(shard_keys, create)
+
+    async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        await _each(tokens, lambda key: self.redis.hset(owner_key(key), {group: token_text(tokens[key])}))
+
+    async def clear_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        await _each(
+            tokens,
+            lambda key: self._clear_owner(
+                keys=[owner_key(key)], args=[group, tokens[key].member_id, tokens[key].incarnation]
+            ),
+        )
+
+    async def owners(self, group: str, shard_keys: Iterable[str]) -> dict[str, OwnerToken]:
+        found: dict[str, OwnerToken] = {}
+
+        async def read(key: str) -> None:
+            text = await self.redis.hget(owner_key(key), group)
+            if text is not None:
+                found[key] = codec.from_json(text, OwnerToken)
+
+        await _each(shard_keys, read)
+        return found
+
+    async def sync_owners(
+        self, group: str, shard_keys: Iterable[str], tokens: Mapping[str, OwnerToken]
+    ) -> None:
+        async def sync(key: str) -> None:
+            if key in tokens:
+                await self.redis.hset(owner_key(key), {group: token_text(tokens[key])})
+            else:
+                await self.redis.hdel(owner_key(key), [group])
+
+        await _each(set(shard_keys) | set(tokens), sync)
+
+
+async def _guard(awaitable: object) -> None:
+    try:
+        await awaitable  # type: ignore[misc]
+    except (coredis.exceptions.ConnectionError, TimeoutError, OSError) as exc:
+        raise StoreUnavailable(str(exc)) from exc
+
+
+async def _each(keys: Iterable[str], action: object) -> None:
+    """Run `action(key)` for every key, at most PARALLELISM at a time; errors map to StoreUnavailable."""
+    limiter = trio.CapacityLimiter(PARALLELISM)
+
+    async def one(key: str) -> None:
+        async with limiter:
+            await _guard(action(key))  # type: ignore[operator]
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(one, key)
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from group  # one failure is enough to tell
+
+
+class MemoryEffects:
+    """A fake `Effects` that keeps everything in dicts (for time-driven actor tests)."""
+
+    def __init__(self) -> None:
+        self.streams: set[str] = set()
+        self.shard_keys: set[str] = set()
+        self.consumer_groups: dict[tuple[str, str], str] = {}
+        self.tokens: dict[tuple[str, str], OwnerToken] = {}
+
+    async def register_stream(self, stream_prefix: str) -> None:
+        self.streams.add(stream_prefix)
+
+    async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
+        self.shard_keys.update(shard_keys)
+
+    async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
+        for key in shard_keys:
+            self.shard_keys.add(key)
+            self.consumer_groups.setdefault((key, group), start_id)
+
+    async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        for key, token in tokens.items():
+            self.tokens[key, group] = token
+
+    async def clear_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        for key, token in tokens.items():
+            current = self.tokens.get((key, group))
+            if current and (current.member_id, current.incarnation) == (token.member_id, token.incarnation):
+                del self.tokens[key, group]
+
+    async def owners(self, group: str, shard_keys: Iterable[str]) -> dict[str, OwnerToken]:
+        return {k: self.tokens[k, group] for k in shard_keys if (k, group) in self.tokens}
+
+    async def sync_owners(
+        self, group: str, shard_keys: Iterable[str], tokens: Mapping[str, OwnerToken]
+    ) -> None:
+        for key in set(shard_keys) | set(tokens):
+            if key in tokens:
+                self.tokens[key, group] = tokens[key]
+            else:
+                self.tokens.pop((key, group), None)

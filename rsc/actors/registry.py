@@ -1,0 +1,248 @@
+"""The registry: starts an actor on first use, routes commands, stops idle actors.
+
+One actor per aggregate at a time in this process. A group actor is created
+on its first member's join: the registry makes sure the stream exists
+(creating it with the default shard count unless auto-creation is off),
+registers the group with the stream, then creates the group with the
+stream's current layout. A layout change in a stream actor is pushed to
+every group of the stream; a group actor also pulls the layout when it
+starts, so a missed push is caught up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from rsc.actors.actor import Actor, ActorSettings, Reply
+from rsc.actors.aggregates import GroupAggregate, StreamAggregate
+from rsc.actors.clock import Clock
+from rsc.actors.effects import Effects
+from rsc.actors.errors import ActorStopped, StoreError
+from rsc.actors.keys import AggregateId
+from rsc.actors.store import Store
+from rsc.events.commands import (
+    ApplyLayout,
+    CreateGroup,
+    CreateStream,
+    GroupCommand,
+    RegisterGroup,
+    StreamCommand,
+)
+from rsc.events.errors import CoordinationError, UnknownStream
+from rsc.events.events import GroupEvent, StreamEvent
+from rsc.events.group import GroupState
+from rsc.events.model import GroupConfig, Layout, Timing
+from rsc.events.stream import StreamState
+
+log = logging.getLogger("rsc.registry")
+
+GroupActor = Actor[GroupState, GroupCommand, GroupEvent]
+StreamActor = Actor[StreamState, StreamCommand, StreamEvent]
+ASK_ATTEMPTS = 3
+
+
+@attrs.frozen
+class RegistrySettings:
+    timing: Timing = Timing()
+    default_shard_count: int = 4
+    auto_create_streams: bool = True
+    idle_after_s: float = 600.0
+    actor: ActorSettings = ActorSettings()
+
+
+@attrs.define
+class _Entry:
+    actor: Any
+    ready: trio.Event = attrs.field(factory=trio.Event)
+    scope: trio.CancelScope | None = None
+    started: bool = False
+    error: BaseException | None = None
+
+
+class _StartedFlag:
+    """Wraps a task status to remember that the actor finished starting."""
+
+    def __init__(self, entry: _Entry, inner: Any) -> None:
+        self.entry = entry
+        self.inner = inner
+
+    def started(self, value: None = None) -> None:
+        self.entry.started = True
+        self.inner.started(value)
+
+
+class Registry:
+    """Owns every actor of this coordinator process (see `open_registry`)."""
+
+    def __init__(
+        self, nursery: trio.Nursery, store: Store, effects: Effects, clock: Clock, settings: RegistrySettings
+    ) -> None:
+        self.nursery = nursery
+        self.store = store
+        self.effects = effects
+        self.clock = clock
+        self.settings = settings
+        self.actors: dict[AggregateId, _Entry] = {}
+
+    # --- asking ---------------------------------------------------------
+
+    async def ask_group(
+        self, stream_prefix: str, group: str, command: GroupCommand
+    ) -> Reply[GroupState, GroupEvent]:
+        """Send `command` to the group's actor (started and created if needed)."""
+        for attempt in range(ASK_ATTEMPTS):
+            actor = await self.group(stream_prefix, group)
+            try:
+                return await actor.ask(command)
+            except ActorStopped:
+                if attempt == ASK_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def ask_stream(
+        self, stream_prefix: str, command: StreamCommand, create: bool | None = None
+    ) -> Reply[StreamState, StreamEvent]:
+        for attempt in range(ASK_ATTEMPTS):
+            actor = await self.stream(stream_prefix, create=create)
+            try:
+                return await actor.ask(command)
+            except ActorStopped:
+                if attempt == ASK_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- actors ---------------------------------------------------------
+
+    async def group(self, stream_prefix: str, group: str) -> GroupActor:
+        """The group's actor, started; the group is created on first use."""
+        aggregate_id = AggregateId(stream_prefix, group)
+        actor, fresh = await self._get(
+            aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects))
+        )
+        if actor.state is None:
+            await self._create_group(actor, stream_prefix, group)
+        elif fresh:
+            await self._pull_layout(actor, stream_prefix)
+        return actor  # type: ignore[no-any-return]
+
+    async def stream(self, stream_prefix: str, create: bool | None = None) -> StreamActor:
+        """The stream's actor, started; created with the default shard count if allowed.
+
+        `create` overrides the configured auto-creation; raises `UnknownStream`.
+        """
+        aggregate_id = AggregateId(stream_prefix)
+        actor, _ = await self._get(
+            aggregate_id, lambda: self._actor(StreamAggregate(aggregate_id, self.effects, self._on_layout))
+        )
+        if actor.state is None:
+            if not (self.settings.auto_create_streams if create is None else create):
+                raise UnknownStream(f"stream {stream_prefix!r} does not exist")
+            command = CreateStream(stream_prefix, self.settings.default_shard_count, self.clock.now_ms())
+            await actor.ask(command)
+        return actor  # type: ignore[no-any-return]
+
+    async def _create_group(self, actor: GroupActor, stream_prefix: str, group: str) -> None:
+        stream = await self.stream(stream_prefix)
+        reply = await stream.ask(RegisterGroup(group))
+        layout = reply.state.layout
+        command = CreateGroup(
+            stream_prefix, group, layout, self.settings.timing, GroupConfig(), self.clock.now_ms()
+        )
+        await actor.ask(command)
+
+    async def _pull_layout(self, actor: GroupActor, stream_prefix: str) -> None:
+        stream = await self.stream(stream_prefix)
+        if stream.state is not None:
+            await actor.ask(ApplyLayout(stream.state.layout, self.clock.now_ms()))
+
+    def _actor(self, aggregate: Any) -> Actor[Any, Any, Any]:
+        return Actor(aggregate, self.store, self.clock, self.settings.actor)
+
+    async def _get(
+        self, aggregate_id: AggregateId, make: Callable[[], Actor[Any, Any, Any]]
+    ) -> tuple[Any, bool]:
+        entry = self.actors.get(aggregate_id)
+        if entry is not None:
+            await entry.ready.wait()
+            if entry.error is None and self.actors.get(aggregate_id) is entry:
+                return entry.actor, False
+            return await self._get(aggregate_id, make)
+        entry = _Entry(make())
+        self.actors[aggregate_id] = entry
+        try:
+            await self.nursery.start(self._run, aggregate_id, entry)
+        except BaseException as exc:
+            entry.error = exc
+            self.actors.pop(aggregate_id, None)
+            raise
+        finally:
+            entry.ready.set()
+        return entry.actor, True
+
+    async def _run(self, aggregate_id: AggregateId, entry: _Entry, *, task_status: Any) -> None:
+        try:
+            with trio.CancelScope() as scope:
+                entry.scope = scope
+                await entry.actor.run(task_status=_StartedFlag(entry, task_status))
+        except Exception:
+            if not entry.started:
+                raise
+            log.exception("actor %s crashed; it restarts on next use", aggregate_id)
+        finally:
+            if self.actors.get(aggregate_id) is entry:
+                del self.actors[aggregate_id]
+
+    def stop(self, aggregate_id: AggregateId) -> None:
+        """Stop one actor (it is started again, recovered, on next use)."""
+        entry = self.actors.get(aggregate_id)
+        if entry is not None and entry.scope is not None:
+            entry.scope.cancel()
+
+    async def reap_idle(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Stop actors nobody asked anything for `idle_after_s`, forever."""
+        task_status.started()
+        period = self.settings.idle_after_s / 4
+        if math.isinf(period):
+            return
+        while True:
+            await trio.sleep(period)
+            now = trio.current_time()
+            for aggregate_id, entry in list(self.actors.items()):
+                if entry.started and now - entry.actor.last_used >= self.settings.idle_after_s:
+                    log.info("stopping idle actor %s", aggregate_id)
+                    self.stop(aggregate_id)
+
+    # --- stream -> groups -------------------------------------------------
+
+    def _on_layout(self, stream_prefix: str, layout: Layout, groups: Sequence[str]) -> None:
+        self.nursery.start_soon(self._push_layout, stream_prefix, layout, tuple(groups))
+
+    async def _push_layout(self, stream_prefix: str, layout: Layout, groups: Sequence[str]) -> None:
+        for group in groups:
+            try:
+                await self.ask_group(stream_prefix, group, ApplyLayout(layout, self.clock.now_ms()))
+            except (CoordinationError, StoreError, ActorStopped) as exc:
+                log.warning(
+                    "layout v%s did not reach %s/%s: %s", layout.metadata_version, stream_prefix, group, exc
+                )
+
+
+@contextlib.asynccontextmanager
+async def open_registry(
+    store: Store, effects: Effects, clock: Clock, settings: RegistrySettings = RegistrySettings()
+) -> AsyncIterator[Registry]:
+    """Run a registry (and its idle reaper) until the block exits; then stop every actor."""
+    async with trio.open_nursery() as nursery:
+        registry = Registry(nursery, store, effects, clock, settings)
+        await nursery.start(registry.reap_idle)
+        try:
+            yield registry
+        finally:
+            nursery.cancel_scope.cancel()

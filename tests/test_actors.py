@@ -1,0 +1,248 @@
+"""Actors on fakes, under trio's autojump clock: time-driven behaviour, group
+commit, replies only after persistence, conflicts, recovery, idle stop."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from rsc.actors.actor import Actor, ActorSettings, fold_loaded
+from rsc.actors.aggregates import GroupAggregate
+from rsc.actors.clock import TrioClock
+from rsc.actors.effects import MemoryEffects
+from rsc.actors.errors import ActorStopped
+from rsc.actors.keys import AggregateId
+from rsc.actors.store import MemoryStore
+from rsc.events import group
+from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup
+from rsc.events.errors import IncarnationMismatch, UnknownStream
+from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
+from tests.actorkit import SETTINGS, TIMING, Member, registry_on
+from tests.groupkit import layout
+
+# Every test takes `autojump_clock` (pytest-trio): time is virtual and jumps when all tasks wait.
+Clock = trio.testing.MockClock
+
+
+async def journal_state(store: MemoryStore, stream: str, name: str) -> group.GroupState | None:
+    aggregate = GroupAggregate(AggregateId(stream, name), MemoryEffects())
+    return fold_loaded(aggregate, await store.load(aggregate.aggregate_id))
+
+
+async def test_first_join_creates_stream_and_group(autojump_clock: Clock) -> None:
+    store, effects = MemoryStore(), MemoryEffects()
+    async with registry_on(store, effects) as registry:
+        a = Member(registry, "orders", "billing", "a")
+        r = await a.heartbeat()
+        assert r.status is HeartbeatStatus.OK
+        assert r.assignment.assigned == frozenset(range(6))
+    assert effects.streams == {"orders"}
+    assert len({key for key, g in effects.consumer_groups if g == "billing"}) == 6
+    assert set(effects.consumer_groups.values()) == {"0"}
+    assert {t.member_id for t in effects.tokens.values()} == {"a"}
+
+
+async def test_lease_expiry_fences_a_silent_member(autojump_clock: Clock) -> None:
+    async with registry_on() as registry:
+        a = Member(registry, "orders", "billing", "a")
+        b = Member(registry, "orders", "billing", "b")
+        await a.heartbeat()
+        await b.heartbeat()
+        for _ in range(8):  # b keeps heartbeating, a is silent
+            await trio.sleep(1)
+            await b.heartbeat()
+        state = (await registry.group("orders", "billing")).state
+        assert state is not None
+        assert set(state.members) == {"b"}
+        assert state.fenced["a"].reason is FenceReason.LEASE_EXPIRED
+        assert b.owned == frozenset(range(6))
+        assert (await a.heartbeat()).status is HeartbeatStatus.FENCED
+
+
+async def test_revoke_timeout_fences_a_member_that_never_acks(autojump_clock: Clock) -> None:
+    async with registry_on() as registry:
+        a = Member(registry, "orders", "billing", "a")
+        b = Member(registry, "orders", "billing", "b")
+        await a.heartbeat()
+        await b.heartbeat()
+        started = trio.current_time()
+        while (r := await a.heartbeat(ack=False)).status is not HeartbeatStatus.FENCED:
+            await trio.sleep(1)
+            await b.heartbeat()
+        waited = trio.current_time() - started
+        assert r.fence_reason is FenceReason.REVOKE_TIMEOUT
+        assert TIMING.revoke_timeout_ms / 1000 <= waited <= TIMING.revoke_timeout_ms / 1000 + 2
+        await b.heartbeat()
+        assert b.owned == frozenset(range(6))
+
+
+async def test_group_commit_many_concurrent_commands_few_writes(autojump_clock: Clock) -> None:
+    store = MemoryStore()
+    async with registry_on(store) as registry:
+        await Member(registry, "orders", "billing", "m000").heartbeat()
+        before = store.appends
+        responses = []
+
+        async def join(i: int) -> None:
+            responses.append(await Member(registry, "orders", "billing", f"m{i:03}").heartbeat())
+
+        async with trio.open_nursery() as nursery:
+            for i in range(1, 100):
+                nursery.start_soon(join, i)
+        writes = store.appends - before
+        actor = await registry.group("orders", "billing")
+        assert len(responses) == 99
+        assert actor.state is not None
+        assert len(actor.state.members) == 100
+        assert writes <= 5  # 99 joins, a handful of batches
+        replayed = await journal_state(store, "orders", "billing")
+        assert replayed is not None
+        assert group.without_liveness(replayed) == group.without_liveness(actor.state)
+
+
+class GatedStore(MemoryStore):
+    """Appends wait until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+
+    async def append(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        await self.gate.wait()
+        return await super().append(*args, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_no_reply_before_the_write(autojump_clock: Clock) -> None:
+    store = GatedStore()
+    async with registry_on(store) as registry:
+        answered = trio.Event()
+
+        async def join() -> None:
+            await Member(registry, "orders", "billing", "a").heartbeat()
+            answered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(join)
+            await trio.sleep(5)
+            assert not answered.is_set()
+            assert store.appends == 0
+            store.gate.set()
+        assert answered.is_set()
+
+
+async def test_refused_command_does_not_spoil_its_batch(autojump_clock: Clock) -> None:
+    async with registry_on() as registry:
+        a = Member(registry, "orders", "billing", "a")
+        await a.heartbeat()
+        outcomes: list[str] = []
+
+        async def imposter() -> None:
+            try:
+                await Member(registry, "orders", "billing", "a", incarnation="other").heartbeat()
+            except IncarnationMismatch:
+                outcomes.append("refused")
+
+        async def joiner() -> None:
+            await Member(registry, "orders", "billing", "b").heartbeat()
+            outcomes.append("joined")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(imposter)
+            nursery.start_soon(joiner)
+        assert sorted(outcomes) == ["joined", "refused"]
+
+
+async def test_conflict_reloads_and_retries(autojump_clock: Clock) -> None:
+    """Two coordinators on one store: each write of one makes the other's next write conflict."""
+    store = MemoryStore()
+    async with registry_on(store) as first, registry_on(store) as second:
+        a = Member(first, "orders", "billing", "a")
+        await a.heartbeat()
+        b = Member(second, "orders", "billing", "b")
+        await b.heartbeat()  # second's actor loaded after a joined
+        c = Member(first, "orders", "billing", "c")
+        await c.heartbeat()  # first's actor is stale: conflict, reload, retry
+        state = (await first.group("orders", "billing")).state
+        assert state is not None
+        assert set(state.members) == {"a", "b", "c"}
+        replayed = await journal_state(store, "orders", "billing")
+        assert replayed is not None
+        assert group.without_liveness(replayed) == group.without_liveness(state)
+
+
+async def test_recovery_restarts_timers_in_full(autojump_clock: Clock) -> None:
+    store = MemoryStore()
+    async with registry_on(store) as registry:
+        a = Member(registry, "orders", "billing", "a")
+        await a.heartbeat()
+        await trio.sleep(4)  # 1 s of a's lease left
+        registry.stop(AggregateId("orders", "billing"))
+        await trio.sleep(0.1)
+        actor = await registry.group("orders", "billing")
+        assert actor.state is not None
+        assert actor.state.members["a"].lease_deadline_ms >= TrioClock().now_ms() + TIMING.lease_ttl_ms - 100
+        await trio.sleep(3)
+        assert "a" in actor.state.members  # would have expired without the restart
+        await trio.sleep(3)
+        assert "a" not in actor.state.members
+    kinds = [e.kind for e in await store.read(AggregateId("orders", "billing"))]
+    assert "TimersRestarted" in kinds
+
+
+async def test_idle_actors_stop_and_come_back(autojump_clock: Clock) -> None:
+    settings = attrs.evolve(SETTINGS, idle_after_s=60.0)
+    async with registry_on(settings=settings) as registry:
+        a = Member(registry, "orders", "billing", "a")
+        await a.heartbeat()
+        await a.leave()
+        assert AggregateId("orders", "billing") in registry.actors
+        await trio.sleep(120)
+        assert registry.actors == {}
+        r = await Member(registry, "orders", "billing", "b").heartbeat()
+        assert r.assignment.assigned == frozenset(range(6))
+
+
+async def test_stopped_actor_fails_waiters_instead_of_hanging(autojump_clock: Clock) -> None:
+    store = GatedStore()
+    actor = Actor(GroupAggregate(AggregateId("s", "g"), MemoryEffects()), store, TrioClock(), ActorSettings())
+    errors: list[BaseException] = []
+
+    async def ask() -> None:
+        try:
+            await actor.ask(CreateGroup("s", "g", layout(3)))
+        except ActorStopped as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as outer, trio.open_nursery() as actor_nursery:
+        await actor_nursery.start(actor.run)
+        outer.start_soon(ask)
+        await trio.sleep(1)  # the ask waits on the gated write
+        actor_nursery.cancel_scope.cancel()
+    assert len(errors) == 1
+    with pytest.raises(ActorStopped):
+        await actor.ask(ConfigureGroup(GroupConfig()))
+
+
+async def test_scale_out_reaches_the_group(autojump_clock: Clock) -> None:
+    effects = MemoryEffects()
+    async with registry_on(effects=effects) as registry:
+        a = Member(registry, "orders", "billing", "a")
+        await a.heartbeat()
+        await registry.ask_stream("orders", ChangeShardCount(9))
+        await trio.sleep(0.1)  # the push to the group runs in the background
+        r = await a.heartbeat()
+        assert r.assignment.assigned == frozenset(range(9))
+        assert r.metadata_version == 2
+    new_keys = {key for key, g in effects.consumer_groups if g == "billing"}
+    assert len(new_keys) == 9
+
+
+async def test_unknown_stream_without_auto_create(autojump_clock: Clock) -> None:
+    settings = attrs.evolve(SETTINGS, auto_create_streams=False)
+    async with registry_on(settings=settings) as registry:
+        with pytest.raises(UnknownStream):
+            await Member(registry, "nowhere", "billing", "a").heartbeat()
+        await registry.stream("nowhere", create=True)
+        assert (await Member(registry, "nowhere", "billing", "a").heartbeat()).status is HeartbeatStatus.OK
