@@ -72,5 +72,7 @@ class Member:
         return response
 
     async def leave(self) -> HeartbeatResponse:
-        self.owned = frozenset()
-        return await self.heartbeat(epoch=-1)
+        self.owned = self.to_ack = frozenset()
+        response = await self.heartbeat(epoch=-1)
+        self.epoch = 0
+        return response

@@ -170,17 +170,19 @@ class Actor(Generic[S, C, E]):
             self._stop()
 
     def _stop(self) -> None:
+        """Refuse new commands and fail every waiter: in flight, or still in the inbox."""
         self._stopped = True
-        self._receive.close()
+        self._send.close()  # askers blocked in send, or sending later, get ActorStopped
         error = ActorStopped(str(self.aggregate.aggregate_id))
         for pending in self._in_flight:
             pending.fail(error)
         while True:
             try:
                 _, pending = self._receive.receive_nowait()
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            pending.fail(error)  # pragma: no cover (closed channels hold nothing)
+            pending.fail(error)
+        self._receive.close()
 
     async def _serve(self) -> None:
         next_tick = trio.current_time() + self.settings.tick_interval_s

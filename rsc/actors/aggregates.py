@@ -6,7 +6,7 @@ side effects its events imply on Redis.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rsc.actors.effects import Effects
 from rsc.actors.keys import AggregateId
@@ -16,6 +16,7 @@ from rsc.events.events import (
     GroupCreated,
     GroupEvent,
     LayoutApplied,
+    MemberEpochAdvanced,
     ShardsAdded,
     ShardsInstalled,
     ShardsReleased,
@@ -83,10 +84,24 @@ class GroupAggregate:
                     token = OwnerToken(event.member_id, _incarnation(before, after, event.member_id), 0)
                     await self.effects.clear_owners(after.group, {keys[s]: token for s in event.shards})
                 case ShardsInstalled():
+                    await self._write_tokens(after, event.member_id, event.shards)
+                case MemberEpochAdvanced():
+                    # The token carries the holder's current epoch, so rewrite what it holds.
                     member = after.members.get(event.member_id)
-                    if member is not None:  # else it left in the same batch and its release follows
-                        token = OwnerToken(member.member_id, member.incarnation, member.member_epoch)
-                        await self.effects.set_owners(after.group, {keys[s]: token for s in event.shards})
+                    if member is not None:
+                        await self._write_tokens(
+                            after, event.member_id, member.installed & after.owners.keys()
+                        )
+
+    async def _write_tokens(self, state: GroupState, member_id: str, shards: Iterable[int]) -> None:
+        member = state.members.get(member_id)
+        if member is None:
+            return  # it left or was fenced later in the same batch; its release follows
+        keys = {s.index: s.key for s in state.layout.shards}
+        token = OwnerToken(member.member_id, member.incarnation, member.member_epoch)
+        tokens = {keys[s]: token for s in shards if state.owners.get(s) == member_id}
+        if tokens:
+            await self.effects.set_owners(state.group, tokens)
 
     async def repair(self, state: GroupState) -> None:
         keys = {s.index: s.key for s in state.layout.shards}

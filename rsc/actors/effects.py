@@ -14,6 +14,7 @@ time-driven actor tests.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -95,11 +96,8 @@ class RedisEffects:
 
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
         async def create(key: str) -> None:
-            try:
+            with contextlib.suppress(coredis.exceptions.StreamDuplicateConsumerGroupError):
                 await self.redis.xgroup_create(key, group, start_id, mkstream=True)
-            except coredis.exceptions.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
 
         await _each(shard_keys, create)
 

@@ -98,8 +98,8 @@ class Registry:
     ) -> Reply[GroupState, GroupEvent]:
         """Send `command` to the group's actor (started and created if needed)."""
         for attempt in range(ASK_ATTEMPTS):
-            actor = await self.group(stream_prefix, group)
             try:
+                actor = await self.group(stream_prefix, group)
                 return await actor.ask(command)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -110,8 +110,8 @@ class Registry:
         self, stream_prefix: str, command: StreamCommand, create: bool | None = None
     ) -> Reply[StreamState, StreamEvent]:
         for attempt in range(ASK_ATTEMPTS):
-            actor = await self.stream(stream_prefix, create=create)
             try:
+                actor = await self.stream(stream_prefix, create=create)
                 return await actor.ask(command)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -188,9 +188,7 @@ class Registry:
 
     async def _run(self, aggregate_id: AggregateId, entry: _Entry, *, task_status: Any) -> None:
         try:
-            with trio.CancelScope() as scope:
-                entry.scope = scope
-                await entry.actor.run(task_status=_StartedFlag(entry, task_status))
+            await self._run_until_stopped(aggregate_id, entry, task_status)
         except Exception:
             if not entry.started:
                 raise
@@ -198,6 +196,14 @@ class Registry:
         finally:
             if self.actors.get(aggregate_id) is entry:
                 del self.actors[aggregate_id]
+
+    @staticmethod
+    async def _run_until_stopped(aggregate_id: AggregateId, entry: _Entry, task_status: Any) -> None:
+        with trio.CancelScope() as scope:
+            entry.scope = scope
+            await entry.actor.run(task_status=_StartedFlag(entry, task_status))
+        if not entry.started:
+            raise ActorStopped(f"{aggregate_id} was stopped while starting")
 
     def stop(self, aggregate_id: AggregateId) -> None:
         """Stop one actor (it is started again, recovered, on next use)."""
