@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import click
+import trio
 
 from rsc import __version__
+from rsc import journal as journal_tool
+from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
+from rsc.actors.errors import StoreUnavailable
+from rsc.actors.keys import AggregateId
+from rsc.actors.redis_store import RedisStore
 from rsc.simulate import SimConfig, Simulation
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -86,3 +96,97 @@ def simulate(
         and report["orderViolations"] == 0
     )
     sys.exit(0 if healthy else 1)
+
+
+# --- rsc journal -----------------------------------------------------------
+
+redis_url_option = click.option(
+    "--redis-url",
+    envvar="RSC_REDIS_URL",
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    help="Redis (standalone or any cluster node); env RSC_REDIS_URL.",
+)
+
+
+def _aggregate(stream: str, group: str | None) -> AggregateId:
+    return AggregateId(stream, group)
+
+
+def _with_store(redis_url: str, work: Callable[[Any, RedisStore], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with open_redis(redis_url) as redis:
+            return await work(redis, RedisStore(redis))
+
+    try:
+        return trio.run(main)
+    except StoreUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.group()
+def journal() -> None:
+    """Read, replay and verify the event journals in Redis (for debugging)."""
+
+
+@journal.command("show")
+@click.argument("stream")
+@click.argument("group", required=False)
+@click.option("--member", help="Only entries about this member id.")
+@click.option("--shard", type=int, help="Only entries about this shard index.")
+@click.option("--kind", "kinds", multiple=True, help="Only entries of this kind (repeatable).")
+@redis_url_option
+def journal_show(
+    stream: str,
+    group: str | None,
+    member: str | None,
+    shard: int | None,
+    kinds: tuple[str, ...],
+    redis_url: str,
+) -> None:
+    """The journal of STREAM (or of its consumer GROUP), oldest first."""
+    entries = _with_store(
+        redis_url, lambda _, store: journal_tool.show(store, _aggregate(stream, group), member, shard, kinds)
+    )
+    for entry in entries:
+        click.echo(journal_tool.describe(entry))
+
+
+@journal.command("replay")
+@click.argument("stream")
+@click.argument("group", required=False)
+@click.option("--until", default="+", show_default=True, help="Last journal entry id to apply.")
+@redis_url_option
+def journal_replay(stream: str, group: str | None, until: str, redis_url: str) -> None:
+    """The state of STREAM (or GROUP) after the entries up to --until, as JSON."""
+    state = _with_store(
+        redis_url, lambda _, store: journal_tool.replay(store, _aggregate(stream, group), until)
+    )
+    if state is None:
+        raise click.ClickException("nothing retained up to that id")
+    click.echo(journal_tool.state_json(state))
+
+
+@journal.command("verify")
+@click.argument("stream", required=False)
+@click.argument("group", required=False)
+@redis_url_option
+def journal_verify(stream: str | None, group: str | None, redis_url: str) -> None:
+    """Check that snapshots, checkpoints and journals agree (all aggregates without STREAM).
+
+    Exits 1 if any aggregate fails.
+    """
+
+    async def work(redis: Any, store: RedisStore) -> list[journal_tool.Verdict]:
+        targets = [_aggregate(stream, group)] if stream else await journal_tool.every_aggregate(redis, store)
+        return [await journal_tool.verify(store, target) for target in targets]
+
+    verdicts = _with_store(redis_url, work)
+    for v in verdicts:
+        status = "ok" if v.ok else "FAILED"
+        click.echo(f"{status:<6} {v.aggregate_id}  revision {v.revision}, {v.entries} entries retained")
+        for problem in v.problems:
+            click.echo(f"       - {problem}")
+    if not verdicts:
+        click.echo("no aggregates found")
+    sys.exit(0 if all(v.ok for v in verdicts) else 1)

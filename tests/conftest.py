@@ -6,8 +6,11 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import trio
 
+from rsc import journal
 from rsc.actors.connect import RedisClient, open_redis
+from rsc.actors.redis_store import RedisStore
 from tests import redis_servers
 
 
@@ -15,12 +18,28 @@ from tests import redis_servers
 def standalone_url() -> Iterator[str]:
     with redis_servers.standalone() as url:
         yield url
+        verify_every_aggregate(url)
 
 
 @pytest.fixture(scope="session")
 def cluster_url() -> Iterator[str]:
     with redis_servers.cluster() as url:
         yield url
+        verify_every_aggregate(url)
+
+
+def verify_every_aggregate(url: str) -> None:
+    """At the end of the session, `rsc journal verify` must pass for every aggregate the tests left."""
+
+    async def work() -> list[journal.Verdict]:
+        async with open_redis(url) as client:
+            store = RedisStore(client)
+            return [await journal.verify(store, a) for a in await journal.every_aggregate(client, store)]
+
+    verdicts = trio.run(work)
+    failed = [v for v in verdicts if not v.ok]
+    assert verdicts
+    assert not failed, failed
 
 
 @pytest.fixture(params=["standalone", "cluster"])

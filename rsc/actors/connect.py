@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -17,6 +17,27 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 RedisClient = Any
 
 
+_UNAVAILABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, _UNAVAILABLE)
+
+
+@contextlib.contextmanager
+def redis_errors(context: str) -> Iterator[None]:
+    """Translate connection failures (bare, or in coredis' exception groups) into `StoreUnavailable`."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(f"{context}: {exc}") from exc
+    except BaseExceptionGroup as group:
+        _, rest = group.split(_unavailable)
+        if rest is not None:
+            raise
+        raise StoreUnavailable(f"{context}: {group.exceptions[0]}") from group
+
+
 @contextlib.asynccontextmanager
 async def open_redis(url: str = DEFAULT_REDIS_URL) -> AsyncIterator[RedisClient]:
     """Connect to `url`; if that node runs in cluster mode, yield a cluster client instead.
@@ -27,11 +48,9 @@ async def open_redis(url: str = DEFAULT_REDIS_URL) -> AsyncIterator[RedisClient]
     host = parsed.hostname or "127.0.0.1"
     port = parsed.port or 6379
     auth: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
-    try:
+    with redis_errors(f"cannot reach Redis at {host}:{port}"):
         async with coredis.Redis(host=host, port=port, decode_responses=True, **auth) as probe:
             info = await probe.info("cluster")
-    except (coredis.exceptions.ConnectionError, OSError) as exc:
-        raise StoreUnavailable(f"cannot reach Redis at {host}:{port}: {exc}") from exc
     client: Any
     if info.get("cluster_enabled") in (1, "1"):
         client = coredis.RedisCluster(host=host, port=port, decode_responses=True, **auth)

@@ -21,7 +21,7 @@ from typing import Protocol
 import coredis
 import trio
 
-from rsc.actors.connect import RedisClient
+from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import STREAMS_KEY, owner_key
 from rsc.events import codec
@@ -136,10 +136,8 @@ class RedisEffects:
 
 
 async def _guard(awaitable: object) -> None:
-    try:
+    with redis_errors("side effect"):
         await awaitable  # type: ignore[misc]
-    except (coredis.exceptions.ConnectionError, TimeoutError, OSError) as exc:
-        raise StoreUnavailable(str(exc)) from exc
 
 
 async def _each(keys: Iterable[str], action: object) -> None:
@@ -155,7 +153,10 @@ async def _each(keys: Iterable[str], action: object) -> None:
             for key in keys:
                 nursery.start_soon(one, key)
     except BaseExceptionGroup as group:
-        raise group.exceptions[0] from group  # one failure is enough to tell
+        unavailable, _ = group.split(StoreUnavailable)
+        if unavailable is None:
+            raise
+        raise unavailable.exceptions[0] from group  # one failure is enough to tell
 
 
 class MemoryEffects:

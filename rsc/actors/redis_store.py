@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import coredis
-
-from rsc.actors.errors import ConcurrencyConflict, StoreUnavailable, UnsupportedSchema
+from rsc.actors.connect import redis_errors
+from rsc.actors.errors import ConcurrencyConflict, UnsupportedSchema
 from rsc.actors.keys import SCHEMA_VERSION, AggregateId
 from rsc.actors.store import CHECKPOINT, Appended, JournalEntry, Loaded
 
@@ -56,8 +55,6 @@ redis.call('HSET', KEYS[1], 'revision', rev, 'lastId', id, 'schemaVersion', ARGV
 return {'ok', rev, id}
 """
 
-_UNAVAILABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
-
 
 class RedisStore:
     """The `Store` port on Redis (standalone or cluster) through coredis."""
@@ -68,7 +65,7 @@ class RedisStore:
         self._append = redis.register_script(APPEND)
 
     async def load(self, aggregate: AggregateId) -> Loaded:
-        try:
+        with redis_errors(f"loading {aggregate}"):
             snapshot = await self.redis.hgetall(aggregate.snapshot_key)
             if not snapshot:
                 return Loaded(0, None, None, ())
@@ -85,8 +82,6 @@ class RedisStore:
                 )
                 start = "(" + snapshot["stateId"]
             tail = await self.redis.xrange(aggregate.journal_key, start, "+")
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(str(exc)) from exc
         events = tuple(e for e in map(_entry, tail) if not e.is_checkpoint)
         return Loaded(int(snapshot["revision"]), snapshot.get("lastId"), checkpoint, events)
 
@@ -102,10 +97,8 @@ class RedisStore:
             args += [kind, data]
         args.append(checkpoint or "")
         keys = [aggregate.snapshot_key, aggregate.journal_key, aggregate.checkpoints_key]
-        try:
+        with redis_errors(f"appending to {aggregate}"):
             result = await self._append(keys=keys, args=args)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(str(exc)) from exc
         if result[0] == "conflict":
             raise ConcurrencyConflict(expected_revision, int(result[1]))
         return Appended(int(result[1]), str(result[2]))
@@ -113,10 +106,8 @@ class RedisStore:
     async def read(
         self, aggregate: AggregateId, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[JournalEntry]:
-        try:
+        with redis_errors(f"reading {aggregate}"):
             entries = await self.redis.xrange(aggregate.journal_key, start, end, count=count)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(str(exc)) from exc
         return [_entry(e) for e in entries]
 
 

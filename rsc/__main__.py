@@ -1,0 +1,5 @@
+"""`python -m rsc` is the `rsc` command."""
+
+from rsc.cli import main
+
+main()
