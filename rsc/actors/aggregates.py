@@ -6,7 +6,7 @@ side effects its events imply on Redis.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from rsc.actors.effects import Effects
 from rsc.actors.keys import AggregateId
@@ -68,7 +68,14 @@ class GroupAggregate:
     async def after_persist(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
     ) -> None:
+        """Create consumer groups for new shards, then bring the touched owner tokens to `after`.
+
+        Tokens are written once per batch for the net change: a shard released
+        by one member and installed to another in the same batch gets the new
+        holder's token in one write.
+        """
         keys = {s.index: s.key for s in after.layout.shards}
+        touched: set[int] = set()
         for event in events:
             match event:
                 case GroupCreated():
@@ -80,28 +87,19 @@ class GroupAggregate:
                     known = before.layout.readable_indexes if before else frozenset()
                     added = [keys[i] for i in sorted(event.layout.readable_indexes - known)]
                     await self.effects.ensure_consumer_groups(added, after.group, "0")
-                case ShardsReleased():
-                    token = OwnerToken(event.member_id, _incarnation(before, after, event.member_id), 0)
-                    await self.effects.clear_owners(after.group, {keys[s]: token for s in event.shards})
-                case ShardsInstalled():
-                    await self._write_tokens(after, event.member_id, event.shards)
+                case ShardsReleased() | ShardsInstalled():
+                    touched.update(event.shards)
                 case MemberEpochAdvanced():
-                    # The token carries the holder's current epoch, so rewrite what it holds.
-                    member = after.members.get(event.member_id)
-                    if member is not None:
-                        await self._write_tokens(
-                            after, event.member_id, member.installed & after.owners.keys()
-                        )
-
-    async def _write_tokens(self, state: GroupState, member_id: str, shards: Iterable[int]) -> None:
-        member = state.members.get(member_id)
-        if member is None:
-            return  # it left or was fenced later in the same batch; its release follows
-        keys = {s.index: s.key for s in state.layout.shards}
-        token = OwnerToken(member.member_id, member.incarnation, member.member_epoch)
-        tokens = {keys[s]: token for s in shards if state.owners.get(s) == member_id}
-        if tokens:
-            await self.effects.set_owners(state.group, tokens)
+                    # The token carries the holder's current epoch: rewrite what it holds.
+                    touched.update(s for s, m in after.owners.items() if m == event.member_id)
+        held = {keys[s]: t for s in touched if (t := token_of(after, s)) is not None}
+        gone = {
+            keys[s]: t for s in touched if s not in after.owners and (t := token_of(before, s)) is not None
+        }
+        if gone:
+            await self.effects.clear_owners(after.group, gone)
+        if held:
+            await self.effects.set_owners(after.group, held)
 
     async def repair(self, state: GroupState) -> None:
         keys = {s.index: s.key for s in state.layout.shards}
@@ -116,20 +114,15 @@ class GroupAggregate:
 def expected_tokens(state: GroupState) -> dict[str, OwnerToken]:
     """Shard key -> the owner token the current assignment implies."""
     keys = {s.index: s.key for s in state.layout.shards}
-    tokens = {}
-    for shard, member_id in state.owners.items():
-        member = state.members[member_id]
-        tokens[keys[shard]] = OwnerToken(member_id, member.incarnation, member.member_epoch)
-    return tokens
+    return {keys[shard]: token for shard in state.owners if (token := token_of(state, shard)) is not None}
 
 
-def _incarnation(before: GroupState | None, after: GroupState, member_id: str) -> str:
-    for state in (before, after):
-        if state is not None and member_id in state.members:
-            return state.members[member_id].incarnation
-    if before is not None and member_id in before.fenced:
-        return before.fenced[member_id].incarnation
-    return after.fenced[member_id].incarnation if member_id in after.fenced else ""
+def token_of(state: GroupState | None, shard: int) -> OwnerToken | None:
+    """The owner token of `shard` in `state` (None if nobody holds it)."""
+    if state is None or shard not in state.owners:
+        return None
+    member = state.members[state.owners[shard]]
+    return OwnerToken(member.member_id, member.incarnation, member.member_epoch)
 
 
 LayoutListener = Callable[[str, Layout, Sequence[str]], None]

@@ -15,8 +15,8 @@ time-driven actor tests.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Protocol
 
 import coredis
 import trio
@@ -102,37 +102,39 @@ class RedisEffects:
         await _each(shard_keys, create)
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
-        await _each(tokens, lambda key: self.redis.hset(owner_key(key), {group: token_text(tokens[key])}))
+        async with self._pipeline() as pipe:
+            for key, token in tokens.items():
+                pipe.hset(owner_key(key), {group: token_text(token)})
 
     async def clear_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
-        await _each(
-            tokens,
-            lambda key: self._clear_owner(
-                keys=[owner_key(key)], args=[group, tokens[key].member_id, tokens[key].incarnation]
-            ),
-        )
+        async with self._pipeline() as pipe:
+            for key, token in tokens.items():
+                args = [group, token.member_id, token.incarnation]
+                self._clear_owner(keys=[owner_key(key)], args=args, client=pipe)
 
     async def owners(self, group: str, shard_keys: Iterable[str]) -> dict[str, OwnerToken]:
-        found: dict[str, OwnerToken] = {}
-
-        async def read(key: str) -> None:
-            text = await self.redis.hget(owner_key(key), group)
-            if text is not None:
-                found[key] = codec.from_json(text, OwnerToken)
-
-        await _each(shard_keys, read)
-        return found
+        keys = list(shard_keys)
+        async with self._pipeline() as pipe:
+            requests = [pipe.hget(owner_key(key), group) for key in keys]
+        texts = [await request for request in requests]
+        return {k: codec.from_json(t, OwnerToken) for k, t in zip(keys, texts, strict=True) if t is not None}
 
     async def sync_owners(
         self, group: str, shard_keys: Iterable[str], tokens: Mapping[str, OwnerToken]
     ) -> None:
-        async def sync(key: str) -> None:
-            if key in tokens:
-                await self.redis.hset(owner_key(key), {group: token_text(tokens[key])})
-            else:
-                await self.redis.hdel(owner_key(key), [group])
+        async with self._pipeline() as pipe:
+            for key in sorted(set(shard_keys) | set(tokens)):
+                if key in tokens:
+                    pipe.hset(owner_key(key), {group: token_text(tokens[key])})
+                else:
+                    pipe.hdel(owner_key(key), [group])
 
-        await _each(set(shard_keys) | set(tokens), sync)
+    @contextlib.asynccontextmanager
+    async def _pipeline(self) -> AsyncIterator[Any]:
+        """One round trip per node for many single-key commands (they run when the block exits)."""
+        with redis_errors("side effect"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                yield pipe
 
 
 async def _guard(awaitable: object) -> None:

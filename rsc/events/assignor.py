@@ -44,44 +44,48 @@ def assign(
     shard_set = set(shards)
     kept = _retained(member_ids, shard_set, previous)
     quota = _quotas(member_ids, len(shard_set), kept)
-    pool: set[int] = shard_set.difference(*kept.values()) if kept else set(shard_set)
+    pool = shard_set.difference(*kept.values())
     for member in member_ids:
         mine = kept[member]
         if len(mine) > quota[member]:
-            pool.update(mine[quota[member] :])
-            del mine[quota[member] :]
+            ordered = sorted(mine)  # keep the lowest indexes, give up the rest
+            pool.update(ordered[quota[member] :])
+            kept[member] = set(ordered[: quota[member]])
     free = sorted(pool, reverse=True)
     result: dict[str, frozenset[int]] = {}
     for member in member_ids:
         mine = kept[member]
         need = quota[member] - len(mine)
         if need > 0:
-            mine.extend(free[-need:])
+            mine.update(free[-need:])
             del free[-need:]
         result[member] = frozenset(mine)
     return result
 
 
-def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) -> dict[str, list[int]]:
-    """Each member's previous shards that still exist, ascending, no duplicates."""
+def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) -> dict[str, set[int]]:
+    """Each member's previous shards that still exist (a shard claimed twice goes to the first)."""
     taken: set[int] = set()
-    kept: dict[str, list[int]] = {}
+    kept: dict[str, set[int]] = {}
     for member in member_ids:
-        prev = previous.get(member, frozenset())
-        mine = sorted(s for s in prev if s in shard_set and s not in taken)
-        taken.update(mine)
+        prev = previous.get(member)
+        mine = shard_set.intersection(prev) if prev else set()
+        if not taken.isdisjoint(mine):
+            mine -= taken
+        taken |= mine
         kept[member] = mine
     return kept
 
 
-def _quotas(member_ids: list[str], shard_count: int, kept: Mapping[str, list[int]]) -> dict[str, int]:
+def _quotas(member_ids: list[str], shard_count: int, kept: Mapping[str, set[int]]) -> dict[str, int]:
     """Give each member its quota, extra slots first to members already above the base."""
     base, extra = divmod(shard_count, len(member_ids))
     quota = dict.fromkeys(member_ids, base)
-    holders = [m for m in member_ids if len(kept[m]) > base]
-    others = [m for m in member_ids if len(kept[m]) <= base]
-    for member in (holders + others)[:extra]:
-        quota[member] = base + 1
+    if extra:
+        holders = [m for m in member_ids if len(kept[m]) > base]
+        others = [m for m in member_ids if len(kept[m]) <= base]
+        for member in (holders + others)[:extra]:
+            quota[member] = base + 1
     return quota
 
 
