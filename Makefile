@@ -29,6 +29,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/assignor.py
+	$(BIN)/python bench/persistence.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/results
