@@ -42,51 +42,60 @@ def assign(
     if not member_ids:
         return {}
     shard_set = set(shards)
+    base, extra = divmod(len(shard_set), len(member_ids))
     kept = _retained(member_ids, shard_set, previous)
-    quota = _quotas(member_ids, len(shard_set), kept)
+    plus = _extra_slots(member_ids, base, extra, kept)
     pool = shard_set.difference(*kept.values())
-    for member in member_ids:
-        mine = kept[member]
-        if len(mine) > quota[member]:
+    for member, mine in kept.items():
+        quota = base + 1 if member in plus else base
+        if len(mine) > quota:
             ordered = sorted(mine)  # keep the lowest indexes, give up the rest
-            pool.update(ordered[quota[member] :])
-            kept[member] = set(ordered[: quota[member]])
+            pool.update(ordered[quota:])
+            kept[member] = set(ordered[:quota])
     free = sorted(pool, reverse=True)
+    empty: frozenset[int] = frozenset()
     result: dict[str, frozenset[int]] = {}
     for member in member_ids:
-        mine = kept[member]
-        need = quota[member] - len(mine)
+        held = kept.get(member)
+        need = (base + 1 if member in plus else base) - (len(held) if held else 0)
         if need > 0:
-            mine.update(free[-need:])
+            given = frozenset(free[-need:])
             del free[-need:]
-        result[member] = frozenset(mine)
+            result[member] = given.union(held) if held else given
+        else:
+            result[member] = frozenset(held) if held else empty
     return result
 
 
 def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) -> dict[str, set[int]]:
-    """Each member's previous shards that still exist (a shard claimed twice goes to the first)."""
+    """Members that keep something: their previous shards that still exist.
+
+    In member order; a shard claimed twice goes to the first member.
+    """
     taken: set[int] = set()
     kept: dict[str, set[int]] = {}
     for member in member_ids:
         prev = previous.get(member)
-        mine = shard_set.intersection(prev) if prev else set()
+        if not prev:
+            continue
+        mine = shard_set.intersection(prev)
         if not taken.isdisjoint(mine):
             mine -= taken
-        taken |= mine
-        kept[member] = mine
+        if mine:
+            taken |= mine
+            kept[member] = mine
     return kept
 
 
-def _quotas(member_ids: list[str], shard_count: int, kept: Mapping[str, set[int]]) -> dict[str, int]:
-    """Give each member its quota, extra slots first to members already above the base."""
-    base, extra = divmod(shard_count, len(member_ids))
-    quota = dict.fromkeys(member_ids, base)
-    if extra:
-        holders = [m for m in member_ids if len(kept[m]) > base]
-        others = [m for m in member_ids if len(kept[m]) <= base]
-        for member in (holders + others)[:extra]:
-            quota[member] = base + 1
-    return quota
+def _extra_slots(member_ids: list[str], base: int, extra: int, kept: Mapping[str, set[int]]) -> set[str]:
+    """The `extra` members whose quota is base + 1: first those already holding more than base."""
+    if not extra:
+        return set()
+    chosen = [m for m, mine in kept.items() if len(mine) > base][:extra]
+    if len(chosen) < extra:
+        holders = set(chosen)
+        chosen += [m for m in member_ids if m not in holders][: extra - len(chosen)]
+    return set(chosen)
 
 
 def moves(previous: Assignment, target: Assignment) -> int:
