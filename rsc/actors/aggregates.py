@@ -6,7 +6,9 @@ side effects its events imply on Redis.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from rsc.actors.effects import Effects
 from rsc.actors.keys import AggregateId
@@ -28,14 +30,44 @@ from rsc.events.model import Layout, StartFrom
 from rsc.events.stream import StreamState
 from rsc.events.wire import OwnerToken
 
+S = TypeVar("S")
+E = TypeVar("E")
+
 
 def start_id(start_from: StartFrom) -> str:
     """The XGROUP CREATE id for a group's start position."""
     return "0" if start_from is StartFrom.EARLIEST else "$"
 
 
-class GroupAggregate:
+class _Journaled(Generic[S, E]):
+    """The journal format of an aggregate: events and checkpoints as camelCase JSON."""
+
+    event_union: Any
+    state_type: type[S]
+
+    def event_to_json(self, event: E) -> tuple[str, str]:
+        return type(event).__name__, codec.to_json(event, self.event_union)
+
+    def event_from_json(self, data: str) -> E:
+        event: E = codec.converter.structure(json.loads(data), self.event_union)
+        return event
+
+    def checkpoint_json(self, state: S) -> str:
+        return codec.to_json(self.durable_view(state))
+
+    def state_from_json(self, data: str) -> S:
+        return codec.from_json(data, self.state_type)
+
+    def durable_view(self, state: S) -> S:
+        """What of `state` a checkpoint keeps (all of it, unless liveness must be dropped)."""
+        return state
+
+
+class GroupAggregate(_Journaled[GroupState, GroupEvent]):
     """A consumer group: ticks for leases, owner tokens and consumer groups as effects."""
+
+    event_union = GroupEvent
+    state_type = GroupState
 
     def __init__(self, aggregate_id: AggregateId, effects: Effects) -> None:
         self.aggregate_id = aggregate_id
@@ -44,20 +76,11 @@ class GroupAggregate:
     def execute(self, state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
         return group.execute(state, command)
 
-    def event_to_json(self, event: GroupEvent) -> tuple[str, str]:
-        return type(event).__name__, codec.to_json(event, GroupEvent)
-
-    def event_from_json(self, data: str) -> GroupEvent:
-        return codec.from_json(data, GroupEvent)  # type: ignore[arg-type]
-
     def evolve(self, state: GroupState | None, event: GroupEvent) -> GroupState:
         return group.evolve(state, event)
 
-    def checkpoint_json(self, state: GroupState) -> str:
-        return codec.to_json(group.without_liveness(state))
-
-    def state_from_json(self, data: str) -> GroupState:
-        return codec.from_json(data, GroupState)
+    def durable_view(self, state: GroupState) -> GroupState:
+        return group.without_liveness(state)
 
     def tick(self, state: GroupState | None, now_ms: int) -> GroupCommand | None:
         return Tick(now_ms) if state is not None and state.members else None
@@ -128,8 +151,11 @@ def token_of(state: GroupState | None, shard: int) -> OwnerToken | None:
 LayoutListener = Callable[[str, Layout, Sequence[str]], None]
 
 
-class StreamAggregate:
+class StreamAggregate(_Journaled[StreamState, StreamEvent]):
     """A stream: shard keys and, on scale-out, every known group's consumer groups."""
+
+    event_union = StreamEvent
+    state_type = StreamState
 
     def __init__(self, aggregate_id: AggregateId, effects: Effects, on_layout: LayoutListener) -> None:
         self.aggregate_id = aggregate_id
@@ -141,20 +167,8 @@ class StreamAggregate:
     ) -> tuple[StreamState, list[StreamEvent]]:
         return stream.execute(state, command)
 
-    def event_to_json(self, event: StreamEvent) -> tuple[str, str]:
-        return type(event).__name__, codec.to_json(event, StreamEvent)
-
-    def event_from_json(self, data: str) -> StreamEvent:
-        return codec.from_json(data, StreamEvent)  # type: ignore[arg-type]
-
     def evolve(self, state: StreamState | None, event: StreamEvent) -> StreamState:
         return stream.evolve(state, event)
-
-    def checkpoint_json(self, state: StreamState) -> str:
-        return codec.to_json(state)
-
-    def state_from_json(self, data: str) -> StreamState:
-        return codec.from_json(data, StreamState)
 
     def tick(self, state: StreamState | None, now_ms: int) -> StreamCommand | None:
         return None
