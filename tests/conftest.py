@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -12,6 +13,13 @@ from rsc import journal
 from rsc.actors.connect import RedisClient, open_redis
 from rsc.actors.redis_store import RedisStore
 from tests import redis_servers
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage() -> Iterator[None]:
+    """Collect after each test, so a leaked socket or channel fails the test that leaked it."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -43,8 +43,8 @@ def free_port(cluster_bus: bool = False) -> int:
 def _wait_ping(port: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(redis.ConnectionError):
-            if redis.Redis(port=port).ping():
+        with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as client:
+            if client.ping():
                 return
         time.sleep(0.05)
     raise RuntimeError(f"redis-server on port {port} did not answer")
@@ -112,7 +112,10 @@ def cluster(primaries: int = 3) -> Iterator[str]:
 def _wait_cluster_ok(ports: list[int], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        states = [redis.Redis(port=p, decode_responses=True).cluster("info") for p in ports]
+        states = []
+        for p in ports:
+            with redis.Redis(port=p, decode_responses=True) as client:
+                states.append(client.cluster("info"))
         if all("cluster_state:ok" in str(s) or _state_ok(s) for s in states):
             return
         time.sleep(0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import attrs
 import pytest
@@ -30,12 +30,15 @@ from tests.actorkit import SETTINGS, Member, registry_on
 LONG = attrs.evolve(SETTINGS, timing=Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=60_000))
 
 
-def sync_client(url: str) -> redis_py.Redis:
+@pytest.fixture
+def checker(redis_url: str) -> Iterator[redis_py.Redis]:
     """An independent redis-py client for checking what is really in Redis."""
-    plain = redis_py.Redis.from_url(url, decode_responses=True)
-    if plain.info("cluster").get("cluster_enabled"):
-        return RedisCluster.from_url(url, decode_responses=True)  # type: ignore[return-value]
-    return plain
+    with redis_py.Redis.from_url(redis_url, decode_responses=True) as plain:
+        if not plain.info("cluster").get("cluster_enabled"):
+            yield plain
+            return
+    with RedisCluster.from_url(redis_url, decode_responses=True) as cluster:
+        yield cluster  # type: ignore[misc]
 
 
 @pytest.fixture
@@ -60,9 +63,9 @@ async def group_state(registry: Registry, prefix: str) -> group.GroupState:
 
 
 async def test_owner_tokens_follow_the_assignment_and_recovery_repairs(
-    registry: Registry, redis_url: str, prefix: str
+    registry: Registry, checker: redis_py.Redis, prefix: str
 ) -> None:
-    client = sync_client(redis_url)
+    client = checker
     rng = random.Random(7)
     members = [Member(registry, prefix, "billing", f"10.0.0.{i}/w/0") for i in range(5)]
     live: list[Member] = []
@@ -98,7 +101,7 @@ async def test_owner_tokens_follow_the_assignment_and_recovery_repairs(
 
 
 async def test_crash_at_random_points_loses_nothing_replied(
-    registry: Registry, redis: RedisClient, redis_url: str, prefix: str
+    registry: Registry, redis: RedisClient, checker: redis_py.Redis, prefix: str
 ) -> None:
     store = RedisStore(redis)
     aggregate = GroupAggregate(AggregateId(prefix, "billing"), RedisEffects(redis))
@@ -132,8 +135,7 @@ async def test_crash_at_random_points_loses_nothing_replied(
     replayed = fold_loaded(aggregate, loaded)
     assert replayed is not None
     assert group.without_liveness(replayed) == group.without_liveness(live)
-    client = sync_client(redis_url)
-    assert tokens_in_redis(client, live) == expected_tokens(live)
+    assert tokens_in_redis(checker, live) == expected_tokens(live)
 
 
 class ReplyRecorder:
