@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/rsc simulate --members 50 --shards 512 --churn 200 --seed 1
+	$(BIN)/rsc serve --bind 127.0.0.1:8080
 
 test: setup
 	$(BIN)/pytest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -11,11 +12,13 @@ import click
 import trio
 
 from rsc import __version__
+from rsc import config as config_module
 from rsc import journal as journal_tool
 from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
+from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
 
 T = TypeVar("T")
@@ -190,3 +193,37 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
     if not verdicts:
         click.echo("no aggregates found")
     sys.exit(0 if all(v.ok for v in verdicts) else 1)
+
+
+# --- rsc serve ---------------------------------------------------------------
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--bind", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on.")
+def serve(config_path: str | None, bind: str) -> None:
+    """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = config_module.load(config_path)
+    except config_module.ConfigError as exc:
+        raise click.ClickException(f"configuration refused: {exc}") from exc
+
+    async def run(settings: config_module.Settings) -> None:
+        async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+            await serving.serve(settings, bind, task_status=task_status)
+
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(announce)
+            click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {settings.redis_url})")
+            click.echo(
+                f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'
+                '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
+                '"incarnation":"i1","memberEpoch":0}\''
+            )
+
+    with serving.embedded_redis(settings) as effective:
+        try:
+            trio.run(run, effective)
+        except StoreUnavailable as exc:
+            raise click.ClickException(str(exc)) from exc

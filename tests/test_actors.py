@@ -38,7 +38,7 @@ async def test_first_join_creates_stream_and_group(autojump_clock: Clock) -> Non
         r = await a.heartbeat()
         assert r.status is HeartbeatStatus.OK
         assert r.assignment.assigned == frozenset(range(6))
-    assert effects.streams == {"orders"}
+    assert effects.registered == {"orders"}
     assert len({key for key, g in effects.consumer_groups if g == "billing"}) == 6
     assert set(effects.consumer_groups.values()) == {"0"}
     assert {t.member_id for t in effects.tokens.values()} == {"a"}

@@ -53,6 +53,14 @@ PARALLELISM = 32
 class Effects(Protocol):
     async def register_stream(self, stream_prefix: str) -> None: ...
 
+    async def streams(self) -> set[str]:
+        """Every registered stream prefix."""
+        ...
+
+    async def ping(self) -> bool:
+        """Whether the data plane answers."""
+        ...
+
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None: ...
 
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None: ...
@@ -90,6 +98,18 @@ class RedisEffects:
 
     async def register_stream(self, stream_prefix: str) -> None:
         await _guard(self.redis.sadd(STREAMS_KEY, [stream_prefix]))
+
+    async def streams(self) -> set[str]:
+        with redis_errors("listing streams"):
+            return set(await self.redis.smembers(STREAMS_KEY))
+
+    async def ping(self) -> bool:
+        try:
+            with redis_errors("ping"):
+                await self.redis.ping()
+        except StoreUnavailable:
+            return False
+        return True
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         await _each(shard_keys, lambda key: self._ensure_stream(keys=[key]))
@@ -165,13 +185,19 @@ class MemoryEffects:
     """A fake `Effects` that keeps everything in dicts (for time-driven actor tests)."""
 
     def __init__(self) -> None:
-        self.streams: set[str] = set()
+        self.registered: set[str] = set()
         self.shard_keys: set[str] = set()
         self.consumer_groups: dict[tuple[str, str], str] = {}
         self.tokens: dict[tuple[str, str], OwnerToken] = {}
 
     async def register_stream(self, stream_prefix: str) -> None:
-        self.streams.add(stream_prefix)
+        self.registered.add(stream_prefix)
+
+    async def streams(self) -> set[str]:
+        return set(self.registered)
+
+    async def ping(self) -> bool:
+        return True
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         self.shard_keys.update(shard_keys)

@@ -39,7 +39,7 @@ from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
 from rsc.events.model import GroupConfig, Layout, Timing
-from rsc.events.stream import StreamState
+from rsc.events.stream import StreamState, check_name
 
 log = logging.getLogger("rsc.registry")
 
@@ -122,6 +122,8 @@ class Registry:
 
     async def group(self, stream_prefix: str, group: str) -> GroupActor:
         """The group's actor, started; the group is created on first use."""
+        check_name(stream_prefix, "streamPrefix")
+        check_name(group, "consumerGroup")
         aggregate_id = AggregateId(stream_prefix, group)
         actor, fresh = await self._get(
             aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects))
@@ -137,6 +139,7 @@ class Registry:
 
         `create` overrides the configured auto-creation; raises `UnknownStream`.
         """
+        check_name(stream_prefix, "streamPrefix")
         aggregate_id = AggregateId(stream_prefix)
         actor, _ = await self._get(
             aggregate_id, lambda: self._actor(StreamAggregate(aggregate_id, self.effects, self._on_layout))
@@ -224,6 +227,10 @@ class Registry:
                 if entry.started and now - entry.actor.last_used >= self.settings.idle_after_s:
                     log.info("stopping idle actor %s", aggregate_id)
                     self.stop(aggregate_id)
+
+    async def stream_prefixes(self) -> list[str]:
+        """Every stream the coordinator has created, sorted."""
+        return sorted(await self.effects.streams())
 
     # --- stream -> groups -------------------------------------------------
 

@@ -39,9 +39,18 @@ def _renames(cl: Any) -> dict[str, Any]:
     return {a.name: override(rename=camel(a.name)) for a in attrs.fields(cl)}
 
 
-def make_converter() -> cattrs.Converter:
-    """Build the converter; `converter` below is the shared instance."""
+def make_converter(strict: bool = False) -> cattrs.Converter:
+    """Build a converter: `converter` (journal, snapshots) or, strict, `wire` (client input).
+
+    The strict one refuses a string where a number is due and a number where
+    a string is due, instead of converting; it never reads map keys as
+    numbers, which only the journal needs.
+    """
     conv = cattrs.Converter(forbid_extra_keys=False)
+    if strict:
+        conv.register_structure_hook(int, _strict_int)
+        conv.register_structure_hook(str, _strict_str)
+        conv.register_structure_hook(bool, _strict_bool)
     conv.register_unstructure_hook_factory(
         attrs.has, lambda cl: make_dict_unstructure_fn(cl, conv, **_renames(cl))
     )
@@ -54,7 +63,27 @@ def make_converter() -> cattrs.Converter:
     return conv
 
 
+def _strict_int(value: Any, _: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {type(value).__name__}")
+    return value
+
+
 converter = make_converter()
+#: For what clients send: no silent type conversions.
+wire = make_converter(strict=True)
 
 
 def to_json(value: Any, as_type: Any = None) -> str:

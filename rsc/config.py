@@ -1,0 +1,126 @@
+"""Coordinator configuration: a TOML file, each key overridable by environment.
+
+The file holds only what the design allows: the Redis connection, the admin
+account, and control-plane defaults. Streams and groups never live here;
+they come from requests and the Admin API.
+
+    redis_url = "redis://127.0.0.1:6379"      # RSC_REDIS_URL
+    admin_user = "admin"                      # RSC_ADMIN_USER
+    admin_password = "..."                    # RSC_ADMIN_PASSWORD
+    admin_password_sha256 = "..."             # RSC_ADMIN_PASSWORD_SHA256 (instead of the password)
+    heartbeat_interval_ms = 3000              # RSC_HEARTBEAT_INTERVAL_MS
+    member_lease_ttl_ms = 10000               # RSC_MEMBER_LEASE_TTL_MS
+    tick_interval_ms = 1000                   # RSC_TICK_INTERVAL_MS
+    revoke_timeout_ms = 60000                 # RSC_REVOKE_TIMEOUT_MS
+    default_shard_count = 4                   # RSC_DEFAULT_SHARD_COUNT
+    auto_create_streams = true                # RSC_AUTO_CREATE_STREAMS
+    max_body_bytes = 1048576                  # RSC_MAX_BODY_BYTES
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rsc.actors.connect import DEFAULT_REDIS_URL
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message says which key and why."""
+
+
+@attrs.frozen
+class Settings:
+    redis_url: str = DEFAULT_REDIS_URL
+    admin_user: str = "admin"
+    admin_password: str | None = None
+    admin_password_sha256: str | None = None
+    heartbeat_interval_ms: int = 3_000
+    member_lease_ttl_ms: int = 10_000
+    tick_interval_ms: int = 1_000
+    revoke_timeout_ms: int = 60_000
+    default_shard_count: int = 4
+    auto_create_streams: bool = True
+    max_body_bytes: int = 1_048_576
+
+    @property
+    def redis_url_configured(self) -> bool:
+        """Whether the Redis URL came from the file or the environment (not the default)."""
+        return self.redis_url != DEFAULT_REDIS_URL
+
+
+_FIELDS = {a.name: a for a in attrs.fields(Settings)}
+
+
+def load(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read `path` (optional), apply `RSC_*` environment overrides, validate; raise `ConfigError`."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            values.update(tomllib.loads(Path(path).read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+    for name in _FIELDS:
+        env = f"RSC_{name.upper()}"
+        if environ.get(env, "") != "":  # an empty variable counts as unset
+            values[name] = environ[env]
+    settings = Settings(**{name: _coerce(name, value) for name, value in values.items()})
+    validate(settings)
+    return settings
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = str(_FIELDS[name].type)
+    try:
+        if kind == "int":
+            return _as_int(value)
+        if kind == "bool":
+            return _as_bool(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: {value!r} is not valid: {exc}") from exc
+    return None if value is None else str(value)
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a number")
+    return int(value)
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    lowered = str(value).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def validate(settings: Settings) -> None:
+    """Refuse settings that cannot work together."""
+    for name in ("heartbeat_interval_ms", "member_lease_ttl_ms", "tick_interval_ms", "revoke_timeout_ms"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be positive")
+    if settings.member_lease_ttl_ms < 3 * settings.heartbeat_interval_ms:
+        raise ConfigError(
+            f"member_lease_ttl_ms ({settings.member_lease_ttl_ms}) must be at least 3 x "
+            f"heartbeat_interval_ms ({settings.heartbeat_interval_ms}), "
+            "so that one lost heartbeat never fences a member"
+        )
+    if settings.tick_interval_ms > settings.member_lease_ttl_ms:
+        raise ConfigError("tick_interval_ms must not exceed member_lease_ttl_ms")
+    if not 1 <= settings.default_shard_count <= 16_384:
+        raise ConfigError("default_shard_count must be between 1 and 16384")
+    if settings.max_body_bytes < 1_024:
+        raise ConfigError("max_body_bytes must be at least 1024")

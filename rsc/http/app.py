@@ -1,0 +1,233 @@
+"""The Quart (trio) application: parse, hand a command to an actor, render.
+
+No business logic lives here. Every response carries `X-Request-Id` (the
+caller's, or a new one). Every error is JSON `{error, message, requestId,
+details}` with a 4xx status for anything the client sent; 503 when Redis
+is unavailable; 500 only for a bug, and then without internals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+import trio
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from rsc.actors.errors import ActorStopped, StoreError
+from rsc.actors.registry import Registry
+from rsc.events import codec
+from rsc.events.errors import CoordinationError, UnknownStream
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, respond
+from rsc.http import views
+
+log = logging.getLogger("rsc.http")
+T = TypeVar("T")
+
+_STATUS = {
+    "INVALID_REQUEST": 400,
+    "UNSUPPORTED_PROTOCOL_VERSION": 400,
+    "NOT_FOUND": 404,
+    "UNKNOWN_STREAM": 404,
+    "INCARNATION_MISMATCH": 409,
+}
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class ApiError(Exception):
+    """An error answered as JSON with `status`."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+@attrs.frozen
+class HeartbeatBatch:
+    heartbeats: tuple[dict[str, Any], ...]
+
+
+def create_app(registry: Registry, max_body_bytes: int = 1_048_576) -> QuartTrio:
+    """The coordinator's HTTP application over `registry`."""
+    app = QuartTrio("rsc")
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    _add_request_ids_and_errors(app)
+    _add_member_routes(app, registry)
+    _add_operator_routes(app, registry)
+    return app
+
+
+def _add_request_ids_and_errors(app: QuartTrio) -> None:
+    @app.before_request
+    async def assign_request_id() -> None:
+        given = request.headers.get("X-Request-Id", "")
+        g.request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+    @app.after_request
+    async def echo_request_id(response: Response) -> Response:
+        response.headers["X-Request-Id"] = getattr(g, "request_id", "")
+        return response
+
+    @app.errorhandler(ApiError)
+    async def api_error(error: ApiError) -> Response:
+        return error_response(error.status, error.code, error.message, error.details)
+
+    @app.errorhandler(CoordinationError)
+    async def refused(error: CoordinationError) -> Response:
+        return error_response(_STATUS.get(error.code, 400), error.code, error.message)
+
+    @app.errorhandler(StoreError)
+    async def unavailable(error: StoreError) -> Response:
+        log.warning("store unavailable: %s", error)
+        return error_response(503, "UNAVAILABLE", "the coordinator's Redis is unavailable; retry")
+
+    @app.errorhandler(ActorStopped)
+    async def stopped(error: ActorStopped) -> Response:
+        return error_response(503, "UNAVAILABLE", "the aggregate is restarting; retry")
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}.get(status, "HTTP_ERROR")
+        return error_response(status, code, error.description or error.name)
+
+    @app.errorhandler(Exception)
+    async def bug(error: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "INTERNAL", "internal error; the request id is in the server log")
+
+
+def _add_member_routes(app: QuartTrio, registry: Registry) -> None:
+    async def heartbeat_of(body: HeartbeatRequest) -> HeartbeatResponse:
+        command = body.to_command(registry.clock.now_ms())
+        reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command)
+        return respond(reply.state, command, reply.events)
+
+    @app.post("/v1/heartbeat")
+    async def heartbeat() -> Response:
+        body = structure(await json_body(), HeartbeatRequest)
+        return json_response(await heartbeat_of(body))
+
+    @app.post("/v1/heartbeats")
+    async def heartbeats() -> Response:
+        batch = structure(await json_body(), HeartbeatBatch)
+        results: list[Any] = [None] * len(batch.heartbeats)
+
+        async def one(index: int, raw: dict[str, Any]) -> None:
+            try:
+                results[index] = codec.wire.unstructure(await heartbeat_of(structure(raw, HeartbeatRequest)))
+            except ApiError as error:
+                results[index] = error_body(error.code, error.message, error.details)
+            except CoordinationError as error:
+                results[index] = error_body(error.code, error.message)
+
+        async with trio.open_nursery() as nursery:
+            for index, raw in enumerate(batch.heartbeats):
+                nursery.start_soon(one, index, raw)
+        return json_response({"responses": results})
+
+
+def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
+    @app.get("/v1/streams/<stream_prefix>/routing")
+    async def routing(stream_prefix: str) -> Response:
+        state = await existing_stream(stream_prefix)
+        return json_response(views.routing_view(state))
+
+    @app.get("/v1/streams")
+    async def streams() -> Response:
+        summaries = []
+        for prefix in await registry.stream_prefixes():
+            state = (await registry.stream(prefix, create=False)).state
+            if state is not None:
+                summaries.append(views.stream_summary(state))
+        return json_response({"streams": summaries})
+
+    @app.get("/v1/streams/<stream_prefix>")
+    async def stream(stream_prefix: str) -> Response:
+        return json_response(views.stream_view(await existing_stream(stream_prefix)))
+
+    @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
+    async def group(stream_prefix: str, consumer_group: str) -> Response:
+        state = await existing_stream(stream_prefix)
+        if consumer_group not in state.groups:
+            raise ApiError(
+                404, "UNKNOWN_GROUP", f"group {consumer_group!r} of {stream_prefix!r} does not exist"
+            )
+        group_state = (await registry.group(stream_prefix, consumer_group)).state
+        if group_state is None:
+            raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
+        return json_response(views.group_view(group_state, registry.clock.now_ms()))
+
+    async def existing_stream(stream_prefix: str) -> Any:
+        try:
+            state = (await registry.stream(stream_prefix, create=False)).state
+        except UnknownStream as exc:
+            raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+        return state
+
+    @app.get("/v1/version")
+    async def version() -> Response:
+        return json_response(views.version_view())
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if await registry.effects.ping():
+            return json_response({"status": "ready"})
+        return error_response(503, "NOT_READY", "Redis does not answer")
+
+
+async def json_body() -> Any:
+    """The request body as JSON; 400 if it is not JSON."""
+    data = await request.get_data(as_text=False)
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from exc
+
+
+def structure(data: Any, as_type: type[T]) -> T:
+    """`data` as `as_type` through the strict wire converter; 400 with every problem otherwise."""
+    if not isinstance(data, dict):
+        raise ApiError(400, "INVALID_REQUEST", "the body must be a JSON object")
+    try:
+        value: T = codec.wire.structure(data, as_type)
+    except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, cattrs.BaseValidationError):
+            problems = [_camel_path(p) for p in cattrs.transform_error(exc)]
+        else:
+            problems = [str(exc)]
+        raise ApiError(400, "INVALID_REQUEST", "the body does not match the schema", problems) from exc
+    return value
+
+
+def _camel_path(problem: str) -> str:
+    return re.sub(r"\.([a-z]+(?:_[a-z]+)+)", lambda m: "." + codec.camel(m.group(1)), problem)
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": code, "message": message, "requestId": getattr(g, "request_id", ""), "details": details}
+
+
+def error_response(status: int, code: str, message: str, details: Any = None) -> Response:
+    response = json_response(error_body(code, message, details))
+    response.status_code = status
+    return response
+
+
+def json_response(value: Any) -> Response:
+    data = codec.wire.unstructure(value)
+    return Response(json.dumps(data, separators=(",", ":")), content_type="application/json")

@@ -1,0 +1,140 @@
+"""Running the coordinator: Redis, the registry of actors, and hypercorn (trio)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlparse
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from rsc.actors.actor import ActorSettings
+from rsc.actors.clock import WallClock
+from rsc.actors.connect import open_redis
+from rsc.actors.effects import RedisEffects
+from rsc.actors.redis_store import RedisStore
+from rsc.actors.registry import Registry, RegistrySettings, open_registry
+from rsc.config import Settings
+from rsc.events.model import Timing
+from rsc.http.app import create_app
+
+log = logging.getLogger("rsc.serve")
+
+
+def registry_settings(settings: Settings) -> RegistrySettings:
+    """The actors' settings from the coordinator's control-plane defaults."""
+    timing = Timing(
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        lease_ttl_ms=settings.member_lease_ttl_ms,
+        revoke_timeout_ms=settings.revoke_timeout_ms,
+    )
+    return RegistrySettings(
+        timing=timing,
+        default_shard_count=settings.default_shard_count,
+        auto_create_streams=settings.auto_create_streams,
+        actor=ActorSettings(tick_interval_s=settings.tick_interval_ms / 1000),
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_coordinator(settings: Settings) -> AsyncIterator[Registry]:
+    """Redis, the store and the registry, for as long as the block runs."""
+    async with open_redis(settings.redis_url) as redis:
+        store = RedisStore(redis)
+        async with open_registry(
+            store, RedisEffects(redis), WallClock(), registry_settings(settings)
+        ) as registry:
+            yield registry
+
+
+async def serve(
+    settings: Settings,
+    bind: str,
+    *,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until `shutdown` is set (or SIGTERM/SIGINT when it is None); report the bound URLs."""
+    async with open_coordinator(settings) as registry, trio.open_nursery() as nursery:
+        config = HypercornConfig()
+        config.bind = [bind]
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        trigger = shutdown if shutdown is not None else trio.Event()
+        if shutdown is None:
+            nursery.start_soon(_stop_on_signals, trigger)
+        app = create_app(registry, settings.max_body_bytes)
+        urls = await nursery.start(
+            lambda task_status: hypercorn_serve(
+                app,
+                config,
+                shutdown_trigger=trigger.wait,
+                task_status=task_status,
+            )
+        )
+        task_status.started(urls)
+        await trigger.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signals(trigger: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            trigger.set()
+            return
+
+
+def redis_answers(url: str) -> bool:
+    """Whether something accepts TCP connections at the URL's address."""
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def embedded_redis(settings: Settings) -> Iterator[Settings]:
+    """If nothing answers at the default address, start a private redis-server for this run."""
+    if redis_answers(settings.redis_url) or settings.redis_url_configured:
+        yield settings
+        return
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit(
+            f"nothing answers at {settings.redis_url} and redis-server is not installed: "
+            "install Redis 7 (e.g. apt-get install redis-server) or set RSC_REDIS_URL"
+        )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="rsc-redis-") as workdir:
+        args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        process = subprocess.Popen([*args, "--dir", workdir], stdout=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}"
+        try:
+            for _ in range(100):
+                if redis_answers(url):
+                    break
+                time.sleep(0.05)
+            log.warning(
+                "nothing answered at %s: started a private redis-server at %s for this run",
+                settings.redis_url,
+                url,
+            )
+            yield attrs.evolve(settings, redis_url=url)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)

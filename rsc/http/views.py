@@ -1,0 +1,199 @@
+"""Monitoring views: what operators read, built from aggregate state.
+
+Plain attrs values rendered by the codec (camelCase JSON); no logic beyond
+arranging what the state already says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from rsc import __version__
+from rsc.actors.keys import SCHEMA_VERSION
+from rsc.events.group import GroupState
+from rsc.events.model import (
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    ClientInfo,
+    GroupConfig,
+    Layout,
+    MemberState,
+    ShardState,
+)
+from rsc.events.stream import StreamState
+
+
+@attrs.frozen
+class ShardView:
+    index: int
+    key: str
+    state: ShardState
+
+
+@attrs.frozen
+class RoutingView:
+    """What a producer needs to route: the active shards in routing order."""
+
+    stream_prefix: str
+    metadata_version: int
+    routing: str
+    shard_count: int
+    shards: tuple[ShardView, ...]
+    paused: bool = False
+
+
+@attrs.frozen
+class StreamView:
+    stream_prefix: str
+    metadata_version: int
+    routing: str
+    shard_count: int
+    shards: tuple[ShardView, ...]
+    groups: tuple[str, ...]
+
+
+@attrs.frozen
+class StreamSummary:
+    stream_prefix: str
+    metadata_version: int
+    shard_count: int
+    groups: tuple[str, ...]
+
+
+@attrs.frozen
+class MemberView:
+    member_id: str
+    incarnation: str
+    member_epoch: int
+    state: MemberState
+    lease_left_ms: int
+    assigned: frozenset[int]
+    pending: frozenset[int]
+    revoking: frozenset[int]
+    revoking_since_ms: int | None
+    client: ClientInfo
+    joined_at_ms: int
+
+
+@attrs.frozen
+class RevokeProgress:
+    member_id: str
+    shards: frozenset[int]
+    since_ms: int | None
+    deadline_ms: int | None
+
+
+@attrs.frozen
+class GroupView:
+    stream_prefix: str
+    consumer_group: str
+    group_epoch: int
+    assignment_epoch: int
+    metadata_version: int
+    members: tuple[MemberView, ...]
+    target_assignment: Mapping[str, frozenset[int]]
+    current_assignment: Mapping[str, str]
+    revoke_progress: tuple[RevokeProgress, ...]
+    config: GroupConfig
+
+
+@attrs.frozen
+class ProtocolRange:
+    min: int
+    max: int
+
+
+@attrs.frozen
+class Lifecycle:
+    status: str
+    deprecated_after: str | None = None
+    end_of_life: str | None = None
+
+
+@attrs.frozen
+class VersionView:
+    server_version: str
+    protocol: ProtocolRange
+    schema_version: int
+    lifecycle: Lifecycle
+
+
+def shard_views(layout: Layout, active_only: bool = False) -> tuple[ShardView, ...]:
+    shards = layout.active if active_only else layout.shards
+    return tuple(ShardView(s.index, s.key, s.state) for s in shards)
+
+
+def routing_view(state: StreamState) -> RoutingView:
+    layout = state.layout
+    return RoutingView(
+        state.stream_prefix,
+        layout.metadata_version,
+        layout.routing,
+        state.shard_count,
+        shard_views(layout, True),
+    )
+
+
+def stream_view(state: StreamState) -> StreamView:
+    layout = state.layout
+    return StreamView(
+        state.stream_prefix,
+        layout.metadata_version,
+        layout.routing,
+        state.shard_count,
+        shard_views(layout),
+        tuple(sorted(state.groups)),
+    )
+
+
+def stream_summary(state: StreamState) -> StreamSummary:
+    return StreamSummary(
+        state.stream_prefix, state.layout.metadata_version, state.shard_count, tuple(sorted(state.groups))
+    )
+
+
+def group_view(state: GroupState, now_ms: int) -> GroupView:
+    members = tuple(
+        MemberView(
+            member_id=m.member_id,
+            incarnation=m.incarnation,
+            member_epoch=m.member_epoch,
+            state=state.member_state(m),
+            lease_left_ms=max(0, m.lease_deadline_ms - now_ms),
+            assigned=m.assigned,
+            pending=state.pending_of(m),
+            revoking=m.revoking,
+            revoking_since_ms=m.revoking_since_ms,
+            client=m.client,
+            joined_at_ms=m.joined_at_ms,
+        )
+        for m in sorted(state.members.values(), key=lambda m: m.member_id)
+    )
+    revokes = tuple(
+        RevokeProgress(m.member_id, m.revoking, m.revoking_since_ms, m.revoke_deadline_ms)
+        for m in sorted(state.members.values(), key=lambda m: m.member_id)
+        if m.revoking
+    )
+    return GroupView(
+        stream_prefix=state.stream_prefix,
+        consumer_group=state.group,
+        group_epoch=state.group_epoch,
+        assignment_epoch=state.assignment_epoch,
+        metadata_version=state.layout.metadata_version,
+        members=members,
+        target_assignment=dict(sorted(state.target.items())),
+        current_assignment={str(s): m for s, m in sorted(state.owners.items())},
+        revoke_progress=revokes,
+        config=state.config,
+    )
+
+
+def version_view() -> VersionView:
+    return VersionView(
+        server_version=__version__,
+        protocol=ProtocolRange(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION),
+        schema_version=SCHEMA_VERSION,
+        lifecycle=Lifecycle(status="supported"),
+    )

@@ -1,0 +1,64 @@
+"""Coordinator configuration: file, environment overrides, refusal of nonsense."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rsc.cli import main
+from rsc.config import ConfigError, Settings, load
+
+
+def test_defaults_without_file_or_environment() -> None:
+    settings = load(None, environ={})
+    assert settings == Settings()
+    assert settings.redis_url == "redis://127.0.0.1:6379"
+    assert not settings.redis_url_configured
+
+
+def test_file_then_environment_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "rsc.toml"
+    path.write_text(
+        'redis_url = "redis://10.9.9.9:7000"\nheartbeat_interval_ms = 1000\nauto_create_streams = false\n'
+    )
+    settings = load(path, environ={"RSC_HEARTBEAT_INTERVAL_MS": "2000", "RSC_DEFAULT_SHARD_COUNT": "8"})
+    assert settings.redis_url == "redis://10.9.9.9:7000"
+    assert settings.heartbeat_interval_ms == 2000
+    assert settings.default_shard_count == 8
+    assert settings.auto_create_streams is False
+
+
+def test_empty_environment_variables_count_as_unset() -> None:
+    assert load(None, environ={"RSC_REDIS_URL": ""}).redis_url == "redis://127.0.0.1:6379"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"RSC_HEARTBEAT_INTERVAL_MS": "5000"}, "at least 3 x"),
+        ({"RSC_REVOKE_TIMEOUT_MS": "-1"}, "must be positive"),
+        ({"RSC_TICK_INTERVAL_MS": "abc"}, "tick_interval_ms"),
+        ({"RSC_AUTO_CREATE_STREAMS": "maybe"}, "true or false"),
+        ({"RSC_DEFAULT_SHARD_COUNT": "0"}, "default_shard_count"),
+    ],
+)
+def test_nonsense_is_refused_with_a_clear_message(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(None, environ=environ)
+
+
+def test_unknown_keys_and_unreadable_files(tmp_path: Path) -> None:
+    path = tmp_path / "rsc.toml"
+    path.write_text("streams = 3\n")
+    with pytest.raises(ConfigError, match="unknown config keys: streams"):
+        load(path, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.toml", environ={})
+
+
+def test_serve_refuses_bad_config_at_start() -> None:
+    result = CliRunner().invoke(main, ["serve"], env={"RSC_MEMBER_LEASE_TTL_MS": "100"})
+    assert result.exit_code == 1
+    assert "configuration refused" in result.output

@@ -1,0 +1,212 @@
+"""The coordinator over a real socket: `serve` on a free port, real Redis, httpx."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from rsc.config import Settings
+from rsc.http.serve import serve
+
+FAST = Settings(
+    heartbeat_interval_ms=100, member_lease_ttl_ms=400, tick_interval_ms=50, revoke_timeout_ms=5_000
+)
+
+
+@pytest.fixture
+async def client(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, max_body_bytes=4_096)
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: serve(settings, "127.0.0.1:0", shutdown=shutdown, task_status=task_status)
+        )
+        async with httpx.AsyncClient(base_url=urls[0], timeout=10) as http:
+            yield http
+        shutdown.set()
+
+
+def hb(prefix: str, member: str, epoch: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "protocolVersion": 1,
+        "streamPrefix": prefix,
+        "consumerGroup": "billing",
+        "memberId": member,
+        "incarnation": extra.pop("incarnation", "inc-1"),
+        "memberEpoch": epoch,
+        "metadataVersion": extra.pop("metadataVersion", 1),
+        **extra,
+    }
+
+
+async def beat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = await client.post("/v1/heartbeat", json=body)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+async def test_join_heartbeat_leave(client: httpx.AsyncClient, prefix: str) -> None:
+    r = await beat(client, hb(prefix, "a", 0))
+    assert r["status"] == "OK"
+    assert r["assignment"] == {"assigned": [0, 1, 2, 3], "pending": [], "revoke": []}
+    assert r["heartbeatIntervalMs"] == 100
+    assert r["maxConcurrency"] == 1
+    again = await beat(client, hb(prefix, "a", r["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    assert again["status"] == "OK"
+    assert again["layout"] is None
+    left = await beat(client, hb(prefix, "a", -1))
+    assert left["memberEpoch"] == -1
+    view = (await client.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert view["members"] == []
+    assert view["groupEpoch"] == 2
+
+
+async def test_revoke_before_assign_seen_from_outside(client: httpx.AsyncClient, prefix: str) -> None:
+    a = await beat(client, hb(prefix, "a", 0))
+    b = await beat(client, hb(prefix, "b", 0))
+    assert b["status"] == "REVOKE_PENDING"
+    assert b["assignment"]["assigned"] == []
+    moving = b["assignment"]["pending"]
+    a2 = await beat(client, hb(prefix, "a", a["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    assert a2["assignment"]["revoke"] == moving
+    b2 = await beat(client, hb(prefix, "b", b["memberEpoch"]))
+    assert b2["assignment"]["assigned"] == []  # not before a acknowledged
+    view = (await client.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert [p["memberId"] for p in view["revokeProgress"]] == ["a"]
+    keep = [s for s in [0, 1, 2, 3] if s not in moving]
+    a3 = await beat(client, hb(prefix, "a", a2["memberEpoch"], ownedShards=keep, revokedShards=moving))
+    assert a3["status"] == "OK"
+    b3 = await beat(client, hb(prefix, "b", b["memberEpoch"]))
+    assert b3["assignment"]["assigned"] == moving
+    assert b3["status"] == "OK"
+
+
+async def test_stale_epoch_is_fenced(client: httpx.AsyncClient, prefix: str) -> None:
+    await beat(client, hb(prefix, "a", 0))
+    r = await beat(client, hb(prefix, "a", 9))
+    assert (r["status"], r["memberEpoch"], r["fenceReason"]) == ("FENCED", 0, "STALE_EPOCH")
+
+
+async def test_lease_expiry(client: httpx.AsyncClient, prefix: str) -> None:
+    r = await beat(client, hb(prefix, "a", 0))
+    await trio.sleep(0.8)  # lease 400 ms, ticks every 50 ms
+    late = await beat(client, hb(prefix, "a", r["memberEpoch"]))
+    assert (late["status"], late["fenceReason"]) == ("FENCED", "LEASE_EXPIRED")
+
+
+async def test_sync_metadata(client: httpx.AsyncClient, prefix: str) -> None:
+    r = await beat(client, hb(prefix, "a", 0, metadataVersion=7))
+    assert r["status"] == "SYNC_METADATA"
+    assert r["layout"]["metadataVersion"] == 1
+
+
+async def test_another_incarnation_is_a_409(client: httpx.AsyncClient, prefix: str) -> None:
+    await beat(client, hb(prefix, "a", 0))
+    response = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0, incarnation="other"))
+    assert response.status_code == 409
+    body = response.json()
+    assert body["error"] == "INCARNATION_MISMATCH"
+    assert body["requestId"] == response.headers["X-Request-Id"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "MALFORMED_JSON"),
+        (b"[1, 2]", 400, "INVALID_REQUEST"),
+        (b'{"protocolVersion": 1}', 400, "INVALID_REQUEST"),
+        (b"x" * 5_000, 413, "BODY_TOO_LARGE"),
+    ],
+)
+async def test_bad_bodies_are_4xx(client: httpx.AsyncClient, body: bytes, status: int, code: str) -> None:
+    response = await client.post("/v1/heartbeat", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    assert response.json()["error"] == code
+
+
+async def test_wrong_types_name_the_field(client: httpx.AsyncClient, prefix: str) -> None:
+    response = await client.post("/v1/heartbeat", json=hb(prefix, "a", "0"))  # type: ignore[arg-type]
+    assert response.status_code == 400
+    assert any("memberEpoch" in d for d in response.json()["details"])
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"protocolVersion": 99}, "UNSUPPORTED_PROTOCOL_VERSION"),
+        ({"memberEpoch": -5}, "INVALID_REQUEST"),
+        ({"streamPrefix": "bad{name}"}, "INVALID_REQUEST"),
+        ({"memberId": ""}, "INVALID_REQUEST"),
+    ],
+)
+async def test_out_of_range_fields_are_400(
+    client: httpx.AsyncClient, prefix: str, change: dict[str, Any], code: str
+) -> None:
+    response = await client.post("/v1/heartbeat", json={**hb(prefix, "a", 0), **change})
+    assert response.status_code == 400
+    assert response.json()["error"] == code
+
+
+async def test_request_id_is_echoed_or_made(client: httpx.AsyncClient) -> None:
+    given = await client.get("/healthz", headers={"X-Request-Id": "abc-123"})
+    assert given.headers["X-Request-Id"] == "abc-123"
+    made = await client.get("/healthz")
+    assert len(made.headers["X-Request-Id"]) == 32
+
+
+async def test_batch_heartbeats_keep_order_and_report_errors_per_item(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    await beat(client, hb(prefix, "m0", 0))
+    batch = [hb(prefix, f"m{i}", 0) for i in range(1, 4)] + [
+        hb(prefix, "m0", 0, incarnation="x"),
+        {"memberId": 1},
+    ]
+    response = await client.post("/v1/heartbeats", json={"heartbeats": batch})
+    assert response.status_code == 200
+    results = response.json()["responses"]
+    assert [r.get("status") for r in results[:3]] == ["REVOKE_PENDING"] * 3
+    assert results[3]["error"] == "INCARNATION_MISMATCH"
+    assert results[4]["error"] == "INVALID_REQUEST"
+
+
+async def test_operator_views_and_routing(client: httpx.AsyncClient, prefix: str) -> None:
+    await beat(client, hb(prefix, "a", 0))
+    routing = (await client.get(f"/v1/streams/{prefix}/routing")).json()
+    assert routing["shardCount"] == 4
+    assert [s["index"] for s in routing["shards"]] == [0, 1, 2, 3]
+    stream = (await client.get(f"/v1/streams/{prefix}")).json()
+    assert stream["groups"] == ["billing"]
+    listed = (await client.get("/v1/streams")).json()["streams"]
+    assert prefix in [s["streamPrefix"] for s in listed]
+    group = (await client.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert group["currentAssignment"] == {"0": "a", "1": "a", "2": "a", "3": "a"}
+    assert group["members"][0]["state"] == "STABLE"
+    assert 0 < group["members"][0]["leaseLeftMs"] <= 400
+
+
+async def test_unknown_things_are_404(client: httpx.AsyncClient, prefix: str) -> None:
+    for path, code in [
+        (f"/v1/streams/{prefix}/routing", "UNKNOWN_STREAM"),
+        (f"/v1/streams/{prefix}", "UNKNOWN_STREAM"),
+        ("/v1/nowhere", "NOT_FOUND"),
+    ]:
+        response = await client.get(path)
+        assert response.status_code == 404
+        assert response.json()["error"] == code
+    assert (await client.get("/v1/heartbeat")).status_code == 405
+
+
+async def test_version_and_probes(client: httpx.AsyncClient) -> None:
+    version = (await client.get("/v1/version")).json()
+    assert version["protocol"] == {"min": 1, "max": 1}
+    assert version["schemaVersion"] == 1
+    assert version["lifecycle"]["status"] == "supported"
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    assert (await client.get("/readyz")).status_code == 200
