@@ -120,8 +120,8 @@ class Registry:
 
     # --- actors ---------------------------------------------------------
 
-    async def group(self, stream_prefix: str, group: str) -> GroupActor:
-        """The group's actor, started; the group is created on first use."""
+    async def group(self, stream_prefix: str, group: str, config: GroupConfig | None = None) -> GroupActor:
+        """The group's actor, started; the group is created on first use (with `config`)."""
         check_name(stream_prefix, "streamPrefix")
         check_name(group, "consumerGroup")
         aggregate_id = AggregateId(stream_prefix, group)
@@ -129,13 +129,15 @@ class Registry:
             aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects))
         )
         if actor.state is None:
-            await self._create_group(actor, stream_prefix, group)
+            await self._create_group(actor, stream_prefix, group, config or GroupConfig())
         elif fresh:
             await self._pull_layout(actor, stream_prefix)
         return actor  # type: ignore[no-any-return]
 
-    async def stream(self, stream_prefix: str, create: bool | None = None) -> StreamActor:
-        """The stream's actor, started; created with the default shard count if allowed.
+    async def stream(
+        self, stream_prefix: str, create: bool | None = None, shard_count: int | None = None
+    ) -> StreamActor:
+        """The stream's actor, started; created (with `shard_count`, else the default) if allowed.
 
         `create` overrides the configured auto-creation; raises `UnknownStream`.
         """
@@ -147,17 +149,18 @@ class Registry:
         if actor.state is None:
             if not (self.settings.auto_create_streams if create is None else create):
                 raise UnknownStream(f"stream {stream_prefix!r} does not exist")
-            command = CreateStream(stream_prefix, self.settings.default_shard_count, self.clock.now_ms())
+            count = self.settings.default_shard_count if shard_count is None else shard_count
+            command = CreateStream(stream_prefix, count, self.clock.now_ms())
             await actor.ask(command)
         return actor  # type: ignore[no-any-return]
 
-    async def _create_group(self, actor: GroupActor, stream_prefix: str, group: str) -> None:
+    async def _create_group(
+        self, actor: GroupActor, stream_prefix: str, group: str, config: GroupConfig
+    ) -> None:
         stream = await self.stream(stream_prefix)
-        reply = await stream.ask(RegisterGroup(group))
+        reply = await stream.ask(RegisterGroup(group, config.start_from))
         layout = reply.state.layout
-        command = CreateGroup(
-            stream_prefix, group, layout, self.settings.timing, GroupConfig(), self.clock.now_ms()
-        )
+        command = CreateGroup(stream_prefix, group, layout, self.settings.timing, config, self.clock.now_ms())
         await actor.ask(command)
 
     async def _pull_layout(self, actor: GroupActor, stream_prefix: str) -> None:

@@ -58,7 +58,7 @@ class HeartbeatBatch:
 
 
 def create_app(registry: Registry, max_body_bytes: int = 1_048_576) -> QuartTrio:
-    """The coordinator's HTTP application over `registry`."""
+    """The coordinator's HTTP application over `registry` (admin routes are added by `serve`)."""
     app = QuartTrio("rsc")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     _add_request_ids_and_errors(app)

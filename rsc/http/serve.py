@@ -26,7 +26,9 @@ from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.config import Settings
 from rsc.events.model import Timing
+from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
+from rsc.http.audit import AuditLog
 
 log = logging.getLogger("rsc.serve")
 
@@ -47,14 +49,12 @@ def registry_settings(settings: Settings) -> RegistrySettings:
 
 
 @contextlib.asynccontextmanager
-async def open_coordinator(settings: Settings) -> AsyncIterator[Registry]:
-    """Redis, the store and the registry, for as long as the block runs."""
+async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, AuditLog]]:
+    """Redis, the store, the registry and the audit log, for as long as the block runs."""
     async with open_redis(settings.redis_url) as redis:
-        store = RedisStore(redis)
-        async with open_registry(
-            store, RedisEffects(redis), WallClock(), registry_settings(settings)
-        ) as registry:
-            yield registry
+        store, effects = RedisStore(redis), RedisEffects(redis)
+        async with open_registry(store, effects, WallClock(), registry_settings(settings)) as registry:
+            yield registry, AuditLog(redis)
 
 
 async def serve(
@@ -65,7 +65,7 @@ async def serve(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until `shutdown` is set (or SIGTERM/SIGINT when it is None); report the bound URLs."""
-    async with open_coordinator(settings) as registry, trio.open_nursery() as nursery:
+    async with open_coordinator(settings) as (registry, audit), trio.open_nursery() as nursery:
         config = HypercornConfig()
         config.bind = [bind]
         config.accesslog = None
@@ -74,6 +74,8 @@ async def serve(
         if shutdown is None:
             nursery.start_soon(_stop_on_signals, trigger)
         app = create_app(registry, settings.max_body_bytes)
+        account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
+        add_admin_routes(app, registry, account, audit)
         urls = await nursery.start(
             lambda task_status: hypercorn_serve(
                 app,

@@ -1,0 +1,248 @@
+"""The Admin API: declarative stream and group specs behind Basic Auth, audited.
+
+Resources are idempotent: `PUT` the desired spec, `GET` spec + status with
+an `ETag` (the aggregate's journal revision), `If-Match` honoured (412 on a
+mismatch). Every request under `/v1/admin/` is audited, whatever happens.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import time
+from typing import Any
+
+import attrs
+from quart import Response, g, request
+from quart_trio import QuartTrio
+
+from rsc.actors.registry import Registry
+from rsc.events.commands import ChangeShardCount, ConfigureGroup
+from rsc.events.errors import UnknownStream
+from rsc.events.model import GroupConfig, ReshardMode, StartFrom
+from rsc.http.app import ApiError, json_body, json_response, structure
+from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
+from rsc.http.views import stream_view
+
+log = logging.getLogger("rsc.admin")
+
+
+@attrs.frozen
+class AdminAccount:
+    """The one admin account; compared in constant time."""
+
+    user: str
+    password: str | None = None
+    password_sha256: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.password or self.password_sha256)
+
+    def check(self, user: str, password: str) -> bool:
+        user_ok = hmac.compare_digest(user.encode(), self.user.encode())
+        if self.password_sha256:
+            digest = hashlib.sha256(password.encode()).hexdigest()
+            password_ok = hmac.compare_digest(digest, self.password_sha256.lower())
+        else:
+            password_ok = hmac.compare_digest(password.encode(), (self.password or "").encode())
+        return user_ok and password_ok
+
+
+@attrs.frozen
+class StreamSpec:
+    shard_count: int
+    reshard_mode: ReshardMode = ReshardMode.ONLINE
+
+
+@attrs.frozen
+class GroupSpec:
+    max_concurrency: int = 1
+    start_from: StartFrom = StartFrom.EARLIEST
+
+
+def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, audit: AuditLog) -> None:
+    """Register `/v1/admin/...` on `app`."""
+
+    @app.before_request
+    async def authenticate() -> None:
+        g.caller = None
+        g.revision = None
+        if not request.path.startswith("/v1/admin/"):
+            return
+        user, password = _basic_credentials()
+        g.caller = user
+        if not account.enabled:
+            raise ApiError(403, "ADMIN_DISABLED", "no admin password is configured (RSC_ADMIN_PASSWORD)")
+        if user is None or password is None or not account.check(user, password):
+            raise ApiError(401, "UNAUTHENTICATED", "admin endpoints need HTTP Basic credentials")
+
+    @app.after_request
+    async def record(response: Response) -> Response:
+        if request.path.startswith("/v1/admin/"):
+            if response.status_code == 401:
+                response.headers["WWW-Authenticate"] = 'Basic realm="rsc admin"'
+            await _audit(audit, response)
+        return response
+
+    @app.get("/v1/admin/streams/<stream_prefix>")
+    async def get_stream(stream_prefix: str) -> Response:
+        return await _stream_resource(registry, stream_prefix)
+
+    @app.put("/v1/admin/streams/<stream_prefix>")
+    async def put_stream(stream_prefix: str) -> Response:
+        spec = structure(await json_body(), StreamSpec)
+        actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
+        _check_if_match(actor.revision)
+        state = actor.state
+        if spec.shard_count < state.shard_count:
+            raise ApiError(
+                409, "SCALE_IN_NOT_SUPPORTED", "scale-in (with drain) is not available yet; only scale-out"
+            )
+        if spec.shard_count > state.shard_count:
+            await registry.ask_stream(stream_prefix, ChangeShardCount(spec.shard_count, spec.reshard_mode))
+        return await _stream_resource(registry, stream_prefix)
+
+    @app.delete("/v1/admin/streams/<stream_prefix>")
+    async def delete_stream(stream_prefix: str) -> Response:
+        raise ApiError(
+            409, "DELETE_NOT_SUPPORTED", "deleting a stream needs scale-in to 0 with drain (not yet)"
+        )
+
+    @app.get("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
+    async def get_group(stream_prefix: str, consumer_group: str) -> Response:
+        return await _group_resource(registry, stream_prefix, consumer_group, create=None)
+
+    @app.put("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
+    async def put_group(stream_prefix: str, consumer_group: str) -> Response:
+        spec = structure(await json_body(), GroupSpec)
+        config = GroupConfig(spec.max_concurrency, spec.start_from)
+        actor = await registry.group(stream_prefix, consumer_group, config=config)
+        _check_if_match(actor.revision)
+        await registry.ask_group(stream_prefix, consumer_group, ConfigureGroup(config))
+        return await _group_resource(registry, stream_prefix, consumer_group, create=config)
+
+    @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
+    async def delete_group(stream_prefix: str, consumer_group: str) -> Response:
+        raise ApiError(409, "DELETE_NOT_SUPPORTED", "deleting a group is not available yet")
+
+    @app.get("/v1/admin/audit")
+    async def read_audit() -> Response:
+        args = request.args
+        try:
+            wanted = AuditFilter(
+                caller=args.get("caller"),
+                method=args.get("method"),
+                status=int(args["status"]) if "status" in args else None,
+                path_prefix=args.get("pathPrefix"),
+                outcome=args.get("outcome"),
+                limit=min(1_000, max(1, int(args.get("limit", "100")))),
+            )
+        except ValueError as exc:
+            raise ApiError(400, "INVALID_REQUEST", f"bad filter: {exc}") from exc
+        return json_response({"records": await audit.read(wanted)})
+
+
+async def _stream_actor(registry: Registry, stream_prefix: str, shard_count: int | None) -> Any:
+    try:
+        return await registry.stream(stream_prefix, create=shard_count is not None, shard_count=shard_count)
+    except UnknownStream as exc:
+        raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+
+
+async def _stream_resource(registry: Registry, stream_prefix: str) -> Response:
+    actor = await _stream_actor(registry, stream_prefix, None)
+    state = actor.state
+    g.revision = actor.revision
+    body = {
+        "spec": StreamSpec(state.shard_count, state.reshard_mode),
+        "status": stream_view(state),
+        "revision": actor.revision,
+    }
+    return _with_etag(json_response(body), actor.revision)
+
+
+async def _group_resource(
+    registry: Registry, stream_prefix: str, consumer_group: str, create: GroupConfig | None
+) -> Response:
+    stream = await _stream_actor(registry, stream_prefix, None)
+    if create is None and consumer_group not in stream.state.groups:
+        raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
+    actor = await registry.group(stream_prefix, consumer_group)
+    state = actor.state
+    assert state is not None  # registry.group creates the group
+    g.revision = actor.revision
+    body = {
+        "spec": GroupSpec(state.config.max_concurrency, state.config.start_from),
+        "status": {
+            "groupEpoch": state.group_epoch,
+            "assignmentEpoch": state.assignment_epoch,
+            "members": len(state.members),
+        },
+        "revision": actor.revision,
+    }
+    return _with_etag(json_response(body), actor.revision)
+
+
+def _with_etag(response: Response, revision: int) -> Response:
+    response.headers["ETag"] = f'"{revision}"'
+    return response
+
+
+def _check_if_match(revision: int) -> None:
+    wanted = request.headers.get("If-Match")
+    if wanted is None or wanted.strip() == "*":
+        return
+    tags = {t.strip().removeprefix("W/").strip('"') for t in wanted.split(",")}
+    if str(revision) not in tags:
+        raise ApiError(412, "PRECONDITION_FAILED", f"the resource is at revision {revision}, not {wanted}")
+
+
+def _basic_credentials() -> tuple[str | None, str | None]:
+    header = request.headers.get("Authorization", "")
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        return None, None
+    try:
+        user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    return (user, password) if sep else (user, None)
+
+
+def _outcome(status: int) -> str:
+    if status < 400:
+        return "ok"
+    if status in (401, 403):
+        return "denied"
+    return "rejected" if status < 500 else "error"
+
+
+async def _audit(audit: AuditLog, response: Response) -> None:
+    try:
+        data = await request.get_data(as_text=False)
+        body = data if isinstance(data, bytes) else data.encode()
+    except Exception:  # the body may be unreadable (too large): fingerprint nothing
+        body = b""
+    entry = AuditRecord(
+        time_ms=audit_now_ms(),
+        request_id=getattr(g, "request_id", ""),
+        caller=getattr(g, "caller", None),
+        remote_address=request.remote_addr,
+        method=request.method,
+        path=request.path,
+        status=response.status_code,
+        outcome=_outcome(response.status_code),
+        body_sha256=hashlib.sha256(body).hexdigest(),
+        revision=getattr(g, "revision", None),
+    )
+    try:
+        await audit.record(entry)
+    except Exception:
+        log.exception("could not write the audit record %s", entry)
+
+
+def audit_now_ms() -> int:
+    return time.time_ns() // 1_000_000

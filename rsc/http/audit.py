@@ -1,0 +1,101 @@
+"""The audit log of admin requests: bounded in Redis, and one JSON log line each.
+
+Every request under `/v1/admin/` is recorded, whatever its outcome
+(including unauthenticated and forbidden ones): time, request id, caller,
+remote address, method, path, HTTP status, outcome, the SHA-256 of the body
+and the resulting revision.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import attrs
+from coredis.tokens import PureToken
+
+from rsc.actors.connect import RedisClient, redis_errors
+from rsc.actors.keys import PREFIX
+from rsc.events import codec
+
+AUDIT_KEY = f"{PREFIX}:audit"
+log = logging.getLogger("rsc.audit")
+
+
+@attrs.frozen
+class AuditRecord:
+    time_ms: int
+    request_id: str
+    caller: str | None
+    remote_address: str | None
+    method: str
+    path: str
+    status: int
+    outcome: str
+    body_sha256: str
+    revision: int | None = None
+    record_id: str | None = None
+
+
+@attrs.frozen
+class AuditFilter:
+    caller: str | None = None
+    method: str | None = None
+    status: int | None = None
+    path_prefix: str | None = None
+    outcome: str | None = None
+    limit: int = 100
+
+    def matches(self, record: AuditRecord) -> bool:
+        return (
+            (self.caller is None or record.caller == self.caller)
+            and (self.method is None or record.method == self.method.upper())
+            and (self.status is None or record.status == self.status)
+            and (self.path_prefix is None or record.path.startswith(self.path_prefix))
+            and (self.outcome is None or record.outcome == self.outcome)
+        )
+
+
+class AuditLog:
+    """Audit records in a Redis stream capped at `max_records` (approximately), newest first."""
+
+    def __init__(self, redis: RedisClient, max_records: int = 100_000) -> None:
+        self.redis = redis
+        self.max_records = max_records
+
+    async def record(self, entry: AuditRecord) -> None:
+        data = codec.wire.unstructure(entry)
+        log.info(json.dumps({"audit": data}, separators=(",", ":")))
+        with redis_errors("writing the audit log"):
+            await self.redis.xadd(
+                AUDIT_KEY,
+                {"record": json.dumps(data, separators=(",", ":"))},
+                trim_strategy=PureToken.MAXLEN,
+                threshold=self.max_records,
+                trim_operator=PureToken.APPROXIMATELY,
+            )
+
+    async def read(self, wanted: AuditFilter) -> list[AuditRecord]:
+        """Newest first, at most `wanted.limit` records that match."""
+        found: list[AuditRecord] = []
+        end = "+"
+        with redis_errors("reading the audit log"):
+            while len(found) < wanted.limit:
+                page = await self.redis.xrevrange(AUDIT_KEY, end, "-", count=500)
+                for raw in page:
+                    record = _record(raw)
+                    if wanted.matches(record):
+                        found.append(record)
+                        if len(found) == wanted.limit:
+                            break
+                if len(page) < 500:
+                    break
+                end = "(" + str(page[-1].identifier)
+        return found
+
+
+def _record(raw: Any) -> AuditRecord:
+    data = json.loads(raw.field_values["record"])
+    data["recordId"] = str(raw.identifier)
+    return codec.wire.structure(data, AuditRecord)

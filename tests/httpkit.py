@@ -1,0 +1,49 @@
+"""Helpers for tests of the HTTP service: serve on a free port, build heartbeats."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import trio
+
+from rsc.config import Settings
+from rsc.http.serve import serve
+
+FAST = Settings(
+    heartbeat_interval_ms=100, member_lease_ttl_ms=400, tick_interval_ms=50, revoke_timeout_ms=5_000
+)
+
+
+@contextlib.asynccontextmanager
+async def serve_on(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        urls = await nursery.start(
+            lambda task_status: serve(settings, "127.0.0.1:0", shutdown=shutdown, task_status=task_status)
+        )
+        async with httpx.AsyncClient(base_url=urls[0], timeout=10) as http:
+            yield http
+        shutdown.set()
+
+
+def hb(prefix: str, member: str, epoch: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "protocolVersion": 1,
+        "streamPrefix": prefix,
+        "consumerGroup": "billing",
+        "memberId": member,
+        "incarnation": extra.pop("incarnation", "inc-1"),
+        "memberEpoch": epoch,
+        "metadataVersion": extra.pop("metadataVersion", 1),
+        **extra,
+    }
+
+
+async def beat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = await client.post("/v1/heartbeat", json=body)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
