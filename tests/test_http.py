@@ -178,3 +178,19 @@ async def test_version_and_probes(client: httpx.AsyncClient) -> None:
     assert version["lifecycle"]["status"] == "supported"
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_metrics(client: httpx.AsyncClient, prefix: str) -> None:
+    a = await beat(client, hb(prefix, "a", 0))
+    await beat(client, hb(prefix, "b", 0))
+    await beat(client, hb(prefix, "a", a["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert 'rsc_heartbeat_seconds_count{endpoint="single"}' in text
+    assert f'rsc_members{{group="billing",state="UNREVOKED",stream="{prefix}"}} 1.0' in text
+    assert f'rsc_revoking_shards{{group="billing",stream="{prefix}"}} 2.0' in text
+    assert f'rsc_group_epoch{{group="billing",stream="{prefix}"}} 2.0' in text
+    assert "rsc_journal_writes_total" in text
+    assert "rsc_actor_inbox_depth" in text

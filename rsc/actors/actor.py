@@ -131,6 +131,7 @@ class Actor(Generic[S, C, E]):
         self.revision = 0
         self.checkpoint_revision = 0
         self.writes = 0
+        self.conflicts = 0
         self.last_used = trio.current_time()
         self.needs_repair = True
         self._send, self._receive = trio.open_memory_channel[tuple[C, _Pending]](settings.inbox_size)
@@ -211,6 +212,7 @@ class Actor(Generic[S, C, E]):
                 try:
                     await self._decide_and_persist(batch)
                 except ConcurrencyConflict as conflict:
+                    self.conflicts += 1
                     log.info("%s: %s; reloading", self.aggregate.aggregate_id, conflict)
                     await self._reload()
                 else:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 import trio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -27,6 +28,7 @@ from rsc.events import codec
 from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, respond
 from rsc.http import views
+from rsc.http.metrics import Metrics
 
 log = logging.getLogger("rsc.http")
 T = TypeVar("T")
@@ -62,8 +64,14 @@ def create_app(registry: Registry, max_body_bytes: int = 1_048_576) -> QuartTrio
     app = QuartTrio("rsc")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     _add_request_ids_and_errors(app)
-    _add_member_routes(app, registry)
+    metrics = Metrics(registry)
+    _add_member_routes(app, registry, metrics)
     _add_operator_routes(app, registry)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.prometheus), content_type=CONTENT_TYPE_LATEST)
+
     return app
 
 
@@ -107,7 +115,7 @@ def _add_request_ids_and_errors(app: QuartTrio) -> None:
         return error_response(500, "INTERNAL", "internal error; the request id is in the server log")
 
 
-def _add_member_routes(app: QuartTrio, registry: Registry) -> None:
+def _add_member_routes(app: QuartTrio, registry: Registry, metrics: Metrics) -> None:
     async def heartbeat_of(body: HeartbeatRequest) -> HeartbeatResponse:
         command = body.to_command(registry.clock.now_ms())
         reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command)
@@ -115,12 +123,16 @@ def _add_member_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
-        body = structure(await json_body(), HeartbeatRequest)
-        return json_response(await heartbeat_of(body))
+        with metrics.heartbeat_seconds.labels("single").time():
+            body = structure(await json_body(), HeartbeatRequest)
+            return json_response(await heartbeat_of(body))
 
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
-        batch = structure(await json_body(), HeartbeatBatch)
+        with metrics.heartbeat_seconds.labels("batch").time():
+            return await batch_of(structure(await json_body(), HeartbeatBatch))
+
+    async def batch_of(batch: HeartbeatBatch) -> Response:
         results: list[Any] = [None] * len(batch.heartbeats)
 
         async def one(index: int, raw: dict[str, Any]) -> None:
