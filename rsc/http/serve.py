@@ -29,6 +29,7 @@ from rsc.events.model import Timing
 from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
 from rsc.http.audit import AuditLog
+from rsc.http.openapi import add_openapi_route
 
 log = logging.getLogger("rsc.serve")
 
@@ -76,6 +77,7 @@ async def serve(
         app = create_app(registry, settings.max_body_bytes)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
         add_admin_routes(app, registry, account, audit)
+        add_openapi_route(app)
         urls = await nursery.start(
             lambda task_status: hypercorn_serve(
                 app,

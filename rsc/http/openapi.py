@@ -1,0 +1,236 @@
+"""The OpenAPI 3 document, with schemas derived from the attrs types the server uses.
+
+`ROUTES` lists every route with its request and response types; a test
+checks that it matches the app's URL map and that real responses validate
+against the schemas.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import types
+import typing
+from collections.abc import Mapping, Set
+from typing import Any
+
+import attrs
+from quart import Response
+from quart_trio import QuartTrio
+
+from rsc import __version__
+from rsc.events.codec import camel
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+from rsc.http import views
+from rsc.http.admin import GroupSpec, StreamSpec
+from rsc.http.audit import AuditRecord
+
+
+@attrs.frozen
+class ErrorBody:
+    error: str
+    message: str
+    request_id: str
+    details: Any = None
+
+
+@attrs.frozen
+class Route:
+    method: str
+    path: str
+    summary: str
+    request: Any = None
+    response: Any = None
+    admin: bool = False
+    content_type: str = "application/json"
+
+
+@attrs.frozen
+class HeartbeatBatchRequest:
+    heartbeats: tuple[HeartbeatRequest, ...]
+
+
+@attrs.frozen
+class HeartbeatBatchResponse:
+    responses: tuple[HeartbeatResponse | ErrorBody, ...]
+
+
+@attrs.frozen
+class StreamList:
+    streams: tuple[views.StreamSummary, ...]
+
+
+@attrs.frozen
+class StreamResource:
+    spec: StreamSpec
+    status: views.StreamView
+    revision: int
+
+
+@attrs.frozen
+class GroupStatus:
+    group_epoch: int
+    assignment_epoch: int
+    members: int
+
+
+@attrs.frozen
+class GroupResource:
+    spec: GroupSpec
+    status: GroupStatus
+    revision: int
+
+
+@attrs.frozen
+class AuditList:
+    records: tuple[AuditRecord, ...]
+
+
+@attrs.frozen
+class Status:
+    status: str
+
+
+S = "/v1/streams/{streamPrefix}"
+A = "/v1/admin/streams/{streamPrefix}"
+ROUTES = (
+    Route("post", "/v1/heartbeat", "One member's heartbeat", HeartbeatRequest, HeartbeatResponse),
+    Route(
+        "post",
+        "/v1/heartbeats",
+        "The heartbeats of one process's members",
+        HeartbeatBatchRequest,
+        HeartbeatBatchResponse,
+    ),
+    Route("get", f"{S}/routing", "Routing metadata for producers", None, views.RoutingView),
+    Route("get", "/v1/streams", "Streams and their groups", None, StreamList),
+    Route("get", S, "A stream's layout and groups", None, views.StreamView),
+    Route(
+        "get",
+        f"{S}/groups/{{consumerGroup}}",
+        "A group's epochs, members and assignments",
+        None,
+        views.GroupView,
+    ),
+    Route("get", A, "A stream's spec and status (ETag)", None, StreamResource, admin=True),
+    Route("put", A, "Create or scale out a stream", StreamSpec, StreamResource, admin=True),
+    Route("delete", A, "Delete a stream (not available yet: 409)", None, ErrorBody, admin=True),
+    Route(
+        "get",
+        f"{A}/groups/{{consumerGroup}}",
+        "A group's spec and status (ETag)",
+        None,
+        GroupResource,
+        admin=True,
+    ),
+    Route(
+        "put",
+        f"{A}/groups/{{consumerGroup}}",
+        "Create or configure a group",
+        GroupSpec,
+        GroupResource,
+        admin=True,
+    ),
+    Route(
+        "delete",
+        f"{A}/groups/{{consumerGroup}}",
+        "Delete a group (not available yet: 409)",
+        None,
+        ErrorBody,
+        admin=True,
+    ),
+    Route("get", "/v1/admin/audit", "Audit records, newest first", None, AuditList, admin=True),
+    Route("get", "/v1/version", "Server version, protocol range, schema version", None, views.VersionView),
+    Route("get", "/healthz", "Liveness", None, Status),
+    Route("get", "/readyz", "Readiness (Redis answers)", None, Status),
+    Route("get", "/metrics", "Prometheus metrics", None, None, content_type="text/plain"),
+    Route("get", "/openapi.json", "This document", None, None),
+)
+
+
+def schema_of(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of `tp` as the wire converter renders it; attrs classes go to `components`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return {}
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        inner = (
+            schema_of(options[0], components)
+            if len(options) == 1
+            else {"anyOf": [schema_of(a, components) for a in options]}
+        )
+        return {"anyOf": [inner, {"type": "null"}]} if type(None) in args else inner
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"type": "string", "enum": [m.value for m in tp]}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is str:
+        return {"type": "string"}
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        return {"type": "object", "additionalProperties": schema_of(args[1], components)}
+    if origin is tuple or (isinstance(origin, type) and issubclass(origin, Set)):
+        return {"type": "array", "items": schema_of(args[0], components)}
+    if attrs.has(tp):
+        name = tp.__name__
+        if name not in components:
+            components[name] = {}  # placeholder against recursion
+            hints = typing.get_type_hints(tp)
+            fields = attrs.fields(tp)
+            components[name] = {
+                "type": "object",
+                "properties": {camel(f.name): schema_of(hints[f.name], components) for f in fields},
+                "required": [camel(f.name) for f in fields if f.default is attrs.NOTHING],
+            }
+        return {"$ref": f"#/components/schemas/{name}"}
+    raise TypeError(f"no schema for {tp!r}")
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.0 document of every route."""
+    components: dict[str, Any] = {}
+    paths: dict[str, Any] = {}
+    for route in ROUTES:
+        operation: dict[str, Any] = {"summary": route.summary, "responses": {}}
+        params = [p.strip("{}") for p in route.path.split("/") if p.startswith("{")]
+        if params:
+            operation["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+            ]
+        if route.request is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": schema_of(route.request, components)}},
+            }
+        ok: dict[str, Any] = {"description": "OK"}
+        if route.response is not None:
+            ok["content"] = {route.content_type: {"schema": schema_of(route.response, components)}}
+        elif route.content_type == "text/plain":
+            ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        operation["responses"]["200"] = ok
+        error = {"content": {"application/json": {"schema": schema_of(ErrorBody, components)}}}
+        operation["responses"]["4XX"] = {"description": "Refused (see `error`)", **error}
+        operation["responses"]["503"] = {"description": "Redis unavailable; retry", **error}
+        if route.admin:
+            operation["security"] = [{"basic": []}]
+        paths.setdefault(route.path, {})[route.method] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "rsc coordinator", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"basic": {"type": "http", "scheme": "basic"}},
+        },
+    }
+
+
+def add_openapi_route(app: QuartTrio) -> None:
+    """Serve the document at `/openapi.json`."""
+    text = json.dumps(document(), separators=(",", ":"))
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return Response(text, content_type="application/json")
