@@ -30,6 +30,7 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/assignor.py
 	$(BIN)/python bench/persistence.py
+	$(BIN)/python bench/heartbeat.py    # needs wrk (apt-get install wrk)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/results
