@@ -8,6 +8,7 @@ import random
 from collections.abc import AsyncIterator, Iterator
 
 import attrs
+import coredis
 import pytest
 import redis as redis_py
 import trio
@@ -167,3 +168,20 @@ def test_event_json_is_stable() -> None:
     a = aggregate_json(ShardsInstalled("m", frozenset({3, 1, 2})))
     assert json.loads(a)["shards"] == [1, 2, 3]
     assert a == aggregate_json(ShardsInstalled("m", frozenset({2, 3, 1})))
+
+
+async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) -> None:
+    effects = RedisEffects(redis)
+    keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(12)]
+    await effects.ensure_consumer_groups(keys, "billing", "0")
+    await redis.xadd(keys[0], {"n": "1"})
+    stats = await effects.shard_stats(keys)
+    assert stats[keys[0]].length == 1
+    assert stats[keys[0]].groups[0].group == "billing"
+    assert stats[keys[0]].groups[0].lag == 1
+    nodes = {s.primary_node for s in stats.values()}
+    if isinstance(redis, coredis.RedisCluster):
+        assert None not in nodes  # every key is mapped to a primary
+        assert len(nodes) > 1  # 12 keys over 3 primaries land on more than one
+    else:
+        assert nodes == {None}

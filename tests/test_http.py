@@ -194,3 +194,12 @@ async def test_metrics(client: httpx.AsyncClient, prefix: str) -> None:
     assert f'rsc_group_epoch{{group="billing",stream="{prefix}"}} 2.0' in text
     assert "rsc_journal_writes_total" in text
     assert "rsc_actor_inbox_depth" in text
+
+
+async def test_stream_view_shows_redis_figures(client: httpx.AsyncClient, prefix: str) -> None:
+    await beat(client, hb(prefix, "a", 0))
+    view = (await client.get(f"/v1/streams/{prefix}")).json()
+    shard = view["shards"][0]
+    assert shard["length"] == 0
+    assert shard["primaryNode"] is None  # standalone Redis
+    assert shard["groups"] == [{"group": "billing", "pending": 0, "lag": 0, "lastDeliveredId": "0-0"}]

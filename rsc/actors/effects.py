@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Protocol
 
+import attrs
 import coredis
 import trio
 
@@ -50,6 +51,25 @@ return 0
 PARALLELISM = 32
 
 
+@attrs.frozen
+class GroupLag:
+    """One consumer group on one shard key, as XINFO GROUPS reports it."""
+
+    group: str
+    pending: int
+    lag: int | None
+    last_delivered_id: str
+
+
+@attrs.frozen
+class ShardStats:
+    """What Redis says about one shard key (for monitoring; `lag` may be null or stale)."""
+
+    length: int
+    groups: tuple[GroupLag, ...]
+    primary_node: str | None = None
+
+
 class Effects(Protocol):
     async def register_stream(self, stream_prefix: str) -> None: ...
 
@@ -59,6 +79,10 @@ class Effects(Protocol):
 
     async def ping(self) -> bool:
         """Whether the data plane answers."""
+        ...
+
+    async def shard_stats(self, shard_keys: Iterable[str]) -> dict[str, ShardStats]:
+        """Length, consumer groups and primary node of each shard key."""
         ...
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None: ...
@@ -110,6 +134,46 @@ class RedisEffects:
         except StoreUnavailable:
             return False
         return True
+
+    async def shard_stats(self, shard_keys: Iterable[str]) -> dict[str, ShardStats]:
+        keys = list(shard_keys)
+        nodes = await self._primary_nodes(keys)
+        stats: dict[str, ShardStats] = {}
+
+        async def one(key: str) -> None:
+            try:
+                length = await self.redis.xlen(key)
+                infos = await self.redis.xinfo_groups(key)
+            except coredis.exceptions.ResponseError:  # the key does not exist (yet)
+                length, infos = 0, ()
+            groups = tuple(
+                GroupLag(str(i["name"]), int(i["pending"]), i.get("lag"), str(i["last-delivered-id"]))
+                for i in infos
+            )
+            stats[key] = ShardStats(length, groups, nodes.get(key))
+
+        await _each(keys, one)
+        return stats
+
+    async def _primary_nodes(self, keys: list[str]) -> dict[str, str]:
+        """Shard key -> "host:port" of its primary, on a cluster; empty on standalone Redis."""
+        if not isinstance(self.redis, coredis.RedisCluster):
+            return {}
+        with redis_errors("reading the cluster layout"):
+            slots = await self.redis.cluster_shards()
+            ranges = []
+            for shard in slots:
+                primary = next((n for n in shard["nodes"] if n["role"] == "master"), None)
+                if primary is None:
+                    continue
+                bounds = shard["slots"]
+                for low, high in zip(bounds[::2], bounds[1::2], strict=True):
+                    ranges.append((int(low), int(high), f"{primary['ip']}:{primary['port']}"))
+            found = {}
+            for key in keys:
+                slot = await self.redis.cluster_keyslot(key)
+                found[key] = next((node for low, high, node in ranges if low <= slot <= high), "unknown")
+        return found
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         await _each(shard_keys, lambda key: self._ensure_stream(keys=[key]))
@@ -198,6 +262,9 @@ class MemoryEffects:
 
     async def ping(self) -> bool:
         return True
+
+    async def shard_stats(self, shard_keys: Iterable[str]) -> dict[str, ShardStats]:
+        return {key: ShardStats(0, ()) for key in shard_keys}
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         self.shard_keys.update(shard_keys)

@@ -166,7 +166,9 @@ def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.get("/v1/streams/<stream_prefix>")
     async def stream(stream_prefix: str) -> Response:
-        return json_response(views.stream_view(await existing_stream(stream_prefix)))
+        state = await existing_stream(stream_prefix)
+        stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
+        return json_response(views.stream_view(state, stats))
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
     async def group(stream_prefix: str, consumer_group: str) -> Response:

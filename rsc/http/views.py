@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import attrs
 
 from rsc import __version__
+from rsc.actors.effects import GroupLag, ShardStats
 from rsc.actors.keys import SCHEMA_VERSION
 from rsc.events.group import GroupState
 from rsc.events.model import (
@@ -45,13 +46,26 @@ class RoutingView:
 
 
 @attrs.frozen
+class ShardStatusView:
+    """A shard with what Redis says about it (`primaryNode` only on a cluster)."""
+
+    index: int
+    key: str
+    state: ShardState
+    length: int | None = None
+    primary_node: str | None = None
+    groups: tuple[GroupLag, ...] = ()
+
+
+@attrs.frozen
 class StreamView:
     stream_prefix: str
     metadata_version: int
     routing: str
     shard_count: int
-    shards: tuple[ShardView, ...]
+    shards: tuple[ShardStatusView, ...]
     groups: tuple[str, ...]
+    shards_per_primary: Mapping[str, int] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -136,15 +150,29 @@ def routing_view(state: StreamState) -> RoutingView:
     )
 
 
-def stream_view(state: StreamState) -> StreamView:
+def stream_view(state: StreamState, stats: Mapping[str, ShardStats] | None = None) -> StreamView:
+    """The layout, with Redis figures per shard when `stats` is given."""
     layout = state.layout
+    stats = stats or {}
+    shards = []
+    per_primary: dict[str, int] = {}
+    for shard in layout.shards:
+        found = stats.get(shard.key)
+        if found is None:
+            shards.append(ShardStatusView(shard.index, shard.key, shard.state))
+            continue
+        node = found.primary_node
+        shards.append(ShardStatusView(shard.index, shard.key, shard.state, found.length, node, found.groups))
+        if node is not None and shard.readable:
+            per_primary[node] = per_primary.get(node, 0) + 1
     return StreamView(
         state.stream_prefix,
         layout.metadata_version,
         layout.routing,
         state.shard_count,
-        shard_views(layout),
+        tuple(shards),
         tuple(sorted(state.groups)),
+        dict(sorted(per_primary.items())),
     )
 
 
