@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/rsc serve --bind 127.0.0.1:8080
+	$(BIN)/rsc serve --bind 127.0.0.1:8080 --demo
 
 test: setup
 	$(BIN)/pytest

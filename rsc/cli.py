@@ -18,6 +18,7 @@ from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
+from rsc.demo import run_demo
 from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
 
@@ -201,7 +202,10 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
 @main.command()
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
 @click.option("--bind", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on.")
-def serve(config_path: str | None, bind: str) -> None:
+@click.option(
+    "--demo", is_flag=True, help="Also run a few demo members against the coordinator and log them."
+)
+def serve(config_path: str | None, bind: str, demo: bool) -> None:
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -221,6 +225,9 @@ def serve(config_path: str | None, bind: str) -> None:
                 '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
                 '"incarnation":"i1","memberEpoch":0}\''
             )
+            if demo:
+                click.echo(f"demo: watch it at {urls[0]}/v1/streams/demo-orders/groups/demo-billing")
+                nursery.start_soon(run_demo, urls[0], click.echo)
 
     with serving.embedded_redis(settings) as effective:
         try:

@@ -203,3 +203,16 @@ async def test_stream_view_shows_redis_figures(client: httpx.AsyncClient, prefix
     assert shard["length"] == 0
     assert shard["primaryNode"] is None  # standalone Redis
     assert shard["groups"] == [{"group": "billing", "pending": 0, "lag": 0, "lastDeliveredId": "0-0"}]
+
+
+async def test_demo_members_show_a_handoff(client: httpx.AsyncClient) -> None:
+    """The `rsc serve --demo` script: members join, one leaves and returns; shards hand over cleanly."""
+    from rsc.demo import run_demo
+
+    lines: list[str] = []
+    await run_demo(str(client.base_url), lines.append, rounds=18, pace_s=0.01)
+    assert any("revoking" in line for line in lines)
+    assert any("leaves gracefully" in line for line in lines)
+    view = (await client.get("/v1/streams/demo-orders/groups/demo-billing")).json()
+    assert len(view["members"]) == 3
+    assert sorted(view["currentAssignment"]) == ["0", "1", "2", "3"]
