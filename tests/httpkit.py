@@ -12,8 +12,9 @@ import trio
 from rsc.config import Settings
 from rsc.http.serve import serve
 
+#: Leases long enough that a loaded machine never fences a test's member by accident.
 FAST = Settings(
-    heartbeat_interval_ms=100, member_lease_ttl_ms=400, tick_interval_ms=50, revoke_timeout_ms=5_000
+    heartbeat_interval_ms=100, member_lease_ttl_ms=10_000, tick_interval_ms=50, revoke_timeout_ms=20_000
 )
 
 

@@ -96,8 +96,11 @@ async def test_scale_out_and_max_concurrency_reach_members(client: httpx.AsyncCl
     assert put.status_code == 200
     assert put.json()["spec"] == {"maxConcurrency": 8, "startFrom": "earliest"}
     await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 6}, auth=AUTH)
-    await trio.sleep(0.1)  # the layout reaches the group in the background
-    r2 = await beat(client, hb(prefix, "a", r["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    with trio.fail_after(10):  # the layout reaches the group in the background
+        while (r2 := await beat(client, hb(prefix, "a", r["memberEpoch"], ownedShards=[0, 1, 2, 3])))[
+            "metadataVersion"
+        ] != 2:
+            await trio.sleep(0.05)
     assert r2["maxConcurrency"] == 8
     assert r2["assignment"]["assigned"] == [0, 1, 2, 3, 4, 5]
     assert r2["metadataVersion"] == 2

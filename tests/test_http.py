@@ -61,10 +61,12 @@ async def test_stale_epoch_is_fenced(client: httpx.AsyncClient, prefix: str) -> 
     assert (r["status"], r["memberEpoch"], r["fenceReason"]) == ("FENCED", 0, "STALE_EPOCH")
 
 
-async def test_lease_expiry(client: httpx.AsyncClient, prefix: str) -> None:
-    r = await beat(client, hb(prefix, "a", 0))
-    await trio.sleep(0.8)  # lease 400 ms, ticks every 50 ms
-    late = await beat(client, hb(prefix, "a", r["memberEpoch"]))
+async def test_lease_expiry(standalone_url: str, prefix: str) -> None:
+    short = attrs.evolve(FAST, redis_url=standalone_url, member_lease_ttl_ms=400)
+    async with serve_on(short) as client:
+        r = await beat(client, hb(prefix, "a", 0))
+        await trio.sleep(0.8)  # lease 400 ms, ticks every 50 ms
+        late = await beat(client, hb(prefix, "a", r["memberEpoch"]))
     assert (late["status"], late["fenceReason"]) == ("FENCED", "LEASE_EXPIRED")
 
 
@@ -132,16 +134,23 @@ async def test_batch_heartbeats_keep_order_and_report_errors_per_item(
     client: httpx.AsyncClient, prefix: str
 ) -> None:
     await beat(client, hb(prefix, "m0", 0))
-    batch = [hb(prefix, f"m{i}", 0) for i in range(1, 4)] + [
-        hb(prefix, "m0", 0, incarnation="x"),
-        {"memberId": 1},
+    batch = [
+        hb(prefix, "m1", 0),
+        hb(prefix, "m2", 0, metadataVersion=99),  # only this one is told SYNC_METADATA
+        hb(prefix, "m3", 0),
+        {**hb(prefix, "m4", 0), "protocolVersion": 99},  # refused by the core
+        {"memberId": 1},  # refused by the schema
     ]
     response = await client.post("/v1/heartbeats", json={"heartbeats": batch})
     assert response.status_code == 200
     results = response.json()["responses"]
-    assert [r.get("status") for r in results[:3]] == ["REVOKE_PENDING"] * 3
-    assert results[3]["error"] == "INCARNATION_MISMATCH"
+    assert len(results) == 5
+    assert results[0]["status"] in ("OK", "REVOKE_PENDING")
+    assert results[1]["status"] == "SYNC_METADATA"
+    assert results[2]["status"] in ("OK", "REVOKE_PENDING")
+    assert results[3]["error"] == "UNSUPPORTED_PROTOCOL_VERSION"
     assert results[4]["error"] == "INVALID_REQUEST"
+    assert results[4]["requestId"] == response.headers["X-Request-Id"]
 
 
 async def test_operator_views_and_routing(client: httpx.AsyncClient, prefix: str) -> None:
@@ -156,7 +165,7 @@ async def test_operator_views_and_routing(client: httpx.AsyncClient, prefix: str
     group = (await client.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert group["currentAssignment"] == {"0": "a", "1": "a", "2": "a", "3": "a"}
     assert group["members"][0]["state"] == "STABLE"
-    assert 0 < group["members"][0]["leaseLeftMs"] <= 400
+    assert 0 < group["members"][0]["leaseLeftMs"] <= 10_000
 
 
 async def test_unknown_things_are_404(client: httpx.AsyncClient, prefix: str) -> None:
