@@ -22,7 +22,7 @@ from rsc.actors.aggregates import GroupAggregate, StreamAggregate
 from rsc.actors.effects import MemoryEffects
 from rsc.actors.keys import STREAMS_KEY, AggregateId
 from rsc.actors.store import JournalEntry, Store
-from rsc.events import codec, group
+from rsc.events import codec, group, stream
 from rsc.events.group import GroupState
 from rsc.events.stream import StreamState
 
@@ -143,7 +143,11 @@ async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
 
 
 def _comparable(state: Any) -> Any:
-    return group.without_liveness(state) if isinstance(state, GroupState) else state
+    if isinstance(state, GroupState):
+        return group.without_liveness(state)
+    if isinstance(state, StreamState):
+        return stream.without_liveness(state)
+    return state
 
 
 async def every_aggregate(redis: Any, store: Store) -> list[AggregateId]:

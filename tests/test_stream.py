@@ -1,13 +1,25 @@
-"""The stream aggregate: creation, scale-out, scale-in to DRAINING, retirement."""
+"""The stream aggregate: creation, scale-out, scale-in to DRAINING, retirement, producers."""
 
 from __future__ import annotations
 
 import pytest
 
-from rsc.events.commands import ChangeShardCount, CreateStream, RegisterGroup, RetireShards, StreamCommand
+from rsc.events.commands import (
+    ChangeShardCount,
+    CreateStream,
+    PauseProducers,
+    ProducerHeartbeat,
+    RegisterGroup,
+    RestartTimers,
+    ResumeProducers,
+    RetireShards,
+    StreamCommand,
+    Tick,
+)
 from rsc.events.errors import AggregateNotFound, InvalidCommand
-from rsc.events.model import ShardState, StartFrom
-from rsc.events.stream import StreamState, decide, fold
+from rsc.events.events import ProducerAcknowledged, ProducerHeartbeated, ProducerRegistered
+from rsc.events.model import PauseState, ShardState, StartFrom
+from rsc.events.stream import StreamState, decide, fold, without_liveness
 
 
 def run(state: StreamState | None, *commands: StreamCommand) -> StreamState:
@@ -74,3 +86,79 @@ def test_commands_need_a_stream_and_groups_register_once() -> None:
     s = run(None, CreateStream("orders", 1), RegisterGroup("billing"))
     assert s.groups == {"billing": StartFrom.EARLIEST}
     assert decide(s, RegisterGroup("billing")) == []
+
+
+# --- producers -----------------------------------------------------------
+
+
+def beat(producer: str, version: int, now: int, quiesced: bool = False) -> ProducerHeartbeat:
+    return ProducerHeartbeat(producer, version, quiesced, now_ms=now, lease_ttl_ms=1_000)
+
+
+def test_a_producer_registers_once_then_renews_without_journaling() -> None:
+    s = run(None, CreateStream("orders", 4))
+    events = decide(s, beat("p1", 1, now=100))
+    assert [type(e) for e in events] == [ProducerRegistered]
+    s = run(s, beat("p1", 1, now=100))
+    assert s.producers["p1"].lease_deadline_ms == 1_100
+    renewal = decide(s, beat("p1", 1, now=600))
+    assert [type(e) for e in renewal] == [ProducerHeartbeated]
+    assert not any(e.durable for e in renewal)
+    assert run(s, beat("p1", 1, now=600)).producers["p1"].lease_deadline_ms == 1_600
+
+
+def test_a_new_acknowledged_version_or_quiesced_flag_is_journaled() -> None:
+    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0), ChangeShardCount(8))
+    assert s.producers["p1"].acked_version == 1
+    s = run(s, beat("p1", 2, now=10))
+    assert s.producers["p1"].acked_version == 2
+    events = decide(s, beat("p1", 2, now=20, quiesced=True))
+    assert ProducerAcknowledged("p1", 2, True) in events
+    assert run(s, beat("p1", 2, now=20, quiesced=True)).producers["p1"].quiesced
+
+
+def test_a_version_the_coordinator_never_issued_acknowledges_nothing() -> None:
+    s = run(None, CreateStream("orders", 4), beat("p1", 7, now=0))
+    assert s.producers["p1"].acked_version == 0
+
+
+def test_producers_expire_on_the_tick_after_their_lease() -> None:
+    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0), beat("p2", 1, now=500))
+    assert decide(s, Tick(999)) == []
+    s = run(s, Tick(1_000))
+    assert set(s.producers) == {"p2"}
+    assert run(s, Tick(1_500)).producers == {}
+
+
+def test_recovery_gives_every_producer_a_whole_lease_again() -> None:
+    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0))
+    recovered = without_liveness(s)
+    assert recovered.producers["p1"].lease_deadline_ms == 0
+    events = decide(recovered, RestartTimers(5_000))
+    assert not any(e.durable for e in events)
+    assert run(recovered, RestartTimers(5_000)).producers["p1"].lease_deadline_ms == 6_000
+    assert decide(run(None, CreateStream("orders", 1)), RestartTimers(5_000)) == []
+
+
+def test_pause_and_resume_are_idempotent_and_keep_the_first_reason() -> None:
+    s = run(None, CreateStream("orders", 4), PauseProducers("maintenance", 10))
+    assert s.paused == PauseState("maintenance", 10)
+    assert decide(s, PauseProducers("again", 20)) == []
+    s = run(s, ResumeProducers(30))
+    assert s.paused is None
+    assert decide(s, ResumeProducers(40)) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ProducerHeartbeat("", 1, False, 0, 1_000),
+        ProducerHeartbeat("x" * 201, 1, False, 0, 1_000),
+        ProducerHeartbeat("p", -1, False, 0, 1_000),
+        ProducerHeartbeat("p", 1, False, 0, 0),
+        PauseProducers("", 0),
+    ],
+)
+def test_bad_producer_commands_are_refused(command: StreamCommand) -> None:
+    with pytest.raises(InvalidCommand):
+        decide(run(None, CreateStream("orders", 4)), command)

@@ -170,11 +170,14 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
     def evolve(self, state: StreamState | None, event: StreamEvent) -> StreamState:
         return stream.evolve(state, event)
 
+    def durable_view(self, state: StreamState) -> StreamState:
+        return stream.without_liveness(state)
+
     def tick(self, state: StreamState | None, now_ms: int) -> StreamCommand | None:
-        return None
+        return Tick(now_ms) if state is not None and state.producers else None
 
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:
-        return None
+        return RestartTimers(now_ms) if state.producers else None
 
     async def after_persist(
         self, before: StreamState | None, after: StreamState, events: Sequence[StreamEvent]

@@ -129,4 +129,41 @@ class RegisterGroup:
     start_from: StartFrom = StartFrom.EARLIEST
 
 
-StreamCommand = CreateStream | ChangeShardCount | RetireShards | RegisterGroup
+@attrs.frozen
+class ProducerHeartbeat:
+    """A producer registers or renews its lease, acknowledging the layout version it routes with."""
+
+    producer_id: str
+    metadata_version: int
+    quiesced: bool
+    now_ms: int
+    lease_ttl_ms: int
+    client: ClientInfo = ClientInfo()
+
+
+@attrs.frozen
+class PauseProducers:
+    """Producers must stop publishing, flush and acknowledge with `quiesced` (Admin API)."""
+
+    reason: str
+    now_ms: int
+
+
+@attrs.frozen
+class ResumeProducers:
+    """Producers may publish again."""
+
+    now_ms: int
+
+
+StreamCommand = (
+    CreateStream
+    | ChangeShardCount
+    | RetireShards
+    | RegisterGroup
+    | ProducerHeartbeat
+    | PauseProducers
+    | ResumeProducers
+    | Tick
+    | RestartTimers
+)

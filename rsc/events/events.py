@@ -209,4 +209,75 @@ class GroupRegistered:
     start_from: StartFrom
 
 
-StreamEvent = StreamCreated | ShardsAdded | ShardsDraining | ShardsRetired | GroupRegistered
+@attrs.frozen
+class ProducerRegistered:
+    durable: ClassVar[bool] = True
+    producer_id: str
+    acked_version: int
+    quiesced: bool
+    lease_ttl_ms: int
+    client: ClientInfo
+    registered_at_ms: int
+
+
+@attrs.frozen
+class ProducerAcknowledged:
+    """The producer now routes with `acked_version` (and is, or is no longer, quiesced)."""
+
+    durable: ClassVar[bool] = True
+    producer_id: str
+    acked_version: int
+    quiesced: bool
+
+
+@attrs.frozen
+class ProducerHeartbeated:
+    """Liveness only: the producer's lease now ends at `lease_deadline_ms`."""
+
+    durable: ClassVar[bool] = False
+    producer_id: str
+    lease_deadline_ms: int
+
+
+@attrs.frozen
+class ProducerExpired:
+    durable: ClassVar[bool] = True
+    producer_id: str
+    expired_at_ms: int
+
+
+@attrs.frozen
+class ProducerLeasesRestarted:
+    """After recovery every producer gets a whole lease again (liveness only)."""
+
+    durable: ClassVar[bool] = False
+    restarted_at_ms: int
+
+
+@attrs.frozen
+class ProducersPaused:
+    durable: ClassVar[bool] = True
+    reason: str
+    paused_at_ms: int
+
+
+@attrs.frozen
+class ProducersResumed:
+    durable: ClassVar[bool] = True
+    resumed_at_ms: int
+
+
+StreamEvent = (
+    StreamCreated
+    | ShardsAdded
+    | ShardsDraining
+    | ShardsRetired
+    | GroupRegistered
+    | ProducerRegistered
+    | ProducerAcknowledged
+    | ProducerHeartbeated
+    | ProducerExpired
+    | ProducerLeasesRestarted
+    | ProducersPaused
+    | ProducersResumed
+)

@@ -179,6 +179,32 @@ class Member:
 
 
 @attrs.frozen
+class Producer:
+    """A registered producer of a stream (PROTOCOL section 5).
+
+    `acked_version` is the layout version it routes with; `quiesced` says it
+    has stopped publishing and flushed (asked for while the stream is paused).
+    `lease_deadline_ms` is liveness only, like a member's.
+    """
+
+    producer_id: str
+    acked_version: int
+    quiesced: bool
+    lease_ttl_ms: int
+    registered_at_ms: int
+    client: ClientInfo = ClientInfo()
+    lease_deadline_ms: int = 0
+
+
+@attrs.frozen
+class PauseState:
+    """Why and since when producers of a stream are paused."""
+
+    reason: str
+    since_ms: int
+
+
+@attrs.frozen
 class FencedMember:
     """A tombstone: a member removed without leaving, so it is told FENCED."""
 

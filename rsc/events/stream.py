@@ -9,6 +9,10 @@ Rules:
   caller sends once Redis-level drain evidence is in.
 * Shard key names are chosen here and stored in the layout; clients never
   compute them.
+* Producers register by heartbeat. Registration, a change of the layout
+  version a producer acknowledges (or of its `quiesced` flag), expiry and the
+  pause state are journaled; lease renewals are liveness only and restart in
+  full on recovery, as members' do.
 """
 
 from __future__ import annotations
@@ -18,17 +22,35 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from rsc.events.commands import ChangeShardCount, CreateStream, RegisterGroup, RetireShards, StreamCommand
+from rsc.events.commands import (
+    ChangeShardCount,
+    CreateStream,
+    PauseProducers,
+    ProducerHeartbeat,
+    RegisterGroup,
+    RestartTimers,
+    ResumeProducers,
+    RetireShards,
+    StreamCommand,
+    Tick,
+)
 from rsc.events.errors import AggregateNotFound, CorruptHistory, InvalidCommand
 from rsc.events.events import (
     GroupRegistered,
+    ProducerAcknowledged,
+    ProducerExpired,
+    ProducerHeartbeated,
+    ProducerLeasesRestarted,
+    ProducerRegistered,
+    ProducersPaused,
+    ProducersResumed,
     ShardsAdded,
     ShardsDraining,
     ShardsRetired,
     StreamCreated,
     StreamEvent,
 )
-from rsc.events.model import Layout, ReshardMode, Shard, ShardState, StartFrom
+from rsc.events.model import Layout, PauseState, Producer, ReshardMode, Shard, ShardState, StartFrom
 
 #: One shard per Redis Cluster hash slot is the most that can ever help.
 MAX_SHARDS = 16_384
@@ -44,6 +66,8 @@ class StreamState:
     created_at_ms: int
     reshard_mode: ReshardMode = ReshardMode.ONLINE
     groups: Mapping[str, StartFrom] = attrs.field(factory=dict)
+    producers: Mapping[str, Producer] = attrs.field(factory=dict)
+    paused: PauseState | None = None
 
     @property
     def shard_count(self) -> int:
@@ -80,6 +104,62 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
             return _restate(state, event.indexes, ShardState.RETIRED, event.metadata_version)
         case GroupRegistered():
             return attrs.evolve(state, groups={**state.groups, event.group: event.start_from})
+        case _:
+            return _evolve_producers(state, event)
+
+
+def _evolve_producers(state: StreamState, event: StreamEvent) -> StreamState:
+    producers = state.producers
+    match event:
+        case ProducerRegistered():
+            producer = Producer(
+                event.producer_id,
+                event.acked_version,
+                event.quiesced,
+                event.lease_ttl_ms,
+                event.registered_at_ms,
+                event.client,
+                lease_deadline_ms=event.registered_at_ms + event.lease_ttl_ms,
+            )
+            return attrs.evolve(state, producers={**producers, event.producer_id: producer})
+        case ProducerAcknowledged():
+            producer = _producer(state, event.producer_id)
+            changed = attrs.evolve(producer, acked_version=event.acked_version, quiesced=event.quiesced)
+            return attrs.evolve(state, producers={**producers, event.producer_id: changed})
+        case ProducerHeartbeated():
+            producer = attrs.evolve(
+                _producer(state, event.producer_id), lease_deadline_ms=event.lease_deadline_ms
+            )
+            return attrs.evolve(state, producers={**producers, event.producer_id: producer})
+        case ProducerExpired():
+            _producer(state, event.producer_id)
+            return attrs.evolve(
+                state, producers={k: p for k, p in producers.items() if k != event.producer_id}
+            )
+        case ProducerLeasesRestarted():
+            renewed = {
+                k: attrs.evolve(p, lease_deadline_ms=event.restarted_at_ms + p.lease_ttl_ms)
+                for k, p in producers.items()
+            }
+            return attrs.evolve(state, producers=renewed)
+        case ProducersPaused():
+            return attrs.evolve(state, paused=PauseState(event.reason, event.paused_at_ms))
+        case ProducersResumed():
+            return attrs.evolve(state, paused=None)
+    raise CorruptHistory(f"unexpected {type(event).__name__}")  # pragma: no cover
+
+
+def _producer(state: StreamState, producer_id: str) -> Producer:
+    producer = state.producers.get(producer_id)
+    if producer is None:
+        raise CorruptHistory(f"no producer {producer_id!r}")
+    return producer
+
+
+def without_liveness(state: StreamState) -> StreamState:
+    """`state` with producer lease deadlines zeroed: what the journal alone determines."""
+    producers = {k: attrs.evolve(p, lease_deadline_ms=0) for k, p in state.producers.items()}
+    return attrs.evolve(state, producers=producers)
 
 
 def fold(events: Iterable[StreamEvent], state: StreamState | None = None) -> StreamState | None:
@@ -111,7 +191,59 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
             if state.groups.get(command.group) == command.start_from:
                 return []
             return [GroupRegistered(command.group, command.start_from)]
+        case ProducerHeartbeat():
+            return _producer_heartbeat(state, command)
+        case PauseProducers():
+            if state.paused is not None:
+                return []  # idempotent: the first pause's reason and time stay
+            if not command.reason:
+                raise InvalidCommand("a pause needs a reason")
+            return [ProducersPaused(command.reason, command.now_ms)]
+        case ResumeProducers():
+            return [ProducersResumed(command.now_ms)] if state.paused is not None else []
+        case Tick():
+            return [
+                ProducerExpired(p.producer_id, command.now_ms)
+                for p in state.producers.values()
+                if command.now_ms >= p.lease_deadline_ms
+            ]
+        case RestartTimers():
+            return [ProducerLeasesRestarted(command.now_ms)] if state.producers else []
     return []
+
+
+#: A producer id is free text (often "host/app/n"), bounded.
+MAX_PRODUCER_ID = 200
+
+
+def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[StreamEvent]:
+    if not 0 < len(command.producer_id) <= MAX_PRODUCER_ID:
+        raise InvalidCommand(f"producerId must be 1-{MAX_PRODUCER_ID} characters")
+    if command.lease_ttl_ms <= 0:
+        raise InvalidCommand("the producer lease must be positive")
+    if command.metadata_version < 0:
+        raise InvalidCommand("metadataVersion must not be negative")
+    # A version above the stored one routes with a layout this coordinator does not
+    # have (metadata lost or restored): it acknowledges nothing.
+    current = state.layout.metadata_version
+    acked = command.metadata_version if command.metadata_version <= current else 0
+    known = state.producers.get(command.producer_id)
+    if known is None:
+        return [
+            ProducerRegistered(
+                command.producer_id,
+                acked,
+                command.quiesced,
+                command.lease_ttl_ms,
+                command.client,
+                command.now_ms,
+            )
+        ]
+    events: list[StreamEvent] = []
+    if (known.acked_version, known.quiesced) != (acked, command.quiesced):
+        events.append(ProducerAcknowledged(command.producer_id, acked, command.quiesced))
+    events.append(ProducerHeartbeated(command.producer_id, command.now_ms + command.lease_ttl_ms))
+    return events
 
 
 def _create(state: StreamState | None, command: CreateStream) -> list[StreamEvent]:

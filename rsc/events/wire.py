@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from rsc.events.commands import Heartbeat
+from rsc.events.commands import Heartbeat, ProducerHeartbeat
 from rsc.events.errors import UnsupportedProtocolVersion
 from rsc.events.events import GroupEvent, HeartbeatRejected
 from rsc.events.group import GroupState
@@ -21,6 +21,7 @@ from rsc.events.model import (
     HeartbeatStatus,
     Layout,
 )
+from rsc.events.stream import StreamState
 
 
 @attrs.frozen
@@ -41,11 +42,7 @@ class HeartbeatRequest:
 
     def to_command(self, now_ms: int) -> Heartbeat:
         """The core command for this request, arrived at `now_ms`."""
-        if not MIN_PROTOCOL_VERSION <= self.protocol_version <= PROTOCOL_VERSION:
-            raise UnsupportedProtocolVersion(
-                f"protocolVersion {self.protocol_version} is not in "
-                f"[{MIN_PROTOCOL_VERSION}, {PROTOCOL_VERSION}]"
-            )
+        check_protocol_version(self.protocol_version)
         return Heartbeat(
             member_id=self.member_id,
             incarnation=self.incarnation,
@@ -56,6 +53,14 @@ class HeartbeatRequest:
             revoked=self.revoked_shards,
             drain_progress=self.drain_progress,
             client=self.client,
+        )
+
+
+def check_protocol_version(version: int) -> None:
+    """Refuse a minor protocol version this server does not speak (it speaks N and N-1)."""
+    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        raise UnsupportedProtocolVersion(
+            f"protocolVersion {version} is not in [{MIN_PROTOCOL_VERSION}, {PROTOCOL_VERSION}]"
         )
 
 
@@ -118,6 +123,69 @@ def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> 
     else:
         status = HeartbeatStatus.OK
     return attrs.evolve(base, status=status, member_epoch=member.member_epoch, assignment=assignment)
+
+
+@attrs.frozen
+class ProducerHeartbeatRequest:
+    """A producer's registration and lease renewal (PROTOCOL section 5).
+
+    `metadataVersion` is the layout version it routes with (0: none yet);
+    `quiesced` says it stopped publishing and flushed while the stream is paused.
+    """
+
+    protocol_version: int
+    stream_prefix: str
+    producer_id: str
+    metadata_version: int = 0
+    quiesced: bool = False
+    client: ClientInfo = ClientInfo()
+
+    def to_command(self, now_ms: int, lease_ttl_ms: int) -> ProducerHeartbeat:
+        check_protocol_version(self.protocol_version)
+        return ProducerHeartbeat(
+            self.producer_id, self.metadata_version, self.quiesced, now_ms, lease_ttl_ms, self.client
+        )
+
+
+@attrs.frozen
+class ProducerHeartbeatResponse:
+    """Routing metadata for a producer: `layout` is sent when its version differs.
+
+    `status` is OK, or SYNC_METADATA when the producer knows a newer version
+    than the coordinator stores (it must switch to the layout sent). While
+    `paused`, a producer must not publish; it flushes and heartbeats with
+    `quiesced: true`.
+    """
+
+    status: HeartbeatStatus
+    producer_id: str
+    metadata_version: int
+    routing: str
+    shard_count: int
+    paused: bool
+    heartbeat_interval_ms: int
+    lease_ttl_ms: int
+    layout: Layout | None = None
+
+
+def respond_producer(
+    state: StreamState, command: ProducerHeartbeat, heartbeat_interval_ms: int
+) -> ProducerHeartbeatResponse:
+    """Render the answer to a producer heartbeat from the stream state after it."""
+    layout = state.layout
+    stale = command.metadata_version != layout.metadata_version
+    ahead = command.metadata_version > layout.metadata_version
+    return ProducerHeartbeatResponse(
+        status=HeartbeatStatus.SYNC_METADATA if ahead else HeartbeatStatus.OK,
+        producer_id=command.producer_id,
+        metadata_version=layout.metadata_version,
+        routing=layout.routing,
+        shard_count=state.shard_count,
+        paused=state.paused is not None,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        lease_ttl_ms=command.lease_ttl_ms,
+        layout=layout if stale else None,
+    )
 
 
 @attrs.frozen

@@ -12,14 +12,14 @@ import hashlib
 import hmac
 import logging
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc.actors.registry import Registry
-from rsc.events.commands import ChangeShardCount, ConfigureGroup
+from rsc.events.commands import ChangeShardCount, ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownStream
 from rsc.events.model import GroupConfig, ReshardMode, StartFrom
 from rsc.http.app import ApiError, json_body, json_response, structure
@@ -27,6 +27,7 @@ from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.views import stream_view
 
 log = logging.getLogger("rsc.admin")
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -55,6 +56,13 @@ class AdminAccount:
 class StreamSpec:
     shard_count: int
     reshard_mode: ReshardMode = ReshardMode.ONLINE
+
+
+@attrs.frozen
+class PauseRequest:
+    """Optional body of `POST .../pause`: why producers are paused (shown in the stream view)."""
+
+    reason: str = "admin"
 
 
 @attrs.frozen
@@ -128,6 +136,8 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
     async def delete_group(stream_prefix: str, consumer_group: str) -> Response:
         raise ApiError(409, "DELETE_NOT_SUPPORTED", "deleting a group is not available yet")
 
+    _add_pause_routes(app, registry)
+
     @app.get("/v1/admin/audit")
     async def read_audit() -> Response:
         args = request.args
@@ -145,6 +155,31 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
         return json_response({"records": await audit.read(wanted)})
 
 
+def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:
+    """Producer quiescence by hand: producers see `paused`, flush, and acknowledge `quiesced`."""
+
+    @app.post("/v1/admin/streams/<stream_prefix>/pause")
+    async def pause(stream_prefix: str) -> Response:
+        body = await _optional_body(PauseRequest)
+        actor = await _stream_actor(registry, stream_prefix, None)
+        _check_if_match(actor.revision)
+        await registry.ask_stream(stream_prefix, PauseProducers(body.reason, registry.clock.now_ms()))
+        return await _stream_resource(registry, stream_prefix)
+
+    @app.post("/v1/admin/streams/<stream_prefix>/resume")
+    async def resume(stream_prefix: str) -> Response:
+        actor = await _stream_actor(registry, stream_prefix, None)
+        _check_if_match(actor.revision)
+        await registry.ask_stream(stream_prefix, ResumeProducers(registry.clock.now_ms()))
+        return await _stream_resource(registry, stream_prefix)
+
+
+async def _optional_body(as_type: type[T]) -> T:
+    """The JSON body as `as_type`, or its defaults when the body is empty."""
+    data = await request.get_data(as_text=False)
+    return structure(await json_body(), as_type) if data.strip() else as_type()
+
+
 async def _stream_actor(registry: Registry, stream_prefix: str, shard_count: int | None) -> Any:
     try:
         return await registry.stream(stream_prefix, create=shard_count is not None, shard_count=shard_count)
@@ -158,7 +193,7 @@ async def _stream_resource(registry: Registry, stream_prefix: str) -> Response:
     g.revision = actor.revision
     body = {
         "spec": StreamSpec(state.shard_count, state.reshard_mode),
-        "status": stream_view(state),
+        "status": stream_view(state, registry.clock.now_ms()),
         "revision": actor.revision,
     }
     return _with_etag(json_response(body), actor.revision)

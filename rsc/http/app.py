@@ -26,7 +26,13 @@ from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.events import codec
 from rsc.events.errors import CoordinationError, UnknownStream
-from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, respond
+from rsc.events.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerHeartbeatRequest,
+    respond,
+    respond_producer,
+)
 from rsc.http import views
 from rsc.http.metrics import Metrics
 
@@ -127,6 +133,15 @@ def _add_member_routes(app: QuartTrio, registry: Registry, metrics: Metrics) -> 
             body = structure(await json_body(), HeartbeatRequest)
             return json_response(await heartbeat_of(body))
 
+    @app.post("/v1/producers/heartbeat")
+    async def producer_heartbeat() -> Response:
+        with metrics.heartbeat_seconds.labels("producer").time():
+            body = structure(await json_body(), ProducerHeartbeatRequest)
+            timing = registry.settings.timing
+            command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
+            reply = await registry.ask_stream(body.stream_prefix, command)
+            return json_response(respond_producer(reply.state, command, timing.heartbeat_interval_ms))
+
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
         with metrics.heartbeat_seconds.labels("batch").time():
@@ -168,7 +183,7 @@ def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
     async def stream(stream_prefix: str) -> Response:
         state = await existing_stream(stream_prefix)
         stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
-        return json_response(views.stream_view(state, stats))
+        return json_response(views.stream_view(state, registry.clock.now_ms(), stats))
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
     async def group(stream_prefix: str, consumer_group: str) -> Response:

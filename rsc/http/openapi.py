@@ -20,9 +20,14 @@ from quart_trio import QuartTrio
 
 from rsc import __version__
 from rsc.events.codec import camel
-from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+from rsc.events.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerHeartbeatRequest,
+    ProducerHeartbeatResponse,
+)
 from rsc.http import views
-from rsc.http.admin import GroupSpec, StreamSpec
+from rsc.http.admin import GroupSpec, PauseRequest, StreamSpec
 from rsc.http.audit import AuditRecord
 
 
@@ -43,6 +48,7 @@ class Route:
     response: Any = None
     admin: bool = False
     content_type: str = "application/json"
+    body_required: bool = True
 
 
 @attrs.frozen
@@ -102,6 +108,13 @@ ROUTES = (
         HeartbeatBatchRequest,
         HeartbeatBatchResponse,
     ),
+    Route(
+        "post",
+        "/v1/producers/heartbeat",
+        "A producer registers, acknowledges its layout version, and gets routing metadata",
+        ProducerHeartbeatRequest,
+        ProducerHeartbeatResponse,
+    ),
     Route("get", f"{S}/routing", "Routing metadata for producers", None, views.RoutingView),
     Route("get", "/v1/streams", "Streams and their groups", None, StreamList),
     Route("get", S, "A stream's layout and groups", None, views.StreamView),
@@ -115,6 +128,18 @@ ROUTES = (
     Route("get", A, "A stream's spec and status (ETag)", None, StreamResource, admin=True),
     Route("put", A, "Create or scale out a stream", StreamSpec, StreamResource, admin=True),
     Route("delete", A, "Delete a stream (not available yet: 409)", None, ErrorBody, admin=True),
+    Route(
+        "post",
+        f"{A}/pause",
+        "Pause the stream's producers (quiescence by hand)",
+        PauseRequest,
+        StreamResource,
+        admin=True,
+        body_required=False,
+    ),
+    Route(
+        "post", f"{A}/resume", "Let the stream's producers publish again", None, StreamResource, admin=True
+    ),
     Route(
         "get",
         f"{A}/groups/{{consumerGroup}}",
@@ -201,7 +226,7 @@ def document() -> dict[str, Any]:
             ]
         if route.request is not None:
             operation["requestBody"] = {
-                "required": True,
+                "required": route.body_required,
                 "content": {"application/json": {"schema": schema_of(route.request, components)}},
             }
         ok: dict[str, Any] = {"description": "OK"}

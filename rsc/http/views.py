@@ -21,6 +21,7 @@ from rsc.events.model import (
     GroupConfig,
     Layout,
     MemberState,
+    PauseState,
     ShardState,
 )
 from rsc.events.stream import StreamState
@@ -58,6 +59,28 @@ class ShardStatusView:
 
 
 @attrs.frozen
+class ProducerView:
+    """A registered producer: the layout version it routes with, and whether it is quiesced."""
+
+    producer_id: str
+    acked_version: int
+    up_to_date: bool
+    quiesced: bool
+    lease_left_ms: int
+    client: ClientInfo
+    registered_at_ms: int
+
+
+@attrs.frozen
+class ProducersSummary:
+    """How many live producers route with the current layout, and how many are quiesced."""
+
+    live: int
+    acked_current_version: int
+    quiesced: int
+
+
+@attrs.frozen
 class StreamView:
     stream_prefix: str
     metadata_version: int
@@ -66,6 +89,9 @@ class StreamView:
     shards: tuple[ShardStatusView, ...]
     groups: tuple[str, ...]
     shards_per_primary: Mapping[str, int] = attrs.field(factory=dict)
+    paused: PauseState | None = None
+    producers: tuple[ProducerView, ...] = ()
+    producers_summary: ProducersSummary = ProducersSummary(0, 0, 0)
 
 
 @attrs.frozen
@@ -147,11 +173,28 @@ def routing_view(state: StreamState) -> RoutingView:
         layout.routing,
         state.shard_count,
         shard_views(layout, True),
+        paused=state.paused is not None,
     )
 
 
-def stream_view(state: StreamState, stats: Mapping[str, ShardStats] | None = None) -> StreamView:
-    """The layout, with Redis figures per shard when `stats` is given."""
+def producer_views(state: StreamState, now_ms: int) -> tuple[ProducerView, ...]:
+    version = state.layout.metadata_version
+    return tuple(
+        ProducerView(
+            producer_id=p.producer_id,
+            acked_version=p.acked_version,
+            up_to_date=p.acked_version == version,
+            quiesced=p.quiesced,
+            lease_left_ms=max(0, p.lease_deadline_ms - now_ms),
+            client=p.client,
+            registered_at_ms=p.registered_at_ms,
+        )
+        for p in sorted(state.producers.values(), key=lambda p: p.producer_id)
+    )
+
+
+def stream_view(state: StreamState, now_ms: int, stats: Mapping[str, ShardStats] | None = None) -> StreamView:
+    """The layout and producers, with Redis figures per shard when `stats` is given."""
     layout = state.layout
     stats = stats or {}
     shards = []
@@ -165,6 +208,7 @@ def stream_view(state: StreamState, stats: Mapping[str, ShardStats] | None = Non
         shards.append(ShardStatusView(shard.index, shard.key, shard.state, found.length, node, found.groups))
         if node is not None and shard.readable:
             per_primary[node] = per_primary.get(node, 0) + 1
+    producers = producer_views(state, now_ms)
     return StreamView(
         state.stream_prefix,
         layout.metadata_version,
@@ -173,6 +217,11 @@ def stream_view(state: StreamState, stats: Mapping[str, ShardStats] | None = Non
         tuple(shards),
         tuple(sorted(state.groups)),
         dict(sorted(per_primary.items())),
+        state.paused,
+        producers,
+        ProducersSummary(
+            len(producers), sum(p.up_to_date for p in producers), sum(p.quiesced for p in producers)
+        ),
     )
 
 

@@ -1,0 +1,162 @@
+"""Producers over a real socket: registration, layout acknowledgement, pause/resume, expiry."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from tests.httpkit import FAST, serve_on
+
+AUTH = ("admin", "s3cret")
+
+
+@pytest.fixture
+async def client(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret")
+    async with serve_on(settings) as http:
+        yield http
+
+
+def pb(prefix: str, producer: str, version: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "protocolVersion": 1,
+        "streamPrefix": prefix,
+        "producerId": producer,
+        "metadataVersion": version,
+        **extra,
+    }
+
+
+async def produce(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = await client.post("/v1/producers/heartbeat", json=body)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+async def stream_view(client: httpx.AsyncClient, prefix: str) -> dict[str, Any]:
+    response = await client.get(f"/v1/streams/{prefix}")
+    assert response.status_code == 200
+    data: dict[str, Any] = response.json()
+    return data
+
+
+async def test_a_producer_registers_and_follows_a_scale_out(client: httpx.AsyncClient, prefix: str) -> None:
+    first = await produce(client, pb(prefix, "api-1", 0, client={"name": "test", "version": "1"}))
+    assert (first["status"], first["metadataVersion"], first["shardCount"], first["paused"]) == (
+        "OK",
+        1,
+        4,
+        False,
+    )
+    assert [s["index"] for s in first["layout"]["shards"]] == [0, 1, 2, 3]
+    assert first["leaseTtlMs"] == FAST.member_lease_ttl_ms
+    routed = await produce(client, pb(prefix, "api-1", 1))
+    assert routed["layout"] is None
+    view = await stream_view(client, prefix)
+    assert [(p["producerId"], p["ackedVersion"], p["upToDate"]) for p in view["producers"]] == [
+        ("api-1", 1, True)
+    ]
+    assert view["producers"][0]["client"] == {"name": "test", "version": "1"}
+
+    scaled = await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 8}, auth=AUTH)
+    assert scaled.status_code == 200
+    assert (await stream_view(client, prefix))["producersSummary"] == {
+        "live": 1,
+        "ackedCurrentVersion": 0,
+        "quiesced": 0,
+    }
+    told = await produce(client, pb(prefix, "api-1", 1))
+    assert told["metadataVersion"] == 2
+    assert len(told["layout"]["shards"]) == 8
+    await produce(client, pb(prefix, "api-1", 2))
+    assert (await stream_view(client, prefix))["producers"][0]["upToDate"]
+
+
+async def test_pause_quiesce_resume(client: httpx.AsyncClient, prefix: str) -> None:
+    await produce(client, pb(prefix, "api-1", 0))
+    path = f"/v1/admin/streams/{prefix}"
+    paused = await client.post(f"{path}/pause", json={"reason": "maintenance"}, auth=AUTH)
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["status"]["paused"]["reason"] == "maintenance"
+    told = await produce(client, pb(prefix, "api-1", 1))
+    assert told["paused"] is True
+    routing = (await client.get(f"/v1/streams/{prefix}/routing")).json()
+    assert routing["paused"] is True
+    await produce(client, pb(prefix, "api-1", 1, quiesced=True))
+    assert (await stream_view(client, prefix))["producersSummary"]["quiesced"] == 1
+    again = await client.post(f"{path}/pause", auth=AUTH)  # no body: idempotent, first reason kept
+    assert again.json()["status"]["paused"]["reason"] == "maintenance"
+    resumed = await client.post(f"{path}/resume", auth=AUTH)
+    assert resumed.status_code == 200
+    assert resumed.json()["status"]["paused"] is None
+    assert (await produce(client, pb(prefix, "api-1", 1)))["paused"] is False
+    records = (await client.get("/v1/admin/audit", params={"pathPrefix": path}, auth=AUTH)).json()["records"]
+    assert [(r["method"], r["path"].rsplit("/", 1)[-1], r["status"]) for r in records] == [
+        ("POST", "resume", 200),
+        ("POST", "pause", 200),
+        ("POST", "pause", 200),
+    ]
+
+
+async def test_pause_honours_if_match_and_needs_credentials(client: httpx.AsyncClient, prefix: str) -> None:
+    await produce(client, pb(prefix, "api-1", 0))
+    path = f"/v1/admin/streams/{prefix}"
+    assert (await client.post(f"{path}/pause")).status_code == 401
+    etag = (await client.get(path, auth=AUTH)).headers["ETag"]
+    stale = await client.post(f"{path}/pause", headers={"If-Match": '"999"'}, auth=AUTH)
+    assert stale.status_code == 412
+    fresh = await client.post(f"{path}/pause", headers={"If-Match": etag}, auth=AUTH)
+    assert fresh.status_code == 200
+    bad = await client.post(f"{path}/pause", content=b'{"reason": 5}', auth=AUTH)
+    assert (bad.status_code, bad.json()["error"]) == (400, "INVALID_REQUEST")
+    missing = await client.post("/v1/admin/streams/never-made/pause", auth=AUTH)
+    assert (missing.status_code, missing.json()["error"]) == (404, "UNKNOWN_STREAM")
+
+
+async def test_a_producer_ahead_of_the_store_is_told_to_sync(client: httpx.AsyncClient, prefix: str) -> None:
+    r = await produce(client, pb(prefix, "api-1", 9))
+    assert r["status"] == "SYNC_METADATA"
+    assert r["layout"]["metadataVersion"] == 1
+    assert (await stream_view(client, prefix))["producers"][0]["ackedVersion"] == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"producerId": ""}, "INVALID_REQUEST"),
+        ({"metadataVersion": "1"}, "INVALID_REQUEST"),
+        ({"quiesced": "yes"}, "INVALID_REQUEST"),
+        ({"protocolVersion": 99}, "UNSUPPORTED_PROTOCOL_VERSION"),
+        ({"streamPrefix": "has space"}, "INVALID_REQUEST"),
+    ],
+)
+async def test_bad_producer_heartbeats_are_400(
+    client: httpx.AsyncClient, prefix: str, change: dict[str, Any], code: str
+) -> None:
+    response = await client.post("/v1/producers/heartbeat", json={**pb(prefix, "api-1", 0), **change})
+    assert (response.status_code, response.json()["error"]) == (400, code)
+
+
+async def test_producers_expire_after_their_lease(standalone_url: str, prefix: str) -> None:
+    short = attrs.evolve(FAST, redis_url=standalone_url, member_lease_ttl_ms=400)
+    async with serve_on(short) as client:
+        await produce(client, pb(prefix, "gone", 0))
+        await produce(client, pb(prefix, "stays", 0))
+        for _ in range(8):
+            await trio.sleep(0.1)
+            await produce(client, pb(prefix, "stays", 1))
+        view = await stream_view(client, prefix)
+    assert [p["producerId"] for p in view["producers"]] == ["stays"]
+
+
+async def test_without_auto_creation_an_unknown_stream_is_404(standalone_url: str, prefix: str) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, auto_create_streams=False)
+    async with serve_on(settings) as client:
+        response = await client.post("/v1/producers/heartbeat", json=pb(prefix, "api-1", 0))
+    assert (response.status_code, response.json()["error"]) == (404, "UNKNOWN_STREAM")
