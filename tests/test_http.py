@@ -203,6 +203,17 @@ async def test_metrics(client: httpx.AsyncClient, prefix: str) -> None:
     assert f'rsc_group_epoch{{group="billing",stream="{prefix}"}} 2.0' in text
     assert "rsc_journal_writes_total" in text
     assert "rsc_actor_inbox_depth" in text
+    labels = f'group="billing",stream="{prefix}"'
+    assert f"rsc_handoffs_total{{{labels}}}" not in text  # nothing handed off yet
+    assert f"rsc_rebalances_total{{{labels}}} 2.0" in text
+    a2 = await beat(client, hb(prefix, "a", a["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    moving = a2["assignment"]["revoke"]
+    await beat(client, hb(prefix, "a", a2["memberEpoch"], ownedShards=[0, 1], revokedShards=moving))
+    b = await beat(client, hb(prefix, "b", a2["groupEpoch"]))
+    assert b["assignment"]["assigned"] == moving
+    text = (await client.get("/metrics")).text
+    assert f"rsc_handoffs_total{{{labels}}} 2.0" in text
+    assert f"rsc_handoff_seconds_count{{{labels}}} 2.0" in text
 
 
 async def test_stream_view_shows_redis_figures(client: httpx.AsyncClient, prefix: str) -> None:

@@ -33,6 +33,9 @@ from rsc.events.wire import OwnerToken
 S = TypeVar("S")
 E = TypeVar("E")
 
+#: Told of every persisted batch of a group's events (metrics); must not block or raise.
+GroupObserver = Callable[[GroupState | None, GroupState, Sequence[GroupEvent]], None]
+
 
 def start_id(start_from: StartFrom) -> str:
     """The XGROUP CREATE id for a group's start position."""
@@ -69,9 +72,12 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
     event_union = GroupEvent
     state_type = GroupState
 
-    def __init__(self, aggregate_id: AggregateId, effects: Effects) -> None:
+    def __init__(
+        self, aggregate_id: AggregateId, effects: Effects, observe: GroupObserver | None = None
+    ) -> None:
         self.aggregate_id = aggregate_id
         self.effects = effects
+        self.observe = observe
 
     def execute(self, state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
         return group.execute(state, command)
@@ -97,6 +103,8 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         by one member and installed to another in the same batch gets the new
         holder's token in one write.
         """
+        if self.observe is not None:
+            self.observe(before, after, events)
         keys = {s.index: s.key for s in after.layout.shards}
         touched: set[int] = set()
         for event in events:

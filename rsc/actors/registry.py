@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from rsc.actors.actor import Actor, ActorSettings, Reply
-from rsc.actors.aggregates import GroupAggregate, StreamAggregate
+from rsc.actors.aggregates import GroupAggregate, GroupObserver, StreamAggregate
 from rsc.actors.clock import Clock
 from rsc.actors.effects import Effects
 from rsc.actors.errors import ActorStopped, StoreError
@@ -90,6 +90,8 @@ class Registry:
         self.clock = clock
         self.settings = settings
         self.actors: dict[AggregateId, _Entry] = {}
+        #: Told of every persisted batch of group events (metrics hook).
+        self.group_observers: list[GroupObserver] = []
 
     # --- asking ---------------------------------------------------------
 
@@ -126,7 +128,7 @@ class Registry:
         check_name(group, "consumerGroup")
         aggregate_id = AggregateId(stream_prefix, group)
         actor, fresh = await self._get(
-            aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects))
+            aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects, self._observe_group))
         )
         if actor.state is None:
             await self._create_group(actor, stream_prefix, group, config or GroupConfig())
@@ -167,6 +169,15 @@ class Registry:
         stream = await self.stream(stream_prefix)
         if stream.state is not None:
             await actor.ask(ApplyLayout(stream.state.layout, self.clock.now_ms()))
+
+    def _observe_group(
+        self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
+    ) -> None:
+        for observer in self.group_observers:
+            try:
+                observer(before, after, events)
+            except Exception:
+                log.exception("group observer %r failed", observer)
 
     def _actor(self, aggregate: Any) -> Actor[Any, Any, Any]:
         return Actor(aggregate, self.store, self.clock, self.settings.actor)

@@ -1,14 +1,21 @@
-"""Prometheus metrics: heartbeat latency, and live figures read from the actors at scrape time."""
+"""Prometheus metrics: heartbeat latency, handoffs, and live figures read from the actors at scrape time."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
+import collections
+from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rsc.actors.registry import Registry
+from rsc.events.events import (
+    GroupEvent,
+    MemberFenced,
+    ShardsInstalled,
+    ShardsRevokeRequested,
+    TargetAssignmentUpdated,
+)
 from rsc.events.group import GroupState
 from rsc.events.model import MemberState
 
@@ -25,7 +32,57 @@ class Metrics:
             registry=self.prometheus,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
         )
+        self.rebalances = Counter(
+            "rsc_rebalances",
+            "New target assignments computed",
+            ["stream", "group"],
+            registry=self.prometheus,
+        )
+        self.handoffs = Counter(
+            "rsc_handoffs",
+            "Shards moved from one member to another (revoke acknowledged or timed out, then installed)",
+            ["stream", "group"],
+            registry=self.prometheus,
+        )
+        self.handoff_seconds = Histogram(
+            "rsc_handoff_seconds",
+            "From the revoke request to the install on the new owner",
+            ["stream", "group"],
+            registry=self.prometheus,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+        self.fenced = Counter(
+            "rsc_members_fenced",
+            "Members fenced, by reason",
+            ["stream", "group", "reason"],
+            registry=self.prometheus,
+        )
+        self.clock = registry.clock
+        self._revoked_at: dict[tuple[str, str, int], int] = {}
         self.prometheus.register(_ActorCollector(registry))
+        registry.group_observers.append(self.observe_group)
+
+    def observe_group(
+        self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
+    ) -> None:
+        """Count rebalances, fences and handoffs; time each handoff from its revoke request."""
+        labels = (after.stream_prefix, after.group)
+        for event in events:
+            match event:
+                case TargetAssignmentUpdated():
+                    self.rebalances.labels(*labels).inc()
+                case MemberFenced():
+                    self.fenced.labels(*labels, event.reason.value).inc()
+                case ShardsRevokeRequested():
+                    for shard in event.shards:
+                        self._revoked_at[(*labels, shard)] = event.requested_at_ms
+                case ShardsInstalled():
+                    for shard in event.shards:
+                        started = self._revoked_at.pop((*labels, shard), None)
+                        if started is not None:
+                            self.handoffs.labels(*labels).inc()
+                            seconds = max(0, self.clock.now_ms() - started) / 1000
+                            self.handoff_seconds.labels(*labels).observe(seconds)
 
 
 class _ActorCollector:
@@ -61,7 +118,7 @@ class _ActorCollector:
             state = actor.state
             if isinstance(state, GroupState):
                 labels = [state.stream_prefix, state.group]
-                by_state = Counter(state.member_state(m) for m in state.members.values())
+                by_state = collections.Counter(state.member_state(m) for m in state.members.values())
                 for member_state in MemberState:
                     members.add_metric([*labels, member_state.value], by_state[member_state])
                 group_epoch.add_metric(labels, state.group_epoch)
