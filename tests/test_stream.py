@@ -153,7 +153,7 @@ def test_pause_and_resume_are_idempotent_and_keep_the_first_reason() -> None:
     "command",
     [
         ProducerHeartbeat("", 1, False, 0, 1_000),
-        ProducerHeartbeat("x" * 201, 1, False, 0, 1_000),
+        ProducerHeartbeat("x" * 257, 1, False, 0, 1_000),
         ProducerHeartbeat("p", -1, False, 0, 1_000),
         ProducerHeartbeat("p", 1, False, 0, 0),
         PauseProducers("", 0),

@@ -15,7 +15,7 @@ time-driven actor tests.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -36,6 +36,16 @@ end
 return 1
 """
 
+# Create a consumer group on a shard key unless it exists (never moves an existing one).
+ENSURE_GROUP = """
+local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], ARGV[2], 'MKSTREAM')
+if type(r) == 'table' and r.err then
+  if string.sub(r.err, 1, 9) == 'BUSYGROUP' then return 0 end
+  return redis.error_reply(r.err)
+end
+return 1
+"""
+
 # Delete the owner token of a group only if it still names the same member incarnation.
 CLEAR_OWNER = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
@@ -49,6 +59,8 @@ return 0
 
 #: Concurrent Redis calls one batch of effects may have in flight.
 PARALLELISM = 32
+#: Commands per pipeline when creating many shard keys or consumer groups.
+CHUNK = 512
 
 
 @attrs.frozen
@@ -119,6 +131,7 @@ class RedisEffects:
         self.redis = redis
         self._ensure_stream = redis.register_script(ENSURE_STREAM)
         self._clear_owner = redis.register_script(CLEAR_OWNER)
+        self._ensure_group = redis.register_script(ENSURE_GROUP)
 
     async def register_stream(self, stream_prefix: str) -> None:
         await _guard(self.redis.sadd(STREAMS_KEY, [stream_prefix]))
@@ -176,14 +189,16 @@ class RedisEffects:
         return found
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
-        await _each(shard_keys, lambda key: self._ensure_stream(keys=[key]))
+        for chunk in _chunks(shard_keys):
+            async with self._pipeline() as pipe:
+                for key in chunk:
+                    self._ensure_stream(keys=[key], client=pipe)
 
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
-        async def create(key: str) -> None:
-            with contextlib.suppress(coredis.exceptions.StreamDuplicateConsumerGroupError):
-                await self.redis.xgroup_create(key, group, start_id, mkstream=True)
-
-        await _each(shard_keys, create)
+        for chunk in _chunks(shard_keys):
+            async with self._pipeline() as pipe:
+                for key in chunk:
+                    self._ensure_group(keys=[key], args=[group, start_id], client=pipe)
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         async with self._pipeline() as pipe:
@@ -224,6 +239,17 @@ class RedisEffects:
 async def _guard(awaitable: object) -> None:
     with redis_errors("side effect"):
         await awaitable  # type: ignore[misc]
+
+
+def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for key in keys:
+        batch.append(key)
+        if len(batch) == CHUNK:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 async def _each(keys: Iterable[str], action: object) -> None:

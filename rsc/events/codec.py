@@ -9,6 +9,7 @@ naming the class. Domain modules never import cattrs; only this one does.
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Set
 from typing import Any, TypeVar
 
@@ -51,11 +52,12 @@ def make_converter(strict: bool = False) -> cattrs.Converter:
         conv.register_structure_hook(int, _strict_int)
         conv.register_structure_hook(str, _strict_str)
         conv.register_structure_hook(bool, _strict_bool)
+        conv.register_structure_hook_factory(_is_homogeneous_collection, _array_only)
     conv.register_unstructure_hook_factory(
         attrs.has, lambda cl: make_dict_unstructure_fn(cl, conv, **_renames(cl))
     )
     conv.register_structure_hook_factory(
-        attrs.has, lambda cl: make_dict_structure_fn(cl, conv, **_renames(cl))
+        attrs.has, lambda cl: _object_only(make_dict_structure_fn(cl, conv, **_renames(cl)), strict)
     )
     conv.register_unstructure_hook_func(_is_set, sorted)
     for union in (GroupEvent, StreamEvent, GroupCommand, StreamCommand):
@@ -63,7 +65,44 @@ def make_converter(strict: bool = False) -> cattrs.Converter:
     return conv
 
 
+def _is_homogeneous_collection(tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple:
+        return len(args) == 2 and args[1] is Ellipsis
+    return origin in (frozenset, set, Set) and len(args) == 1
+
+
+def _array_only(tp: Any, conv: cattrs.Converter) -> Any:
+    """Strictly, tuples and sets are read only from JSON arrays (an object would read as its keys)."""
+    item = typing.get_args(tp)[0]
+    make = tuple if typing.get_origin(tp) is tuple else frozenset
+    item_hook = conv.get_structure_hook(item)
+
+    def from_array(value: Any, _: type) -> Any:
+        if not isinstance(value, list):
+            raise TypeError(f"expected an array, got {type(value).__name__}")
+        return make(item_hook(v, item) for v in value)
+
+    return from_array
+
+
+def _object_only(structure: Any, strict: bool) -> Any:
+    """Strictly, an attrs class is read only from a JSON object (a list would read as all defaults)."""
+    if not strict:
+        return structure
+
+    def from_object(value: Any, cl: type) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {type(value).__name__}")
+        return structure(value, cl)
+
+    return from_object
+
+
 def _strict_int(value: Any, _: type) -> int:
+    # JSON Schema counts 3.0 as an integer; "3", 3.5 and true are not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value

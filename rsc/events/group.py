@@ -66,11 +66,10 @@ from rsc.events.model import (
     ReleaseReason,
     Timing,
 )
-from rsc.events.stream import check_name
+from rsc.events.stream import check_id, check_name
 
 #: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.
 FENCED_MEMORY = 1024
-MAX_ID_LENGTH = 256
 
 
 @attrs.frozen
@@ -452,17 +451,17 @@ def _refresh_target(decision: _Decision, now_ms: int) -> None:
 
 
 def _validate_heartbeat(hb: Heartbeat) -> None:
-    _check_id(hb.member_id, "memberId")
-    _check_id(hb.incarnation, "incarnation")
+    check_id(hb.member_id, "memberId")
+    check_id(hb.incarnation, "incarnation")
     if hb.member_epoch < -1:
         raise InvalidCommand("memberEpoch must be -1 (leave), 0 (join) or a received epoch")
+    if hb.metadata_version < 0:
+        raise InvalidCommand("metadataVersion must not be negative")
     if any(s < 0 for s in hb.owned | hb.revoked):
         raise InvalidCommand("shard indexes are never negative")
-
-
-def _check_id(value: str, field: str) -> None:
-    if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
-        raise InvalidCommand(f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
+    for report in hb.drain_progress:
+        if report.shard < 0 or report.pending < 0 or (report.lag is not None and report.lag < 0):
+            raise InvalidCommand("drainProgress figures are never negative")
 
 
 def without_liveness(state: GroupState) -> GroupState:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -18,6 +19,43 @@ PROTOCOL_VERSION = 1
 MIN_PROTOCOL_VERSION = 1
 #: The routing protocol every new stream uses (defined in docs/routing.md later).
 DEFAULT_ROUTING = "jump-v1"
+#: Stream prefixes and group names: they become parts of Redis keys.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
+#: Member ids, incarnations and producer ids: 1-256 printable ASCII characters.
+ID_PATTERN = r"^[ -~]{1,256}$"
+
+
+def wire_field(default: Any = attrs.NOTHING, *, enforce: bool = True, **json_schema: Any) -> Any:
+    """An attrs field whose JSON Schema (in `/openapi.json`) carries `json_schema` constraints.
+
+    The constraints are also enforced as attrs validators (unless `enforce` is
+    false, where a more specific check exists), so the document and the
+    server cannot disagree: a request within them is not refused as invalid,
+    and one outside them is.
+    """
+    return attrs.field(
+        default=default,
+        validator=_validators(json_schema) if enforce else None,
+        metadata={"json_schema": json_schema},
+    )
+
+
+def _validators(schema: Mapping[str, Any]) -> list[Any]:
+    v = attrs.validators
+    checks: list[Any] = []
+    if "minimum" in schema:
+        checks.append(v.ge(schema["minimum"]))
+    if "maximum" in schema:
+        checks.append(v.le(schema["maximum"]))
+    if "pattern" in schema:
+        checks.append(v.matches_re(schema["pattern"]))
+    if "minLength" in schema:
+        checks.append(v.min_len(schema["minLength"]))
+    if "maxLength" in schema:
+        checks.append(v.max_len(schema["maxLength"]))
+    if "items" in schema:
+        checks.append(v.deep_iterable(v.and_(*_validators(schema["items"]))))
+    return [v.optional(v.and_(*checks))] if checks else []
 
 
 class ShardState(enum.Enum):
@@ -145,9 +183,9 @@ class ClientInfo:
 class DrainProgress:
     """A member's report on one DRAINING shard it owns."""
 
-    shard: int
-    pending: int
-    lag: int | None = None
+    shard: int = wire_field(minimum=0)
+    pending: int = wire_field(minimum=0)
+    lag: int | None = wire_field(None, minimum=0)
 
 
 @attrs.frozen

@@ -50,11 +50,24 @@ from rsc.events.events import (
     StreamCreated,
     StreamEvent,
 )
-from rsc.events.model import Layout, PauseState, Producer, ReshardMode, Shard, ShardState, StartFrom
+from rsc.events.model import (
+    ID_PATTERN,
+    NAME_PATTERN,
+    Layout,
+    PauseState,
+    Producer,
+    ReshardMode,
+    Shard,
+    ShardState,
+    StartFrom,
+)
 
 #: One shard per Redis Cluster hash slot is the most that can ever help.
 MAX_SHARDS = 16_384
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+#: The longest pause reason kept.
+MAX_REASON = 200
+_NAME = re.compile(NAME_PATTERN)
+_ID = re.compile(ID_PATTERN)
 
 
 @attrs.frozen
@@ -84,6 +97,12 @@ def check_name(value: str, field: str) -> None:
     """Refuse names that would make awkward Redis keys (braces, spaces, empty)."""
     if not _NAME.match(value):
         raise InvalidCommand(f"{field} must be 1-200 characters of letters, digits, '.', '_', ':' or '-'")
+
+
+def check_id(value: str, field: str) -> None:
+    """Refuse an id that is not 1-256 printable ASCII characters (`ID_PATTERN`)."""
+    if not _ID.match(value):
+        raise InvalidCommand(f"{field} must be 1 to 256 printable ASCII characters")
 
 
 def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
@@ -196,8 +215,8 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
         case PauseProducers():
             if state.paused is not None:
                 return []  # idempotent: the first pause's reason and time stay
-            if not command.reason:
-                raise InvalidCommand("a pause needs a reason")
+            if not 0 < len(command.reason) <= MAX_REASON:
+                raise InvalidCommand(f"a pause needs a reason of 1-{MAX_REASON} characters")
             return [ProducersPaused(command.reason, command.now_ms)]
         case ResumeProducers():
             return [ProducersResumed(command.now_ms)] if state.paused is not None else []
@@ -212,13 +231,8 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
     return []
 
 
-#: A producer id is free text (often "host/app/n"), bounded.
-MAX_PRODUCER_ID = 200
-
-
 def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[StreamEvent]:
-    if not 0 < len(command.producer_id) <= MAX_PRODUCER_ID:
-        raise InvalidCommand(f"producerId must be 1-{MAX_PRODUCER_ID} characters")
+    check_id(command.producer_id, "producerId")
     if command.lease_ttl_ms <= 0:
         raise InvalidCommand("the producer lease must be positive")
     if command.metadata_version < 0:

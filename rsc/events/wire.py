@@ -13,13 +13,16 @@ from rsc.events.errors import UnsupportedProtocolVersion
 from rsc.events.events import GroupEvent, HeartbeatRejected
 from rsc.events.group import GroupState
 from rsc.events.model import (
+    ID_PATTERN,
     MIN_PROTOCOL_VERSION,
+    NAME_PATTERN,
     PROTOCOL_VERSION,
     ClientInfo,
     DrainProgress,
     FenceReason,
     HeartbeatStatus,
     Layout,
+    wire_field,
 )
 from rsc.events.stream import StreamState
 
@@ -28,15 +31,15 @@ from rsc.events.stream import StreamState
 class HeartbeatRequest:
     """One member's heartbeat as sent by a client (PROTOCOL section 3)."""
 
-    protocol_version: int
-    stream_prefix: str
-    consumer_group: str
-    member_id: str
-    incarnation: str
-    member_epoch: int
-    metadata_version: int = 0
-    owned_shards: frozenset[int] = frozenset()
-    revoked_shards: frozenset[int] = frozenset()
+    protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
+    stream_prefix: str = wire_field(pattern=NAME_PATTERN)
+    consumer_group: str = wire_field(pattern=NAME_PATTERN)
+    member_id: str = wire_field(pattern=ID_PATTERN)
+    incarnation: str = wire_field(pattern=ID_PATTERN)
+    member_epoch: int = wire_field(minimum=-1)
+    metadata_version: int = wire_field(0, minimum=0)
+    owned_shards: frozenset[int] = wire_field(frozenset(), items={"minimum": 0})
+    revoked_shards: frozenset[int] = wire_field(frozenset(), items={"minimum": 0})
     drain_progress: tuple[DrainProgress, ...] = ()
     client: ClientInfo = ClientInfo()
 
@@ -133,10 +136,10 @@ class ProducerHeartbeatRequest:
     `quiesced` says it stopped publishing and flushed while the stream is paused.
     """
 
-    protocol_version: int
-    stream_prefix: str
-    producer_id: str
-    metadata_version: int = 0
+    protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
+    stream_prefix: str = wire_field(pattern=NAME_PATTERN)
+    producer_id: str = wire_field(pattern=ID_PATTERN)
+    metadata_version: int = wire_field(0, minimum=0)
     quiesced: bool = False
     client: ClientInfo = ClientInfo()
 

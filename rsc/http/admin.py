@@ -21,13 +21,15 @@ from quart_trio import QuartTrio
 from rsc.actors.registry import Registry
 from rsc.events.commands import ChangeShardCount, ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownStream
-from rsc.events.model import GroupConfig, ReshardMode, StartFrom
+from rsc.events.model import GroupConfig, ReshardMode, StartFrom, wire_field
+from rsc.events.stream import MAX_REASON, MAX_SHARDS
 from rsc.http.app import ApiError, json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.views import stream_view
 
 log = logging.getLogger("rsc.admin")
 T = TypeVar("T")
+OUTCOMES = ("ok", "denied", "rejected", "error")
 
 
 @attrs.frozen
@@ -54,7 +56,7 @@ class AdminAccount:
 
 @attrs.frozen
 class StreamSpec:
-    shard_count: int
+    shard_count: int = wire_field(minimum=1, maximum=MAX_SHARDS)
     reshard_mode: ReshardMode = ReshardMode.ONLINE
 
 
@@ -62,12 +64,12 @@ class StreamSpec:
 class PauseRequest:
     """Optional body of `POST .../pause`: why producers are paused (shown in the stream view)."""
 
-    reason: str = "admin"
+    reason: str = wire_field("admin", minLength=1, maxLength=MAX_REASON)
 
 
 @attrs.frozen
 class GroupSpec:
-    max_concurrency: int = 1
+    max_concurrency: int = wire_field(1, minimum=1)
     start_from: StartFrom = StartFrom.EARLIEST
 
 
@@ -141,6 +143,8 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
     @app.get("/v1/admin/audit")
     async def read_audit() -> Response:
         args = request.args
+        if args.get("outcome", "ok") not in OUTCOMES:
+            raise ApiError(400, "INVALID_REQUEST", f"outcome must be one of {', '.join(OUTCOMES)}")
         try:
             wanted = AuditFilter(
                 caller=args.get("caller"),

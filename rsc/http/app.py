@@ -113,7 +113,11 @@ def _add_request_ids_and_errors(app: QuartTrio) -> None:
     async def http_error(error: HTTPException) -> Response:
         status = error.code or 500
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}.get(status, "HTTP_ERROR")
-        return error_response(status, code, error.description or error.name)
+        response = error_response(status, code, error.description or error.name)
+        allowed = getattr(error, "valid_methods", None)
+        if status == 405 and allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))  # RFC 9110
+        return response
 
     @app.errorhandler(Exception)
     async def bug(error: Exception) -> Response:

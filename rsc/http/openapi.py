@@ -20,6 +20,7 @@ from quart_trio import QuartTrio
 
 from rsc import __version__
 from rsc.events.codec import camel
+from rsc.events.model import NAME_PATTERN
 from rsc.events.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -49,11 +50,14 @@ class Route:
     admin: bool = False
     content_type: str = "application/json"
     body_required: bool = True
+    query: tuple[dict[str, Any], ...] = ()
 
 
 @attrs.frozen
 class HeartbeatBatchRequest:
-    heartbeats: tuple[HeartbeatRequest, ...]
+    """Each item is a `HeartbeatRequest`; an item that is not gets an error object in its place."""
+
+    heartbeats: tuple[dict[str, Any], ...]
 
 
 @attrs.frozen
@@ -164,7 +168,22 @@ ROUTES = (
         ErrorBody,
         admin=True,
     ),
-    Route("get", "/v1/admin/audit", "Audit records, newest first", None, AuditList, admin=True),
+    Route(
+        "get",
+        "/v1/admin/audit",
+        "Audit records, newest first",
+        None,
+        AuditList,
+        admin=True,
+        query=(
+            {"name": "caller", "schema": {"type": "string"}},
+            {"name": "method", "schema": {"type": "string"}},
+            {"name": "status", "schema": {"type": "integer"}},
+            {"name": "pathPrefix", "schema": {"type": "string"}},
+            {"name": "outcome", "schema": {"type": "string", "enum": ["ok", "denied", "rejected", "error"]}},
+            {"name": "limit", "schema": {"type": "integer"}, "description": "1-1000 (clamped), default 100"},
+        ),
+    ),
     Route("get", "/v1/version", "Server version, protocol range, schema version", None, views.VersionView),
     Route("get", "/healthz", "Liveness", None, Status),
     Route("get", "/readyz", "Readiness (Redis answers)", None, Status),
@@ -206,11 +225,28 @@ def schema_of(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
             fields = attrs.fields(tp)
             components[name] = {
                 "type": "object",
-                "properties": {camel(f.name): schema_of(hints[f.name], components) for f in fields},
+                "properties": {camel(f.name): _field_schema(f, hints[f.name], components) for f in fields},
                 "required": [camel(f.name) for f in fields if f.default is attrs.NOTHING],
             }
         return {"$ref": f"#/components/schemas/{name}"}
     raise TypeError(f"no schema for {tp!r}")
+
+
+def _field_schema(field: Any, tp: Any, components: dict[str, Any]) -> dict[str, Any]:
+    """The schema of one attrs field: its type's, with the field's `wire_field` constraints."""
+    schema = schema_of(tp, components)
+    for key, value in field.metadata.get("json_schema", {}).items():
+        schema[key] = {**schema[key], **value} if key == "items" else value
+    return schema
+
+
+def _parameters(route: Route) -> list[dict[str, Any]]:
+    names = [p.strip("{}") for p in route.path.split("/") if p.startswith("{")]
+    params = [
+        {"name": p, "in": "path", "required": True, "schema": {"type": "string", "pattern": NAME_PATTERN}}
+        for p in names
+    ]
+    return params + [{"in": "query", **q} for q in route.query]
 
 
 def document() -> dict[str, Any]:
@@ -219,11 +255,9 @@ def document() -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for route in ROUTES:
         operation: dict[str, Any] = {"summary": route.summary, "responses": {}}
-        params = [p.strip("{}") for p in route.path.split("/") if p.startswith("{")]
+        params = _parameters(route)
         if params:
-            operation["parameters"] = [
-                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
-            ]
+            operation["parameters"] = params
         if route.request is not None:
             operation["requestBody"] = {
                 "required": route.body_required,
