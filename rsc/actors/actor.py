@@ -109,6 +109,49 @@ class _Pending:
         return self._value
 
 
+class _Answer(Protocol):
+    def resolve(self, value: Any) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+_UNSET: Any = object()
+
+
+class _Many:
+    """The answers to several commands sent together: one wake-up when all are in."""
+
+    def __init__(self, count: int) -> None:
+        self.results: list[Any] = [_UNSET] * count
+        self.remaining = count
+        self.done = trio.Event()
+        if count == 0:
+            self.done.set()
+
+    def put(self, index: int, value: Any) -> None:
+        if self.results[index] is _UNSET:
+            self.results[index] = value
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.done.set()
+
+
+class _Slot:
+    """One command's answer slot in a `_Many`."""
+
+    __slots__ = ("index", "many")
+
+    def __init__(self, many: _Many, index: int) -> None:
+        self.many = many
+        self.index = index
+
+    def resolve(self, value: Any) -> None:
+        self.many.put(self.index, value)
+
+    def fail(self, error: BaseException) -> None:
+        self.many.put(self.index, error)
+
+
 @attrs.frozen
 class ActorSettings:
     inbox_size: int = 1024
@@ -134,9 +177,9 @@ class Actor(Generic[S, C, E]):
         self.conflicts = 0
         self.last_used = trio.current_time()
         self.needs_repair = True
-        self._send, self._receive = trio.open_memory_channel[tuple[C, _Pending]](settings.inbox_size)
+        self._send, self._receive = trio.open_memory_channel[tuple[C, _Answer]](settings.inbox_size)
         self._stopped = False
-        self._in_flight: list[_Pending] = []
+        self._in_flight: list[_Answer] = []
 
     @property
     def inbox_depth(self) -> int:
@@ -159,6 +202,31 @@ class Actor(Generic[S, C, E]):
             raise ActorStopped(str(self.aggregate.aggregate_id)) from None
         result: Reply[S, E] = await pending.wait()
         return result
+
+    async def ask_many(self, commands: Sequence[C]) -> list[Reply[S, E] | CoordinationError]:
+        """Send `commands` together and wait once for all their outcomes, in order.
+
+        A refused command gives its `CoordinationError` in its place; any other
+        failure (`StoreUnavailable`, `ActorStopped`) is raised for the whole call.
+        """
+        if self._stopped:
+            raise ActorStopped(str(self.aggregate.aggregate_id))
+        self.last_used = trio.current_time()
+        many = _Many(len(commands))
+        try:
+            for index, command in enumerate(commands):
+                item = (command, _Slot(many, index))
+                try:
+                    self._send.send_nowait(item)  # no checkpoint: the actor takes them as one batch
+                except trio.WouldBlock:
+                    await self._send.send(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(str(self.aggregate.aggregate_id)) from None
+        await many.done.wait()
+        for result in many.results:
+            if isinstance(result, BaseException) and not isinstance(result, CoordinationError):
+                raise result
+        return many.results
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load, recover, then serve the inbox until cancelled."""
@@ -188,7 +256,7 @@ class Actor(Generic[S, C, E]):
     async def _serve(self) -> None:
         next_tick = trio.current_time() + self.settings.tick_interval_s
         while True:
-            batch: list[tuple[C, _Pending | None]] = []
+            batch: list[tuple[C, _Answer | None]] = []
             with trio.move_on_at(next_tick):
                 batch.append(await self._receive.receive())
             if not batch:
@@ -204,7 +272,7 @@ class Actor(Generic[S, C, E]):
                     break
             await self._process(batch)
 
-    async def _process(self, batch: Sequence[tuple[C, _Pending | None]]) -> None:
+    async def _process(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
         # Left set if the actor is cancelled mid-batch, so that `_stop` fails these waiters.
         self._in_flight = [p for _, p in batch if p is not None]
         try:
@@ -226,9 +294,9 @@ class Actor(Generic[S, C, E]):
             self._in_flight = []
             await self._reload_quietly()
 
-    async def _decide_and_persist(self, batch: Sequence[tuple[C, _Pending | None]]) -> None:
+    async def _decide_and_persist(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
         working = self.state
-        answers: list[tuple[_Pending | None, Reply[S, E] | CoordinationError]] = []
+        answers: list[tuple[_Answer | None, Reply[S, E] | CoordinationError]] = []
         every: list[E] = []
         for command, pending in batch:
             try:

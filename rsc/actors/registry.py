@@ -108,6 +108,19 @@ class Registry:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def ask_group_many(
+        self, stream_prefix: str, group: str, commands: Sequence[GroupCommand]
+    ) -> list[Reply[GroupState, GroupEvent] | CoordinationError]:
+        """Send `commands` to the group's actor together (one wake-up for all their answers)."""
+        for attempt in range(ASK_ATTEMPTS):
+            try:
+                actor = await self.group(stream_prefix, group)
+                return await actor.ask_many(commands)
+            except ActorStopped:
+                if attempt == ASK_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def ask_stream(
         self, stream_prefix: str, command: StreamCommand, create: bool | None = None
     ) -> Reply[StreamState, StreamEvent]:

@@ -33,11 +33,11 @@ def wire_field(default: Any = attrs.NOTHING, *, enforce: bool = True, **json_sch
     server cannot disagree: a request within them is not refused as invalid,
     and one outside them is.
     """
-    return attrs.field(
-        default=default,
-        validator=_validators(json_schema) if enforce else None,
-        metadata={"json_schema": json_schema},
-    )
+    nullable = json_schema.pop("nullable", False)
+    checks = _validators(json_schema) if enforce else []
+    if nullable and checks:
+        checks = [attrs.validators.optional(checks)]
+    return attrs.field(default=default, validator=checks or None, metadata={"json_schema": json_schema})
 
 
 def _validators(schema: Mapping[str, Any]) -> list[Any]:
@@ -55,7 +55,7 @@ def _validators(schema: Mapping[str, Any]) -> list[Any]:
         checks.append(v.max_len(schema["maxLength"]))
     if "items" in schema:
         checks.append(v.deep_iterable(v.and_(*_validators(schema["items"]))))
-    return [v.optional(v.and_(*checks))] if checks else []
+    return checks
 
 
 class ShardState(enum.Enum):
@@ -185,7 +185,7 @@ class DrainProgress:
 
     shard: int = wire_field(minimum=0)
     pending: int = wire_field(minimum=0)
-    lag: int | None = wire_field(None, minimum=0)
+    lag: int | None = wire_field(None, minimum=0, nullable=True)
 
 
 @attrs.frozen

@@ -76,6 +76,9 @@ class ShardAssignment:
     revoke: frozenset[int] = frozenset()
 
 
+_NOTHING = ShardAssignment()
+
+
 @attrs.frozen
 class HeartbeatResponse:
     """The coordinator's answer to one heartbeat."""
@@ -100,32 +103,34 @@ def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> 
     a leave is answered with epoch -1.
     """
     layout = state.layout
-    base = HeartbeatResponse(
-        status=HeartbeatStatus.OK,
-        member_epoch=-1,
+    status, member_epoch, assignment, reason = HeartbeatStatus.OK, -1, _NOTHING, None
+    rejected = next((e for e in events if isinstance(e, HeartbeatRejected)), None)
+    member = state.members.get(command.member_id)
+    if rejected is not None:
+        status, member_epoch, reason = rejected.status, 0, rejected.reason
+    elif command.member_epoch != -1 and member is not None:
+        member_epoch = member.member_epoch
+        pending = state.pending_of(member)
+        if pending or member.assigned or member.revoking:
+            assignment = ShardAssignment(member.assigned, pending, member.revoking)
+        if command.metadata_version > layout.metadata_version:
+            status = HeartbeatStatus.SYNC_METADATA
+        elif pending or member.revoking:
+            status = HeartbeatStatus.REVOKE_PENDING
+    # One construction (no attrs.evolve): this runs for every heartbeat.
+    return HeartbeatResponse(
+        status=status,
+        member_epoch=member_epoch,
         group_epoch=state.group_epoch,
         assignment_epoch=state.assignment_epoch,
         heartbeat_interval_ms=state.timing.heartbeat_interval_ms,
         lease_ttl_ms=state.timing.lease_ttl_ms,
         metadata_version=layout.metadata_version,
-        assignment=ShardAssignment(),
+        assignment=assignment,
         max_concurrency=state.config.max_concurrency,
         layout=layout if command.metadata_version != layout.metadata_version else None,
+        fence_reason=reason,
     )
-    rejected = next((e for e in events if isinstance(e, HeartbeatRejected)), None)
-    if rejected is not None:
-        return attrs.evolve(base, status=rejected.status, member_epoch=0, fence_reason=rejected.reason)
-    member = state.members.get(command.member_id)
-    if command.member_epoch == -1 or member is None:
-        return base
-    assignment = ShardAssignment(member.assigned, state.pending_of(member), member.revoking)
-    if command.metadata_version > layout.metadata_version:
-        status = HeartbeatStatus.SYNC_METADATA
-    elif assignment.pending or assignment.revoke:
-        status = HeartbeatStatus.REVOKE_PENDING
-    else:
-        status = HeartbeatStatus.OK
-    return attrs.evolve(base, status=status, member_epoch=member.member_epoch, assignment=assignment)
 
 
 @attrs.frozen

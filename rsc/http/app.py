@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.events import codec
+from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.wire import (
     HeartbeatRequest,
@@ -62,7 +63,8 @@ class ApiError(Exception):
 
 @attrs.frozen
 class HeartbeatBatch:
-    heartbeats: tuple[dict[str, Any], ...]
+    #: Each item is structured on its own (an invalid one gets an error in its place).
+    heartbeats: tuple[Any, ...]
 
 
 def create_app(registry: Registry, max_body_bytes: int = 1_048_576) -> QuartTrio:
@@ -152,20 +154,52 @@ def _add_member_routes(app: QuartTrio, registry: Registry, metrics: Metrics) -> 
             return await batch_of(structure(await json_body(), HeartbeatBatch))
 
     async def batch_of(batch: HeartbeatBatch) -> Response:
+        """Answer every item; the items of one group go to its actor together, in order."""
+        if not all(isinstance(item, dict) for item in batch.heartbeats):
+            raise ApiError(400, "INVALID_REQUEST", "every item of heartbeats must be a JSON object")
         results: list[Any] = [None] * len(batch.heartbeats)
-
-        async def one(index: int, raw: dict[str, Any]) -> None:
+        now_ms = registry.clock.now_ms()
+        by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
+        for index, raw in enumerate(batch.heartbeats):
             try:
-                results[index] = codec.wire.unstructure(await heartbeat_of(structure(raw, HeartbeatRequest)))
+                body = structure(raw, HeartbeatRequest)
+                command = body.to_command(now_ms)
             except ApiError as error:
                 results[index] = error_body(error.code, error.message, error.details)
+                continue
             except CoordinationError as error:
                 results[index] = error_body(error.code, error.message)
+                continue
+            by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
 
-        async with trio.open_nursery() as nursery:
-            for index, raw in enumerate(batch.heartbeats):
-                nursery.start_soon(one, index, raw)
-        return json_response({"responses": results})
+        async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
+            try:
+                replies = await registry.ask_group_many(*key, [command for _, command in items])
+            except CoordinationError as error:
+                for index, _ in items:
+                    results[index] = error_body(error.code, error.message)
+                return
+            for (index, command), reply in zip(items, replies, strict=True):
+                if isinstance(reply, CoordinationError):
+                    results[index] = error_body(reply.code, reply.message)
+                else:
+                    results[index] = codec.wire.unstructure(respond(reply.state, command, reply.events))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for key, items in by_group.items():
+                    nursery.start_soon(one_group, key, items)
+        except BaseExceptionGroup as group:
+            retry, _ = group.split((StoreError, ActorStopped))
+            if retry is None:
+                raise
+            raise _first(retry) from group  # answered 503: the client retries the whole batch
+        return json_response({"responses": results}, plain=True)
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
@@ -261,6 +295,7 @@ def error_response(status: int, code: str, message: str, details: Any = None) ->
     return response
 
 
-def json_response(value: Any) -> Response:
-    data = codec.wire.unstructure(value)
+def json_response(value: Any, plain: bool = False) -> Response:
+    """`value` as JSON; `plain` says it is already made of dicts, lists and scalars."""
+    data = value if plain else codec.wire.unstructure(value)
     return Response(json.dumps(data, separators=(",", ":")), content_type="application/json")
