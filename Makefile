@@ -30,7 +30,8 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/assignor.py
 	$(BIN)/python bench/persistence.py
-	$(BIN)/python bench/heartbeat.py    # needs wrk (apt-get install wrk)
+	command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
+	$(BIN)/python bench/heartbeat.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/results
