@@ -16,6 +16,7 @@ from rsc.events import codec, group, stream
 from rsc.events.commands import GroupCommand, RestartTimers, StreamCommand, Tick
 from rsc.events.events import (
     GroupCreated,
+    GroupDeleted,
     GroupEvent,
     LayoutApplied,
     MemberEpochAdvanced,
@@ -23,6 +24,7 @@ from rsc.events.events import (
     ShardsInstalled,
     ShardsReleased,
     StreamCreated,
+    StreamDeleted,
     StreamEvent,
 )
 from rsc.events.group import GroupState
@@ -109,6 +111,9 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         touched: set[int] = set()
         for event in events:
             match event:
+                case GroupDeleted():
+                    dropped = before.layout.shards if before is not None else after.layout.shards
+                    await self.effects.destroy_consumer_groups([s.key for s in dropped], after.group)
                 case GroupCreated():
                     readable = [keys[i] for i in sorted(after.initial_shards)]
                     await self.effects.ensure_consumer_groups(
@@ -133,6 +138,10 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
             await self.effects.set_owners(after.group, held)
 
     async def repair(self, state: GroupState) -> None:
+        if state.deleted:
+            shard_keys = [s.key for s in state.layout.shards]
+            await self.effects.destroy_consumer_groups(shard_keys, state.group)
+            return
         keys = {s.index: s.key for s in state.layout.shards}
         readable = sorted(state.layout.readable_indexes)
         initial = [keys[i] for i in readable if i in state.initial_shards]
@@ -192,6 +201,10 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
     ) -> None:
         for event in events:
             match event:
+                case StreamDeleted():
+                    gone = before.layout.shards if before is not None else after.layout.shards
+                    await self.effects.delete_streams(s.key for s in gone)
+                    await self.effects.unregister_stream(after.stream_prefix)
                 case StreamCreated():
                     await self.effects.register_stream(after.stream_prefix)
                     await self.effects.ensure_streams(s.key for s in event.layout.shards)
@@ -200,9 +213,17 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
                     await self.effects.ensure_streams(keys)
                     for name in sorted(after.groups):
                         await self.effects.ensure_consumer_groups(keys, name, "0")
-        if before is not None and before.layout.metadata_version != after.layout.metadata_version:
+        if (
+            before is not None
+            and not after.deleted
+            and before.layout.metadata_version != after.layout.metadata_version
+        ):
             self.on_layout(after.stream_prefix, after.layout, sorted(after.groups))
 
     async def repair(self, state: StreamState) -> None:
+        if state.deleted:
+            await self.effects.delete_streams(s.key for s in state.layout.shards)
+            await self.effects.unregister_stream(state.stream_prefix)
+            return
         await self.effects.register_stream(state.stream_prefix)
         await self.effects.ensure_streams(s.key for s in state.layout.shards if s.readable)

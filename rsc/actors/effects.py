@@ -46,6 +46,13 @@ end
 return 1
 """
 
+# Destroy a consumer group on a shard key if both exist, and the group's owner token.
+DESTROY_GROUP = """
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
+"""
+
 # Delete the owner token of a group only if it still names the same member incarnation.
 CLEAR_OWNER = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
@@ -84,6 +91,16 @@ class ShardStats:
 
 class Effects(Protocol):
     async def register_stream(self, stream_prefix: str) -> None: ...
+
+    async def unregister_stream(self, stream_prefix: str) -> None: ...
+
+    async def delete_streams(self, shard_keys: Iterable[str]) -> None:
+        """Delete shard keys with everything kept next to them (owner tokens)."""
+        ...
+
+    async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
+        """Destroy `group`'s consumer group (and its pending entries) and owner token on each key."""
+        ...
 
     async def streams(self) -> set[str]:
         """Every registered stream prefix."""
@@ -132,9 +149,25 @@ class RedisEffects:
         self._ensure_stream = redis.register_script(ENSURE_STREAM)
         self._clear_owner = redis.register_script(CLEAR_OWNER)
         self._ensure_group = redis.register_script(ENSURE_GROUP)
+        self._destroy_group = redis.register_script(DESTROY_GROUP)
 
     async def register_stream(self, stream_prefix: str) -> None:
         await _guard(self.redis.sadd(STREAMS_KEY, [stream_prefix]))
+
+    async def unregister_stream(self, stream_prefix: str) -> None:
+        await _guard(self.redis.srem(STREAMS_KEY, [stream_prefix]))
+
+    async def delete_streams(self, shard_keys: Iterable[str]) -> None:
+        for chunk in _chunks(shard_keys):
+            async with self._pipeline() as pipe:
+                for key in chunk:
+                    pipe.delete([key, owner_key(key)])
+
+    async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
+        for chunk in _chunks(shard_keys):
+            async with self._pipeline() as pipe:
+                for key in chunk:
+                    self._destroy_group(keys=[key, owner_key(key)], args=[group], client=pipe)
 
     async def streams(self) -> set[str]:
         with redis_errors("listing streams"):
@@ -282,6 +315,20 @@ class MemoryEffects:
 
     async def register_stream(self, stream_prefix: str) -> None:
         self.registered.add(stream_prefix)
+
+    async def unregister_stream(self, stream_prefix: str) -> None:
+        self.registered.discard(stream_prefix)
+
+    async def delete_streams(self, shard_keys: Iterable[str]) -> None:
+        gone = set(shard_keys)
+        self.shard_keys -= gone
+        self.consumer_groups = {k: v for k, v in self.consumer_groups.items() if k[0] not in gone}
+        self.tokens = {k: v for k, v in self.tokens.items() if k[0] not in gone}
+
+    async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
+        for key in shard_keys:
+            self.consumer_groups.pop((key, group), None)
+            self.tokens.pop((key, group), None)
 
     async def streams(self) -> set[str]:
         return set(self.registered)

@@ -31,9 +31,12 @@ from rsc.events.commands import (
     ApplyLayout,
     CreateGroup,
     CreateStream,
+    DeleteGroup,
+    DeleteStream,
     GroupCommand,
     RegisterGroup,
     StreamCommand,
+    UnregisterGroup,
 )
 from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
@@ -143,10 +146,10 @@ class Registry:
         actor, fresh = await self._get(
             aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects, self._observe_group))
         )
-        if actor.state is None:
+        if actor.state is None or actor.state.deleted:
             await self._create_group(actor, stream_prefix, group, config or GroupConfig())
         elif fresh:
-            await self._pull_layout(actor, stream_prefix)
+            await self._pull_layout(actor, stream_prefix, group)
         return actor  # type: ignore[no-any-return]
 
     async def stream(
@@ -161,7 +164,7 @@ class Registry:
         actor, _ = await self._get(
             aggregate_id, lambda: self._actor(StreamAggregate(aggregate_id, self.effects, self._on_layout))
         )
-        if actor.state is None:
+        if actor.state is None or actor.state.deleted:
             if not (self.settings.auto_create_streams if create is None else create):
                 raise UnknownStream(f"stream {stream_prefix!r} does not exist")
             count = self.settings.default_shard_count if shard_count is None else shard_count
@@ -178,10 +181,33 @@ class Registry:
         command = CreateGroup(stream_prefix, group, layout, self.settings.timing, config, self.clock.now_ms())
         await actor.ask(command)
 
-    async def _pull_layout(self, actor: GroupActor, stream_prefix: str) -> None:
+    async def _pull_layout(self, actor: GroupActor, stream_prefix: str, group: str) -> None:
+        """A group actor starting over an existing group: make sure the stream knows it, then catch up."""
         stream = await self.stream(stream_prefix)
+        if actor.state is not None:
+            await stream.ask(RegisterGroup(group, actor.state.config.start_from))
         if stream.state is not None:
             await actor.ask(ApplyLayout(stream.state.layout, self.clock.now_ms()))
+
+    # --- deleting -------------------------------------------------------
+
+    async def delete_group(self, stream_prefix: str, group: str) -> None:
+        """Delete a group without live members (`NotEmpty` otherwise) and its Redis consumer groups.
+
+        The group records its deletion first, then the stream forgets it. A
+        member joining meanwhile creates the group afresh, and the stream
+        learns it again.
+        """
+        await self.ask_group(stream_prefix, group, DeleteGroup(self.clock.now_ms()))
+        await self.ask_stream(stream_prefix, UnregisterGroup(group), create=False)
+        entry = self.actors.get(AggregateId(stream_prefix, group))
+        state = entry.actor.state if entry is not None and entry.started else None
+        if state is not None and not state.deleted:  # re-created by a join meanwhile
+            await self.ask_stream(stream_prefix, RegisterGroup(group, state.config.start_from))
+
+    async def delete_stream(self, stream_prefix: str) -> None:
+        """Delete a stream without groups or live producers (`NotEmpty` otherwise) and its shard keys."""
+        await self.ask_stream(stream_prefix, DeleteStream(self.clock.now_ms()), create=False)
 
     def _observe_group(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]

@@ -90,7 +90,16 @@ class RestartTimers:
     now_ms: int
 
 
-GroupCommand = CreateGroup | Heartbeat | Tick | ApplyLayout | ConfigureGroup | RemoveMember | RestartTimers
+@attrs.frozen
+class DeleteGroup:
+    """Delete the group (Admin API): only without live members; its Redis consumer groups go too."""
+
+    now_ms: int
+
+
+GroupCommand = (
+    CreateGroup | Heartbeat | Tick | ApplyLayout | ConfigureGroup | RemoveMember | RestartTimers | DeleteGroup
+)
 
 # --- stream commands ------------------------------------------------------
 
@@ -130,6 +139,20 @@ class RegisterGroup:
 
 
 @attrs.frozen
+class UnregisterGroup:
+    """The group is being deleted: new shard keys no longer get its consumer group."""
+
+    group: str
+
+
+@attrs.frozen
+class DeleteStream:
+    """Delete the stream and its shard keys (Admin API): only without groups or live producers."""
+
+    now_ms: int
+
+
+@attrs.frozen
 class ProducerHeartbeat:
     """A producer registers or renews its lease, acknowledging the layout version it routes with."""
 
@@ -161,6 +184,8 @@ StreamCommand = (
     | ChangeShardCount
     | RetireShards
     | RegisterGroup
+    | UnregisterGroup
+    | DeleteStream
     | ProducerHeartbeat
     | PauseProducers
     | ResumeProducers

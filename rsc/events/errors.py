@@ -50,3 +50,15 @@ class UnknownStream(AggregateNotFound):
     """A stream the coordinator has never seen, with auto-creation switched off."""
 
     code = "UNKNOWN_STREAM"
+
+
+class NotEmpty(CoordinationError):
+    """A delete refused: the group has live members, or the stream has groups or producers."""
+
+    code = "NOT_EMPTY"
+
+
+class Deleted(AggregateNotFound):
+    """The aggregate was deleted (it is created afresh on next use, where that is allowed)."""
+
+    code = "DELETED"

@@ -143,6 +143,14 @@ class TimersRestarted:
 
 
 @attrs.frozen
+class GroupDeleted:
+    """Terminal until a `GroupCreated` starts the group afresh."""
+
+    durable: ClassVar[bool] = True
+    deleted_at_ms: int
+
+
+@attrs.frozen
 class HeartbeatRejected:
     """A heartbeat answered FENCED or UNKNOWN_MEMBER; nothing changed."""
 
@@ -167,6 +175,7 @@ GroupEvent = (
     | LayoutApplied
     | GroupConfigured
     | TimersRestarted
+    | GroupDeleted
     | HeartbeatRejected
 )
 
@@ -207,6 +216,20 @@ class GroupRegistered:
     durable: ClassVar[bool] = True
     group: str
     start_from: StartFrom
+
+
+@attrs.frozen
+class GroupUnregistered:
+    durable: ClassVar[bool] = True
+    group: str
+
+
+@attrs.frozen
+class StreamDeleted:
+    """Terminal until a `StreamCreated` starts the stream afresh."""
+
+    durable: ClassVar[bool] = True
+    deleted_at_ms: int
 
 
 @attrs.frozen
@@ -273,6 +296,8 @@ StreamEvent = (
     | ShardsDraining
     | ShardsRetired
     | GroupRegistered
+    | GroupUnregistered
+    | StreamDeleted
     | ProducerRegistered
     | ProducerAcknowledged
     | ProducerHeartbeated

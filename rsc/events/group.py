@@ -30,16 +30,25 @@ from rsc.events.commands import (
     ApplyLayout,
     ConfigureGroup,
     CreateGroup,
+    DeleteGroup,
     GroupCommand,
     Heartbeat,
     RemoveMember,
     RestartTimers,
     Tick,
 )
-from rsc.events.errors import AggregateNotFound, CorruptHistory, IncarnationMismatch, InvalidCommand
+from rsc.events.errors import (
+    AggregateNotFound,
+    CorruptHistory,
+    Deleted,
+    IncarnationMismatch,
+    InvalidCommand,
+    NotEmpty,
+)
 from rsc.events.events import (
     GroupConfigured,
     GroupCreated,
+    GroupDeleted,
     GroupEvent,
     HeartbeatRejected,
     LayoutApplied,
@@ -92,6 +101,8 @@ class GroupState:
     members: Mapping[str, Member] = attrs.field(factory=dict)
     owners: Mapping[int, str] = attrs.field(factory=dict)
     fenced: Mapping[str, FencedMember] = attrs.field(factory=dict)
+    #: Deleted by the Admin API: refuses everything until created afresh.
+    deleted: bool = False
 
     def target_of(self, member_id: str) -> frozenset[int]:
         """The shards the current target gives `member_id`."""
@@ -115,7 +126,7 @@ class GroupState:
 
 def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
     """Apply one event; raise `CorruptHistory` if it cannot follow `state`."""
-    if state is None:
+    if state is None or state.deleted:
         if not isinstance(event, GroupCreated):
             raise CorruptHistory(f"{type(event).__name__} before GroupCreated")
         return GroupState(
@@ -147,6 +158,10 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
                 fenced=fenced,
                 group_epoch=event.group_epoch,
             )
+        case GroupDeleted():
+            if state.members:
+                raise CorruptHistory("group deleted with live members")
+            return attrs.evolve(state, deleted=True, target={}, fenced={}, assignment_computed_at_ms=None)
         case MemberHeartbeated():
             member = _member(state, event.member_id)
             return _put(state, attrs.evolve(member, lease_deadline_ms=event.lease_deadline_ms))
@@ -298,6 +313,8 @@ def execute(state: GroupState | None, command: GroupCommand) -> tuple[GroupState
 
 
 def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
+    if state is not None and state.deleted:
+        return _decide_deleted(state, command)
     decision = _Decision(state)
     match command:
         case CreateGroup():
@@ -321,6 +338,26 @@ def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
         case RestartTimers():
             if decision.group.members:
                 decision.emit(TimersRestarted(command.now_ms))
+        case DeleteGroup():
+            members = sorted(decision.group.members)
+            if members:
+                shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
+                raise NotEmpty(f"the group has {len(members)} live member(s): {shown}; stop them first")
+            decision.emit(GroupDeleted(command.now_ms))
+    return decision
+
+
+def _decide_deleted(state: GroupState, command: GroupCommand) -> _Decision:
+    """A deleted group: created afresh by `CreateGroup`; deleting again changes nothing."""
+    decision = _Decision(state)
+    match command:
+        case CreateGroup():
+            decision.state = None  # created afresh: `GroupCreated` follows `GroupDeleted`
+            _create(decision, command)
+        case DeleteGroup() | Tick() | RestartTimers():
+            pass
+        case _:
+            raise Deleted(f"group {state.group!r} of {state.stream_prefix!r} was deleted")
     return decision
 
 

@@ -25,6 +25,7 @@ import attrs
 from rsc.events.commands import (
     ChangeShardCount,
     CreateStream,
+    DeleteStream,
     PauseProducers,
     ProducerHeartbeat,
     RegisterGroup,
@@ -33,10 +34,12 @@ from rsc.events.commands import (
     RetireShards,
     StreamCommand,
     Tick,
+    UnregisterGroup,
 )
-from rsc.events.errors import AggregateNotFound, CorruptHistory, InvalidCommand
+from rsc.events.errors import AggregateNotFound, CorruptHistory, Deleted, InvalidCommand, NotEmpty
 from rsc.events.events import (
     GroupRegistered,
+    GroupUnregistered,
     ProducerAcknowledged,
     ProducerExpired,
     ProducerHeartbeated,
@@ -48,6 +51,7 @@ from rsc.events.events import (
     ShardsDraining,
     ShardsRetired,
     StreamCreated,
+    StreamDeleted,
     StreamEvent,
 )
 from rsc.events.model import (
@@ -81,6 +85,8 @@ class StreamState:
     groups: Mapping[str, StartFrom] = attrs.field(factory=dict)
     producers: Mapping[str, Producer] = attrs.field(factory=dict)
     paused: PauseState | None = None
+    #: Deleted by the Admin API (its shard keys with it): created afresh on next use.
+    deleted: bool = False
 
     @property
     def shard_count(self) -> int:
@@ -107,7 +113,7 @@ def check_id(value: str, field: str) -> None:
 
 def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
     """Apply one event; raise `CorruptHistory` if it cannot follow `state`."""
-    if state is None:
+    if state is None or state.deleted:
         if not isinstance(event, StreamCreated):
             raise CorruptHistory(f"{type(event).__name__} before StreamCreated")
         return StreamState(event.stream_prefix, event.layout, event.created_at_ms)
@@ -123,6 +129,12 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
             return _restate(state, event.indexes, ShardState.RETIRED, event.metadata_version)
         case GroupRegistered():
             return attrs.evolve(state, groups={**state.groups, event.group: event.start_from})
+        case GroupUnregistered():
+            return attrs.evolve(state, groups={k: v for k, v in state.groups.items() if k != event.group})
+        case StreamDeleted():
+            if state.groups or state.producers:
+                raise CorruptHistory("stream deleted with groups or producers")
+            return attrs.evolve(state, deleted=True, paused=None)
         case _:
             return _evolve_producers(state, event)
 
@@ -200,7 +212,20 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
             return _create(state, command)
     if state is None:
         raise AggregateNotFound("the stream does not exist")
+    if state.deleted:
+        if isinstance(command, DeleteStream | Tick | RestartTimers):
+            return []
+        raise Deleted(f"stream {state.stream_prefix!r} was deleted")
     match command:
+        case UnregisterGroup():
+            return [GroupUnregistered(command.group)] if command.group in state.groups else []
+        case DeleteStream():
+            if state.groups or state.producers:
+                raise NotEmpty(
+                    f"the stream has {len(state.groups)} group(s) and {len(state.producers)} live "
+                    "producer(s); delete the groups and stop the producers first"
+                )
+            return [StreamDeleted(command.now_ms)]
         case ChangeShardCount():
             return _change_shard_count(state, command)
         case RetireShards():
@@ -265,7 +290,7 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
     _check_count(command.shard_count)
     if command.shard_count < 1:
         raise InvalidCommand("a new stream needs at least one shard")
-    if state is not None:
+    if state is not None and not state.deleted:
         return []  # idempotent: the stream exists, resharding is a separate command
     shards = tuple(Shard(i, shard_key(command.stream_prefix, i)) for i in range(command.shard_count))
     return [StreamCreated(command.stream_prefix, Layout(1, shards), command.now_ms)]

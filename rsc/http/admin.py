@@ -97,6 +97,32 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
             await _audit(audit, response)
         return response
 
+    _add_stream_routes(app, registry)
+    _add_group_routes(app, registry)
+    _add_pause_routes(app, registry)
+
+    @app.get("/v1/admin/audit")
+    async def read_audit() -> Response:
+        args = request.args
+        if args.get("outcome", "ok") not in OUTCOMES:
+            raise ApiError(400, "INVALID_REQUEST", f"outcome must be one of {', '.join(OUTCOMES)}")
+        try:
+            wanted = AuditFilter(
+                caller=args.get("caller"),
+                method=args.get("method"),
+                status=int(args["status"]) if "status" in args else None,
+                path_prefix=args.get("pathPrefix"),
+                outcome=args.get("outcome"),
+                limit=min(1_000, max(1, int(args.get("limit", "100")))),
+            )
+        except ValueError as exc:
+            raise ApiError(400, "INVALID_REQUEST", f"bad filter: {exc}") from exc
+        return json_response({"records": await audit.read(wanted)})
+
+
+def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
+    """`PUT`/`GET`/`DELETE` of a stream spec."""
+
     @app.get("/v1/admin/streams/<stream_prefix>")
     async def get_stream(stream_prefix: str) -> Response:
         return await _stream_resource(registry, stream_prefix)
@@ -117,9 +143,15 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
 
     @app.delete("/v1/admin/streams/<stream_prefix>")
     async def delete_stream(stream_prefix: str) -> Response:
-        raise ApiError(
-            409, "DELETE_NOT_SUPPORTED", "deleting a stream needs scale-in to 0 with drain (not yet)"
-        )
+        actor = await _stream_actor(registry, stream_prefix, None)
+        _check_if_match(actor.revision)
+        await registry.delete_stream(stream_prefix)
+        g.revision = actor.revision
+        return Response(b"", status=204)
+
+
+def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
+    """`PUT`/`GET`/`DELETE` of a group spec."""
 
     @app.get("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def get_group(stream_prefix: str, consumer_group: str) -> Response:
@@ -136,27 +168,14 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
 
     @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def delete_group(stream_prefix: str, consumer_group: str) -> Response:
-        raise ApiError(409, "DELETE_NOT_SUPPORTED", "deleting a group is not available yet")
-
-    _add_pause_routes(app, registry)
-
-    @app.get("/v1/admin/audit")
-    async def read_audit() -> Response:
-        args = request.args
-        if args.get("outcome", "ok") not in OUTCOMES:
-            raise ApiError(400, "INVALID_REQUEST", f"outcome must be one of {', '.join(OUTCOMES)}")
-        try:
-            wanted = AuditFilter(
-                caller=args.get("caller"),
-                method=args.get("method"),
-                status=int(args["status"]) if "status" in args else None,
-                path_prefix=args.get("pathPrefix"),
-                outcome=args.get("outcome"),
-                limit=min(1_000, max(1, int(args.get("limit", "100")))),
-            )
-        except ValueError as exc:
-            raise ApiError(400, "INVALID_REQUEST", f"bad filter: {exc}") from exc
-        return json_response({"records": await audit.read(wanted)})
+        stream = await _stream_actor(registry, stream_prefix, None)
+        if consumer_group not in stream.state.groups:
+            raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
+        actor = await registry.group(stream_prefix, consumer_group)
+        _check_if_match(actor.revision)
+        await registry.delete_group(stream_prefix, consumer_group)
+        g.revision = actor.revision
+        return Response(b"", status=204)
 
 
 def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:

@@ -46,6 +46,8 @@ _STATUS = {
     "NOT_FOUND": 404,
     "UNKNOWN_STREAM": 404,
     "INCARNATION_MISMATCH": 409,
+    "NOT_EMPTY": 409,
+    "DELETED": 409,
 }
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 

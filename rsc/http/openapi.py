@@ -51,6 +51,7 @@ class Route:
     content_type: str = "application/json"
     body_required: bool = True
     query: tuple[dict[str, Any], ...] = ()
+    status: str = "200"
 
 
 @attrs.frozen
@@ -131,7 +132,15 @@ ROUTES = (
     ),
     Route("get", A, "A stream's spec and status (ETag)", None, StreamResource, admin=True),
     Route("put", A, "Create or scale out a stream", StreamSpec, StreamResource, admin=True),
-    Route("delete", A, "Delete a stream (not available yet: 409)", None, ErrorBody, admin=True),
+    Route(
+        "delete",
+        A,
+        "Delete a stream and its shard keys (409 NOT_EMPTY while it has groups or live producers)",
+        None,
+        None,
+        admin=True,
+        status="204",
+    ),
     Route(
         "post",
         f"{A}/pause",
@@ -163,10 +172,11 @@ ROUTES = (
     Route(
         "delete",
         f"{A}/groups/{{consumerGroup}}",
-        "Delete a group (not available yet: 409)",
+        "Delete a group and its Redis consumer groups (409 NOT_EMPTY while it has live members)",
         None,
-        ErrorBody,
+        None,
         admin=True,
+        status="204",
     ),
     Route(
         "get",
@@ -263,12 +273,12 @@ def document() -> dict[str, Any]:
                 "required": route.body_required,
                 "content": {"application/json": {"schema": schema_of(route.request, components)}},
             }
-        ok: dict[str, Any] = {"description": "OK"}
+        ok: dict[str, Any] = {"description": "No content" if route.status == "204" else "OK"}
         if route.response is not None:
             ok["content"] = {route.content_type: {"schema": schema_of(route.response, components)}}
         elif route.content_type == "text/plain":
             ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
-        operation["responses"]["200"] = ok
+        operation["responses"][route.status] = ok
         error = {"content": {"application/json": {"schema": schema_of(ErrorBody, components)}}}
         operation["responses"]["4XX"] = {"description": "Refused (see `error`)", **error}
         operation["responses"]["503"] = {"description": "Redis unavailable; retry", **error}
