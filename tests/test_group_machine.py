@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rsc.events import group
-from rsc.events.commands import ApplyLayout, ChangeShardCount, CreateStream, RemoveMember
+from rsc.events.commands import (
+    ApplyLayout,
+    ChangeShardCount,
+    CreateGroup,
+    CreateStream,
+    DeleteGroup,
+    RemoveMember,
+)
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import (
     MemberFenced,
@@ -173,6 +180,19 @@ class GroupMachine(RuleBasedStateMachine):
     def remove(self, data: st.DataObject) -> None:
         member_id = data.draw(st.sampled_from(sorted(self.g.state.members)))
         self.g.run(RemoveMember(member_id, self.g.now))
+
+    @precondition(lambda self: not self.g.state.members)
+    @rule()
+    def delete_and_recreate(self) -> None:
+        """The Admin API deletes the empty group; a later join creates it afresh (epochs restart)."""
+        self.g.run(DeleteGroup(self.g.now))
+        assert self.g.state.deleted
+        self.g.run(
+            CreateGroup("orders", "billing", self.stream.layout, self.g.state.timing, now_ms=self.g.now)
+        )
+        assert not self.g.state.deleted
+        self.epochs = (0, 0)
+        self.member_epochs = {}
 
     @rule()
     def settle(self) -> None:
