@@ -40,14 +40,14 @@ def _renames(cl: Any) -> dict[str, Any]:
     return {a.name: override(rename=camel(a.name)) for a in attrs.fields(cl)}
 
 
-def make_converter(strict: bool = False) -> cattrs.Converter:
+def make_converter(strict: bool = False, detailed: bool = True) -> cattrs.Converter:
     """Build a converter: `converter` (journal, snapshots) or, strict, `wire` (client input).
 
     The strict one refuses a string where a number is due and a number where
     a string is due, instead of converting; it never reads map keys as
     numbers, which only the journal needs.
     """
-    conv = cattrs.Converter(forbid_extra_keys=False)
+    conv = cattrs.Converter(forbid_extra_keys=False, detailed_validation=detailed)
     if strict:
         conv.register_structure_hook(int, _strict_int)
         conv.register_structure_hook(str, _strict_str)

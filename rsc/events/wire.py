@@ -29,17 +29,20 @@ from rsc.events.stream import StreamState
 
 @attrs.frozen
 class HeartbeatRequest:
-    """One member's heartbeat as sent by a client (PROTOCOL section 3)."""
+    """One member's heartbeat as sent by a client (PROTOCOL section 3).
+
+    The documented constraints are enforced by the core (`group._validate_heartbeat`)
+    and the registry (names), with the same `INVALID_REQUEST`, not twice here."""
 
     protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
-    stream_prefix: str = wire_field(pattern=NAME_PATTERN)
-    consumer_group: str = wire_field(pattern=NAME_PATTERN)
-    member_id: str = wire_field(pattern=ID_PATTERN)
-    incarnation: str = wire_field(pattern=ID_PATTERN)
-    member_epoch: int = wire_field(minimum=-1)
-    metadata_version: int = wire_field(0, minimum=0)
-    owned_shards: frozenset[int] = wire_field(frozenset(), items={"minimum": 0})
-    revoked_shards: frozenset[int] = wire_field(frozenset(), items={"minimum": 0})
+    stream_prefix: str = wire_field(enforce=False, pattern=NAME_PATTERN)
+    consumer_group: str = wire_field(enforce=False, pattern=NAME_PATTERN)
+    member_id: str = wire_field(enforce=False, pattern=ID_PATTERN)
+    incarnation: str = wire_field(enforce=False, pattern=ID_PATTERN)
+    member_epoch: int = wire_field(enforce=False, minimum=-1)
+    metadata_version: int = wire_field(0, enforce=False, minimum=0)
+    owned_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items={"minimum": 0})
+    revoked_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items={"minimum": 0})
     drain_progress: tuple[DrainProgress, ...] = ()
     client: ClientInfo = ClientInfo()
 
@@ -142,9 +145,9 @@ class ProducerHeartbeatRequest:
     """
 
     protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
-    stream_prefix: str = wire_field(pattern=NAME_PATTERN)
-    producer_id: str = wire_field(pattern=ID_PATTERN)
-    metadata_version: int = wire_field(0, minimum=0)
+    stream_prefix: str = wire_field(enforce=False, pattern=NAME_PATTERN)
+    producer_id: str = wire_field(enforce=False, pattern=ID_PATTERN)
+    metadata_version: int = wire_field(0, enforce=False, minimum=0)
     quiesced: bool = False
     client: ClientInfo = ClientInfo()
 
