@@ -18,6 +18,7 @@ from rsc.actors.store import MemoryStore
 from rsc.events import group
 from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup
 from rsc.events.errors import IncarnationMismatch, UnknownStream
+from rsc.events.events import GroupConfigured
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
 from tests.actorkit import SETTINGS, TIMING, Member, registry_on
 from tests.groupkit import layout
@@ -172,6 +173,30 @@ async def test_conflict_reloads_and_retries(autojump_clock: Clock) -> None:
         assert group.without_liveness(replayed) == group.without_liveness(state)
 
 
+async def test_a_conflict_reload_keeps_live_members_alive(autojump_clock: Clock) -> None:
+    """Leases are never journaled: after reloading on a conflict, they start over in full."""
+    store = MemoryStore()
+    async with registry_on(store) as registry:
+        a = Member(registry, "orders", "billing", "a")
+        x = Member(registry, "orders", "billing", "x")
+        for _ in range(3 * TIMING.lease_ttl_ms // 1000):  # well past the leases the joins gave
+            await a.heartbeat()
+            await x.heartbeat()
+            await trio.sleep(1)
+        actor = await registry.group("orders", "billing")
+        # Another writer moves the journal on (a config change), as a second coordinator would.
+        aggregate = actor.aggregate
+        foreign = aggregate.event_to_json(GroupConfigured(GroupConfig(max_concurrency=2)))
+        await store.append(aggregate.aggregate_id, actor.revision, [foreign], None)
+        await Member(registry, "orders", "billing", "c").heartbeat()  # a write: conflict, reload, again
+        assert actor.conflicts == 1
+        assert actor.state is not None
+        assert actor.state.config.max_concurrency == 2
+        assert actor.state.leases["x"] > TrioClock().now_ms()  # x is not fenced by the next tick
+        await trio.sleep(1.5)
+        assert "x" in actor.state.members
+
+
 async def test_recovery_restarts_timers_in_full(autojump_clock: Clock) -> None:
     store = MemoryStore()
     async with registry_on(store) as registry:
@@ -182,7 +207,7 @@ async def test_recovery_restarts_timers_in_full(autojump_clock: Clock) -> None:
         await trio.sleep(0.1)
         actor = await registry.group("orders", "billing")
         assert actor.state is not None
-        assert actor.state.members["a"].lease_deadline_ms >= TrioClock().now_ms() + TIMING.lease_ttl_ms - 100
+        assert actor.state.leases["a"] >= TrioClock().now_ms() + TIMING.lease_ttl_ms - 100
         await trio.sleep(3)
         assert "a" in actor.state.members  # would have expired without the restart
         await trio.sleep(3)

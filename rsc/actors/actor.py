@@ -283,6 +283,7 @@ class Actor(Generic[S, C, E]):
                     self.conflicts += 1
                     log.info("%s: %s; reloading", self.aggregate.aggregate_id, conflict)
                     await self._reload()
+                    batch = self._with_recovery(batch)
                 else:
                     self._in_flight = []
                     return
@@ -293,6 +294,13 @@ class Actor(Generic[S, C, E]):
                 pending.fail(exc)
             self._in_flight = []
             await self._reload_quietly()
+
+    def _with_recovery(self, batch: Sequence[tuple[C, _Answer | None]]) -> Sequence[tuple[C, _Answer | None]]:
+        """After a reload, liveness starts over (leases in full) before the batch is decided again."""
+        if self.state is None:
+            return batch
+        command = self.aggregate.recovered(self.state, self.clock.now_ms())
+        return batch if command is None else [(command, None), *batch]
 
     async def _decide_and_persist(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
         working = self.state

@@ -103,6 +103,10 @@ class GroupState:
     fenced: Mapping[str, FencedMember] = attrs.field(factory=dict)
     #: Deleted by the Admin API: refuses everything until created afresh.
     deleted: bool = False
+    #: Liveness: member id -> lease deadline. The one part of the state updated in place
+    #: (a heartbeat renews a lease without copying the state): never journaled, never
+    #: serialized, never compared, rebuilt in full on recovery (`RestartTimers`).
+    leases: dict[str, int] = attrs.field(factory=dict, eq=False, repr=False, metadata={"liveness": True})
 
     def target_of(self, member_id: str) -> frozenset[int]:
         """The shards the current target gives `member_id`."""
@@ -142,29 +146,16 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
         case GroupCreated():
             raise CorruptHistory("GroupCreated twice")
         case MemberJoined():
-            member = Member(
-                member_id=event.member_id,
-                incarnation=event.incarnation,
-                member_epoch=0,
-                previous_epoch=-1,
-                client=event.client,
-                joined_at_ms=event.joined_at_ms,
-                lease_deadline_ms=event.joined_at_ms + state.timing.lease_ttl_ms,
-            )
-            fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
-            return attrs.evolve(
-                state,
-                members={**state.members, event.member_id: member},
-                fenced=fenced,
-                group_epoch=event.group_epoch,
-            )
+            return _join(state, event)
         case GroupDeleted():
             if state.members:
                 raise CorruptHistory("group deleted with live members")
+            state.leases.clear()
             return attrs.evolve(state, deleted=True, target={}, fenced={}, assignment_computed_at_ms=None)
         case MemberHeartbeated():
-            member = _member(state, event.member_id)
-            return _put(state, attrs.evolve(member, lease_deadline_ms=event.lease_deadline_ms))
+            _member(state, event.member_id)
+            state.leases[event.member_id] = event.lease_deadline_ms
+            return state
         case MemberLeft():
             return _drop_member(state, event.member_id, event.group_epoch)
         case MemberFenced():
@@ -224,7 +215,7 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
         case GroupConfigured():
             return attrs.evolve(state, config=event.config)
         case TimersRestarted():
-            return attrs.evolve(state, members=_restart_timers(state, event.restarted_at_ms))
+            return _restart_timers(state, event.restarted_at_ms)
         case HeartbeatRejected():
             return state
 
@@ -265,16 +256,39 @@ def _drop_member(state: GroupState, member_id: str, group_epoch: int) -> GroupSt
         raise CorruptHistory(f"{member_id} removed while holding shards")
     members = {k: v for k, v in state.members.items() if k != member_id}
     target = {k: v for k, v in state.target.items() if k != member_id}
+    state.leases.pop(member_id, None)
     return attrs.evolve(state, members=members, target=target, group_epoch=group_epoch)
 
 
-def _restart_timers(state: GroupState, now_ms: int) -> dict[str, Member]:
-    lease = now_ms + state.timing.lease_ttl_ms
+def _restart_timers(state: GroupState, now_ms: int) -> GroupState:
+    """Every member gets a whole lease, and every revoke in progress a whole timeout, from `now_ms`."""
+    state.leases.clear()
+    state.leases.update(dict.fromkeys(state.members, now_ms + state.timing.lease_ttl_ms))
     revoke = now_ms + state.timing.revoke_timeout_ms
-    return {
-        k: attrs.evolve(m, lease_deadline_ms=lease, revoke_deadline_ms=revoke if m.revoking else None)
+    members = {
+        k: attrs.evolve(m, revoke_deadline_ms=revoke if m.revoking else None)
         for k, m in state.members.items()
     }
+    return attrs.evolve(state, members=members)
+
+
+def _join(state: GroupState, event: MemberJoined) -> GroupState:
+    member = Member(
+        member_id=event.member_id,
+        incarnation=event.incarnation,
+        member_epoch=0,
+        previous_epoch=-1,
+        client=event.client,
+        joined_at_ms=event.joined_at_ms,
+    )
+    state.leases[event.member_id] = event.joined_at_ms + state.timing.lease_ttl_ms
+    fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
+    return attrs.evolve(
+        state,
+        members={**state.members, event.member_id: member},
+        fenced=fenced,
+        group_epoch=event.group_epoch,
+    )
 
 
 # --- decide ---------------------------------------------------------------
@@ -452,7 +466,7 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
 def _tick(decision: _Decision, now_ms: int) -> None:
     for member_id in sorted(decision.group.members):
         member = decision.group.members[member_id]
-        if now_ms >= member.lease_deadline_ms:
+        if now_ms >= decision.group.leases.get(member_id, 0):
             _fence(decision, member_id, FenceReason.LEASE_EXPIRED, now_ms)
         elif member.revoke_deadline_ms is not None and now_ms >= member.revoke_deadline_ms:
             _fence(decision, member_id, FenceReason.REVOKE_TIMEOUT, now_ms)
@@ -502,10 +516,10 @@ def _validate_heartbeat(hb: Heartbeat) -> None:
 
 
 def without_liveness(state: GroupState) -> GroupState:
-    """`state` with every lease deadline zeroed: what the journal alone determines.
+    """`state` without its lease table: what the journal alone determines.
 
-    Lease renewals are never journaled (they restart in full on recovery), so
-    a snapshot, and any comparison with a replay, uses this view.
+    Lease renewals are never journaled (they restart in full on recovery); the
+    table is excluded from equality and from snapshots anyway, so this view
+    only makes that explicit where a replay is compared.
     """
-    members = {k: attrs.evolve(m, lease_deadline_ms=0) for k, m in state.members.items()}
-    return attrs.evolve(state, members=members)
+    return attrs.evolve(state, leases={})

@@ -194,8 +194,7 @@ class Member:
 
     `assigned` and `revoking` together are the shards installed to the member
     (the current assignment): no other live member has any of them installed.
-    `lease_deadline_ms` is liveness, not history: it is reset in full when an
-    actor recovers, so it is never compared when checking a replay.
+    Its lease is liveness, not history: it lives in `GroupState.leases`.
     """
 
     member_id: str
@@ -206,7 +205,6 @@ class Member:
     revoking: frozenset[int] = frozenset()
     revoking_since_ms: int | None = None
     revoke_deadline_ms: int | None = None
-    lease_deadline_ms: int = 0
     client: ClientInfo = ClientInfo()
     joined_at_ms: int = 0
 
@@ -222,7 +220,7 @@ class Producer:
 
     `acked_version` is the layout version it routes with; `quiesced` says it
     has stopped publishing and flushed (asked for while the stream is paused).
-    `lease_deadline_ms` is liveness only, like a member's.
+    `lease_deadline_ms` is liveness only, never journaled.
     """
 
     producer_id: str

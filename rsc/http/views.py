@@ -238,7 +238,7 @@ def group_view(state: GroupState, now_ms: int) -> GroupView:
             incarnation=m.incarnation,
             member_epoch=m.member_epoch,
             state=state.member_state(m),
-            lease_left_ms=max(0, m.lease_deadline_ms - now_ms),
+            lease_left_ms=max(0, state.leases.get(m.member_id, 0) - now_ms),
             assigned=m.assigned,
             pending=state.pending_of(m),
             revoking=m.revoking,
