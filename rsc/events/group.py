@@ -393,9 +393,10 @@ def _create(decision: _Decision, command: CreateGroup) -> None:
 
 
 def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
-    _validate_heartbeat(hb)
     group = decision.group
     member = group.members.get(hb.member_id)
+    # A live member's id and incarnation were checked when it joined.
+    _validate_heartbeat(hb, ids=member is None or member.incarnation != hb.incarnation)
     if member is not None and member.incarnation != hb.incarnation:
         raise IncarnationMismatch(
             f"member {hb.member_id!r} is live with another incarnation; wait for its lease to end"
@@ -442,6 +443,12 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
     """Move one member one step towards its target (Kafka's CurrentAssignmentBuilder)."""
     group = decision.group
     member = group.members[hb.member_id]
+    if (
+        not member.revoking
+        and member.member_epoch == group.assignment_epoch
+        and member.assigned == group.target_of(member.member_id)
+    ):
+        return  # reconciled: nothing to acknowledge, revoke, advance or install
     # A revoking shard is still held only while reported owned and not acked.
     acked = member.revoking - (hb.owned - hb.revoked)
     if acked:
@@ -501,9 +508,10 @@ def _refresh_target(decision: _Decision, now_ms: int) -> None:
     decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
 
 
-def _validate_heartbeat(hb: Heartbeat) -> None:
-    check_id(hb.member_id, "memberId")
-    check_id(hb.incarnation, "incarnation")
+def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
+    if ids:
+        check_id(hb.member_id, "memberId")
+        check_id(hb.incarnation, "incarnation")
     if hb.member_epoch < -1:
         raise InvalidCommand("memberEpoch must be -1 (leave), 0 (join) or a received epoch")
     if hb.metadata_version < 0:
