@@ -516,7 +516,7 @@ def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
         raise InvalidCommand("memberEpoch must be -1 (leave), 0 (join) or a received epoch")
     if hb.metadata_version < 0:
         raise InvalidCommand("metadataVersion must not be negative")
-    if any(s < 0 for s in hb.owned | hb.revoked):
+    if (hb.owned and min(hb.owned) < 0) or (hb.revoked and min(hb.revoked) < 0):
         raise InvalidCommand("shard indexes are never negative")
     for report in hb.drain_progress:
         if report.shard < 0 or report.pending < 0 or (report.lag is not None and report.lag < 0):
