@@ -1,5 +1,9 @@
 """The heartbeat wire schema and the pure rendering of a heartbeat response.
 
+Wire types made per heartbeat are plain (not frozen) attrs classes: a frozen
+class's constructor costs several times more, and these are built and
+thrown away for every heartbeat. Nothing mutates them.
+
 These types are what goes over HTTP (camelCase JSON through `rsc.events.codec`)
 and the one module that both the server and `rsc.client` share.
 """
@@ -27,7 +31,7 @@ from rsc.events.model import (
 from rsc.events.stream import StreamState
 
 
-@attrs.frozen
+@attrs.define
 class HeartbeatRequest:
     """One member's heartbeat as sent by a client (PROTOCOL section 3).
 
@@ -70,7 +74,7 @@ def check_protocol_version(version: int) -> None:
         )
 
 
-@attrs.frozen
+@attrs.define
 class ShardAssignment:
     """`assigned`: read these now; `pending`: yours once released; `revoke`: stop and ack."""
 
@@ -82,7 +86,7 @@ class ShardAssignment:
 _NOTHING = ShardAssignment()
 
 
-@attrs.frozen
+@attrs.define
 class HeartbeatResponse:
     """The coordinator's answer to one heartbeat."""
 
