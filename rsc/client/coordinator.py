@@ -1,0 +1,158 @@
+"""The coordinator HTTP client (httpx on trio): retries with backoff and jitter, one error mapping.
+
+Transport failures and 502/503/504 answers are retried with exponential
+backoff and full jitter, up to `retries` more attempts; every other 4xx/5xx
+is raised at once. Whatever goes wrong leaves here as `CoordinatorUnavailable`
+or `CoordinatorRejected`. Redirects are followed (a coordinator that does
+not own an aggregate may redirect to the one that does).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import attrs
+import httpx
+import trio
+
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
+from rsc.events import codec
+from rsc.events.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerHeartbeatRequest,
+    ProducerHeartbeatResponse,
+)
+
+T = TypeVar("T")
+RETRYABLE = frozenset({502, 503, 504})
+
+
+@attrs.frozen
+class Backoff:
+    """Exponential backoff with full jitter: attempt n waits uniform(0, min(cap, base * 2**n))."""
+
+    base_s: float = 0.05
+    cap_s: float = 2.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+
+
+class Coordinator:
+    """Talks to one coordinator base URL; use as an async context manager or call `aclose`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff: Backoff = Backoff(),
+        transport: httpx.AsyncBaseTransport | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.retries = retries
+        self.backoff = backoff
+        self.rng = rng or random.Random()
+        self.http = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, follow_redirects=True, transport=transport
+        )
+
+    async def __aenter__(self) -> Coordinator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    # --- the protocol ---------------------------------------------------
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        """One member's heartbeat (`POST /v1/heartbeat`)."""
+        data = await self._post("/v1/heartbeat", codec.wire.unstructure(request))
+        return _structure(data, HeartbeatResponse)
+
+    async def heartbeats(
+        self, requests: Sequence[HeartbeatRequest]
+    ) -> list[HeartbeatResponse | CoordinatorRejected]:
+        """The heartbeats of one process's members in one request; a refused item gives its error."""
+        body = {"heartbeats": [codec.wire.unstructure(r) for r in requests]}
+        data = await self._post("/v1/heartbeats", body)
+        out: list[HeartbeatResponse | CoordinatorRejected] = []
+        for item in data["responses"]:
+            if "error" in item:
+                out.append(
+                    CoordinatorRejected(
+                        400,
+                        item["error"],
+                        item.get("message", ""),
+                        item.get("requestId", ""),
+                        item.get("details"),
+                    )
+                )
+            else:
+                out.append(_structure(item, HeartbeatResponse))
+        return out
+
+    async def producer_heartbeat(self, request: ProducerHeartbeatRequest) -> ProducerHeartbeatResponse:
+        data = await self._post("/v1/producers/heartbeat", codec.wire.unstructure(request))
+        return _structure(data, ProducerHeartbeatResponse)
+
+    async def routing(self, stream_prefix: str) -> dict[str, Any]:
+        """Routing metadata without registering (`GET /v1/streams/{p}/routing`)."""
+        data: dict[str, Any] = await self._send("GET", f"/v1/streams/{stream_prefix}/routing", None)
+        return data
+
+    # --- transport ------------------------------------------------------
+
+    async def _post(self, path: str, body: Any) -> Any:
+        return await self._send("POST", path, body)
+
+    async def _send(self, method: str, path: str, body: Any) -> Any:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await trio.sleep(self.backoff.delay(attempt - 1, self.rng))
+            try:
+                response = await self.http.request(method, path, json=body)
+            except httpx.HTTPError as exc:  # connect, read, timeouts, protocol errors
+                last = exc
+                continue
+            if response.status_code in RETRYABLE:
+                last = _rejection(response)
+                continue
+            if response.status_code >= 400:
+                raise _rejection(response)
+            try:
+                return response.json()
+            except ValueError as exc:
+                raise CoordinatorUnavailable(f"{method} {path}: the answer is not JSON") from exc
+        raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
+
+
+def _rejection(response: httpx.Response) -> CoordinatorRejected:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    return CoordinatorRejected(
+        response.status_code,
+        str(body.get("error", "HTTP_ERROR")),
+        str(body.get("message", response.reason_phrase)),
+        str(body.get("requestId", response.headers.get("X-Request-Id", ""))),
+        body.get("details"),
+    )
+
+
+def _structure(data: Any, as_type: type[T]) -> T:
+    try:
+        return codec.converter.structure(data, as_type)
+    except Exception as exc:
+        raise CoordinatorUnavailable(f"the coordinator's answer does not match {as_type.__name__}") from exc

@@ -1,0 +1,233 @@
+"""The member runtime: one logical member of a consumer group, driven by its heartbeats.
+
+What it keeps (PROTOCOL sections 3-4):
+
+* It heartbeats at the interval the coordinator gives, and at once after it
+  has something to acknowledge or must rejoin.
+* Reconciliation: shards in `revoke`, and shards it reads that are no longer
+  in `assigned`, are stopped through `ShardLifecycle.revoke` and then
+  acknowledged; a shard is started only once it is in `assigned`.
+* SYNC_METADATA: it adopts the stored layout and reports that version.
+* FENCED or UNKNOWN_MEMBER: every shard is dropped at once (`lost`), and it
+  rejoins with epoch 0.
+* Self-fencing: when no heartbeat has succeeded within the lease, counted
+  from when the last successful request was *sent*, minus a safety margin,
+  it drops every shard (`lost`) even while a request is still in flight.
+* Graceful leave on `stop()`: revoke everything, then heartbeat with epoch -1.
+
+Time is trio's clock, so tests run it under the autojump clock. The transport
+is anything with `heartbeat(request) -> response` (`Coordinator` over HTTP).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Protocol
+
+import attrs
+import trio
+
+from rsc import __version__
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
+from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
+from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, HeartbeatStatus, Layout
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+
+log = logging.getLogger("rsc.client.member")
+#: How members of this library introduce themselves to the coordinator.
+CLIENT = ClientInfo("rsc-python", __version__)
+
+
+class HeartbeatTransport(Protocol):
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse: ...
+
+
+@attrs.frozen
+class MemberSettings:
+    #: Self-fence this long before the lease would end (a fraction of the lease).
+    safety_margin: float = 0.2
+    #: After a failed heartbeat, try again this soon (never later than the interval).
+    retry_interval_s: float = 0.5
+    #: Until the coordinator says otherwise.
+    heartbeat_interval_ms: int = 3_000
+    lease_ttl_ms: int = 10_000
+
+
+class Member:
+    """One member id of a group; `run` it in a nursery, `stop` it to leave gracefully."""
+
+    def __init__(
+        self,
+        transport: HeartbeatTransport,
+        stream_prefix: str,
+        group: str,
+        member_id: str,
+        lifecycle: ShardLifecycle | None = None,
+        *,
+        client: ClientInfo = CLIENT,
+        incarnation: str | None = None,
+        settings: MemberSettings = MemberSettings(),
+    ) -> None:
+        self.transport = transport
+        self.stream_prefix = stream_prefix
+        self.group = group
+        self.member_id = member_id
+        self.lifecycle: ShardLifecycle = lifecycle or NoLifecycle()
+        self.client = client
+        self.incarnation = incarnation or uuid.uuid4().hex
+        self.settings = settings
+        self.epoch = 0
+        self.owned: frozenset[int] = frozenset()
+        self.to_ack: frozenset[int] = frozenset()
+        self.layout: Layout = EMPTY_LAYOUT
+        self.metadata_version = 0
+        self.interval_s = settings.heartbeat_interval_ms / 1000
+        self.lease_s = settings.lease_ttl_ms / 1000
+        self.max_concurrency: int | None = None
+        self.status: HeartbeatStatus | None = None
+        self.last_ok_sent: float | None = None
+        self.self_fenced = 0
+        self._stopping = trio.Event()
+        self._left = trio.Event()
+
+    # --- driving ----------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeat until `stop()`, then leave. Returns once the member has left."""
+        task_status.started()
+        try:
+            while not self._stopping.is_set():
+                urgent = await self.beat()
+                if urgent:
+                    continue
+                with trio.move_on_after(self._wait_s()):
+                    await self._stopping.wait()
+            await self.leave()
+        finally:
+            self._left.set()
+
+    def stop(self) -> None:
+        """Ask the member to leave (it revokes everything, then heartbeats with epoch -1)."""
+        self._stopping.set()
+
+    async def wait_left(self) -> None:
+        await self._left.wait()
+
+    def request(self) -> HeartbeatRequest:
+        """The heartbeat this member would send now."""
+        return HeartbeatRequest(
+            protocol_version=PROTOCOL_VERSION,
+            stream_prefix=self.stream_prefix,
+            consumer_group=self.group,
+            member_id=self.member_id,
+            incarnation=self.incarnation,
+            member_epoch=self.epoch,
+            metadata_version=self.metadata_version,
+            owned_shards=self.owned,
+            revoked_shards=self.to_ack,
+            drain_progress=tuple(self.lifecycle.drain_progress()),
+            client=self.client,
+        )
+
+    async def beat(self) -> bool:
+        """One heartbeat exchange; True when the next one should go at once."""
+        request = self.request()
+        sent = trio.current_time()
+        response = None
+        # A heartbeat slower than a lease is worthless: give up on it then, or at the fence.
+        with trio.move_on_at(min(self._fence_at(), sent + self.lease_s)):
+            try:
+                response = await self.transport.heartbeat(request)
+            except CoordinatorUnavailable as exc:
+                log.info("%s: heartbeat failed: %s", self.member_id, exc)
+            except CoordinatorRejected as exc:
+                if exc.code != "INCARNATION_MISMATCH":
+                    raise
+                # Another process drives this member id: wait for its lease to end.
+                log.warning("%s: %s", self.member_id, exc.message)
+        if response is None:
+            if trio.current_time() >= self._fence_at():
+                await self._self_fence()
+            return False
+        self.last_ok_sent = sent
+        return await self.apply(request, response)
+
+    async def apply(self, request: HeartbeatRequest, response: HeartbeatResponse) -> bool:
+        """Reconcile with one response to `request`; True when the next heartbeat should go at once."""
+        self.status = response.status
+        self.interval_s = response.heartbeat_interval_ms / 1000
+        self.lease_s = response.lease_ttl_ms / 1000
+        if response.layout is not None:
+            self.layout = response.layout
+        self.metadata_version = response.metadata_version
+        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            await self._drop_all()
+            self.epoch = 0
+            return True  # rejoin now
+        if request.member_epoch == -1:
+            return False
+        self.epoch = response.member_epoch
+        self.to_ack -= request.revoked_shards  # the coordinator has them
+        if response.max_concurrency != self.max_concurrency:
+            self.max_concurrency = response.max_concurrency
+            await self.lifecycle.concurrency(response.max_concurrency)
+        assignment = response.assignment
+        stop = self.owned & (assignment.revoke | (self.owned - assignment.assigned))
+        if stop:
+            await self.lifecycle.revoke(stop)
+            self.owned -= stop
+        # Revoked shards never started are acknowledged too: they are not read.
+        self.to_ack |= stop | (assignment.revoke - self.owned)
+        start = assignment.assigned - self.owned
+        if start:
+            await self.lifecycle.assigned(start, self.layout)
+            self.owned |= start
+        return bool(self.to_ack)
+
+    async def leave(self) -> None:
+        """Stop every shard, acknowledge, and leave the group (epoch -1)."""
+        if self.owned:
+            await self.lifecycle.revoke(self.owned)
+            self.to_ack |= self.owned
+            self.owned = frozenset()
+        self.epoch = -1
+        request = self.request()
+        with trio.move_on_after(max(self.interval_s, 1.0)):
+            try:
+                await self.transport.heartbeat(request)
+            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+                log.info("%s: leave not acknowledged (the lease will end it): %s", self.member_id, exc)
+        self.to_ack = frozenset()
+        self.epoch = 0
+
+    # --- time -----------------------------------------------------------
+
+    def _fence_at(self) -> float:
+        """When this member must have stopped everything without a successful heartbeat."""
+        if self.last_ok_sent is None or not self.owned:
+            return float("inf")
+        return self.last_ok_sent + self.lease_s * (1 - self.settings.safety_margin)
+
+    def _wait_s(self) -> float:
+        if self.last_ok_sent is None or self.status is None:
+            return min(self.settings.retry_interval_s, self.interval_s)
+        wait = self.interval_s if self._healthy() else min(self.settings.retry_interval_s, self.interval_s)
+        return max(0.0, min(wait, self._fence_at() - trio.current_time()))
+
+    def _healthy(self) -> bool:
+        return (
+            self.last_ok_sent is not None and trio.current_time() - self.last_ok_sent < self.interval_s * 1.5
+        )
+
+    async def _self_fence(self) -> None:
+        log.warning("%s: no heartbeat succeeded within the lease; dropping every shard", self.member_id)
+        self.self_fenced += 1
+        await self._drop_all()
+
+    async def _drop_all(self) -> None:
+        lost = self.owned
+        self.owned = frozenset()
+        self.to_ack = frozenset()
+        if lost:
+            await self.lifecycle.lost(lost)

@@ -1,0 +1,88 @@
+"""An in-process coordinator for member-runtime tests under trio's autojump clock.
+
+It implements the member's transport (`heartbeat(request) -> response`) with
+the real pure core (`rsc.events.group`) and the real response rendering
+(`rsc.events.wire.respond`), with trio's clock as time and ticks every 100 ms.
+It can be partitioned from a member (requests hang, as a lost network does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import trio
+
+from rsc.client.errors import CoordinatorRejected
+from rsc.events import group
+from rsc.events.commands import CreateGroup, GroupCommand, Tick
+from rsc.events.errors import CoordinationError
+from rsc.events.events import GroupEvent
+from rsc.events.model import DrainProgress, Layout, Shard, Timing
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, respond
+
+TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
+
+
+def now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class LocalCoordinator:
+    def __init__(self, shards: int = 6, timing: Timing = TIMING) -> None:
+        layout = Layout(1, tuple(Shard(i, f"s:{{s:{i}}}") for i in range(shards)))
+        self.state, self.events = group.execute(None, CreateGroup("s", "g", layout, timing))
+        self.events = list(self.events)
+        self.partitioned: set[str] = set()
+        self.requests = 0
+
+    def run(self, command: GroupCommand) -> list[GroupEvent]:
+        self.state, events = group.execute(self.state, command)
+        self.events.extend(events)
+        return events
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        self.requests += 1
+        if request.member_id in self.partitioned:
+            await trio.sleep_forever()
+        try:
+            command = request.to_command(now_ms())
+            events = self.run(command)
+        except CoordinationError as exc:
+            raise CoordinatorRejected(400, exc.code, exc.message) from exc
+        await trio.sleep(0.005)  # a round trip
+        return respond(self.state, command, events)
+
+    async def ticks(self) -> None:
+        while True:
+            await trio.sleep(0.1)
+            self.run(Tick(now_ms()))
+
+
+class Recorder:
+    """A ShardLifecycle that records what it was told, with trio times."""
+
+    def __init__(self, name: str, log: list[tuple[float, str, str, frozenset[int]]]) -> None:
+        self.name = name
+        self.log = log
+        self.reading: set[int] = set()
+        self.workers: list[int] = []
+        self.revoke_delay = 0.0
+
+    async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
+        self.reading |= shards
+        self.log.append((trio.current_time(), self.name, "assigned", shards))
+
+    async def revoke(self, shards: frozenset[int]) -> None:
+        await trio.sleep(self.revoke_delay)
+        self.reading -= shards
+        self.log.append((trio.current_time(), self.name, "revoke", shards))
+
+    async def lost(self, shards: frozenset[int]) -> None:
+        self.reading -= shards
+        self.log.append((trio.current_time(), self.name, "lost", shards))
+
+    async def concurrency(self, workers: int) -> None:
+        self.workers.append(workers)
+
+    def drain_progress(self) -> Sequence[DrainProgress]:
+        return ()

@@ -1,0 +1,70 @@
+"""`rsc.client` against `serve` over a real socket and real Redis: the HTTP client and two members."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from rsc.client.coordinator import Backoff, Coordinator
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
+from rsc.client.member import Member
+from rsc.events.model import HeartbeatStatus
+from rsc.events.wire import HeartbeatRequest
+from tests.clientkit import Recorder
+from tests.httpkit import FAST, serve_on
+from tests.redis_servers import free_port
+from tests.test_member import Log, never_overlapping
+
+
+@pytest.fixture
+async def base_url(standalone_url: str) -> AsyncIterator[str]:
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url)) as http:
+        yield str(http.base_url)
+
+
+async def test_errors_map_to_the_clients_own_exceptions(base_url: str, prefix: str) -> None:
+    async with Coordinator(base_url) as coordinator:
+        bad = HeartbeatRequest(99, prefix, "billing", "a", "i", 0)
+        with pytest.raises(CoordinatorRejected) as rejected:
+            await coordinator.heartbeat(bad)
+        assert (rejected.value.status, rejected.value.code) == (400, "UNSUPPORTED_PROTOCOL_VERSION")
+        assert rejected.value.request_id
+        ok = await coordinator.heartbeat(HeartbeatRequest(1, prefix, "billing", "a", "i", 0))
+        assert ok.status is HeartbeatStatus.OK
+        both = await coordinator.heartbeats([HeartbeatRequest(1, prefix, "billing", "b", "i", 0), bad])
+        assert isinstance(both[1], CoordinatorRejected)
+        assert both[1].code == "UNSUPPORTED_PROTOCOL_VERSION"
+    nobody = f"http://127.0.0.1:{free_port()}"
+    async with Coordinator(nobody, retries=2, backoff=Backoff(0.01, 0.02)) as coordinator:
+        with pytest.raises(CoordinatorUnavailable):
+            await coordinator.heartbeat(HeartbeatRequest(1, prefix, "billing", "a", "i", 0))
+
+
+async def test_two_members_share_a_stream_and_one_leaves(base_url: str, prefix: str) -> None:
+    log: Log = []
+    ra, rb = Recorder("a", log), Recorder("b", log)
+    async with Coordinator(base_url) as coordinator, trio.open_nursery() as nursery:
+        a = Member(coordinator, prefix, "billing", "10.0.0.1/w/0", ra)
+        b = Member(coordinator, prefix, "billing", "10.0.0.2/w/0", rb)
+        await nursery.start(a.run)
+        with trio.fail_after(10):
+            while ra.reading != {0, 1, 2, 3}:
+                await trio.sleep(0.05)
+        await nursery.start(b.run)
+        with trio.fail_after(10):
+            while not (len(ra.reading) == len(rb.reading) == 2):
+                await trio.sleep(0.05)
+        b.stop()
+        await b.wait_left()
+        with trio.fail_after(10):
+            while ra.reading != {0, 1, 2, 3}:
+                await trio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=base_url) as http:
+            view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+        assert [m["memberId"] for m in view["members"]] == ["10.0.0.1/w/0"]
+        a.stop()
+    never_overlapping(log)
