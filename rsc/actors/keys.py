@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import attrs
 
+from rsc.events.wire import owner_key
+
 SCHEMA_VERSION = 1
 PREFIX = f"rsc:v{SCHEMA_VERSION}"
 #: The set of every stream prefix the coordinator has created.
@@ -45,6 +47,5 @@ class AggregateId:
         return self.tag
 
 
-def owner_key(shard_key: str) -> str:
-    """The hash of owner tokens of one shard (field: group), in the shard key's slot."""
-    return f"{shard_key}:{PREFIX}:owners"
+# The owner-token key is part of the wire contract (clients' ack scripts use it).
+__all__ = ["PREFIX", "SCHEMA_VERSION", "STREAMS_KEY", "AggregateId", "owner_key"]

@@ -215,3 +215,12 @@ class OwnerToken:
     member_id: str
     incarnation: str
     member_epoch: int
+
+
+#: The owner-token hash next to a shard key (same hash slot), field = group (metadata schema v1).
+OWNERS_SUFFIX = ":rsc:v1:owners"
+
+
+def owner_key(shard_key: str) -> str:
+    """The hash of owner tokens of one shard (field: group), in the shard key's slot."""
+    return f"{shard_key}{OWNERS_SUFFIX}"

@@ -1,0 +1,400 @@
+"""The built-in poller: a `ShardLifecycle` that reads a member's shards and runs a handler.
+
+* Fair: owned shards are read round robin, `batch` entries at a time, and at
+  most `prefetch` entries wait in memory, so a busy shard never starves the
+  others.
+* `max_concurrency` workers (from the coordinator, resized live) run the
+  handler; entries of one shard are handled in order, one at a time.
+* Fenced: every read, claim and acknowledgement goes through a script that
+  first checks the shard's owner token (PROTOCOL section 4); a fenced member
+  cannot acknowledge what a new owner has claimed. A refusal means the shard
+  is no longer this member's: it is dropped at once.
+* At-least-once: an entry is acknowledged only after the handler returned.
+  A failed entry stays pending and is claimed again after `retry_after_ms`;
+  after `max_deliveries` deliveries it is moved to the dead-letter stream
+  `<shard key>:dlq` (same hash slot) and acknowledged, atomically.
+* Takeover: a newly assigned shard first claims what earlier owners read but
+  never acknowledged (XAUTOCLAIM), then reads new entries; from time to time
+  entries left idle under other consumer names are claimed too.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from rsc.events.model import DrainProgress, Layout
+from rsc.events.wire import owner_key
+
+log = logging.getLogger("rsc.client.poller")
+
+_CHECK = """
+local token = redis.call('HGET', KEYS[2], ARGV[1])
+if not token then return redis.error_reply('FENCED no owner') end
+local t = cjson.decode(token)
+if t['memberId'] ~= ARGV[2] or t['incarnation'] ~= ARGV[3] then
+  return redis.error_reply('FENCED owned by another member')
+end
+"""
+# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count
+READ = (
+    _CHECK
+    + """
+return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[1], '>')
+"""
+)
+# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, min idle ms, count, cursor
+CLAIM = (
+    _CHECK
+    + """
+local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[4], ARGV[5], ARGV[7], 'COUNT', ARGV[6])
+local out = {}
+for i, e in ipairs(r[2]) do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+  out[i] = {e[1], e[2], p[1] and p[1][4] or 1}
+end
+return {r[1], out}
+"""
+)
+# KEYS: shard, owners; ARGV: group, member, incarnation, ids...
+ACK = (
+    _CHECK
+    + """
+return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4))
+"""
+)
+# KEYS: shard, owners, dead letters; ARGV: group, member, incarnation, id, deliveries, field/value...
+DEAD = (
+    _CHECK
+    + """
+redis.call('XADD', KEYS[3], '*', 'rscSourceId', ARGV[4], 'rscDeliveries', ARGV[5], unpack(ARGV, 6))
+return redis.call('XACK', KEYS[1], ARGV[1], ARGV[4])
+"""
+)
+
+
+class Fenced(Exception):
+    """The shard's owner token names someone else: this member must not touch the shard."""
+
+
+@attrs.frozen
+class Message:
+    shard: int
+    key: str
+    id: str
+    fields: Mapping[str, str]
+    deliveries: int = 1
+
+
+Handler = Callable[[Message], Awaitable[None]]
+
+
+@attrs.frozen
+class PollerSettings:
+    batch: int = 100
+    prefetch: int = 1_000
+    idle_sleep_s: float = 0.05
+    retry_after_ms: int = 1_000
+    max_deliveries: int = 5
+    reclaim_every_s: float = 1.0
+    ack_every_s: float = 0.005
+    revoke_timeout_s: float = 30.0
+
+
+class _Shard:
+    def __init__(self, index: int, key: str) -> None:
+        self.index = index
+        self.key = key
+        self.queue: collections.deque[Message] = collections.deque()
+        self.busy = False
+        self.claimed_backlog = False
+        self.claim_cursor = "0-0"
+        self.acks: list[str] = []
+        self.handling: str | None = None
+        self.idle = trio.Event()
+        self.idle.set()
+        self.scope = trio.CancelScope()
+        self.cancelled = False
+
+
+class Poller:
+    """Reads the shards a member owns and hands their entries to `handler` (see the module doc)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        group: str,
+        member_id: str,
+        incarnation: str,
+        handler: Handler,
+        settings: PollerSettings = PollerSettings(),
+    ) -> None:
+        self.redis = redis
+        self.group = group
+        self.member_id = member_id
+        self.incarnation = incarnation
+        self.handler = handler
+        self.settings = settings
+        self.shards: dict[int, _Shard] = {}
+        self.ready: collections.deque[_Shard] = collections.deque()
+        self.workers = 1
+        self.buffered = 0
+        self.handled = 0
+        self.dead_lettered = 0
+        self._wake = trio.Event()
+        self._read = redis.register_script(READ)
+        self._claim = redis.register_script(CLAIM)
+        self._ack = redis.register_script(ACK)
+        self._dead = redis.register_script(DEAD)
+        self._nursery: trio.Nursery | None = None
+        self._worker_scopes: list[trio.CancelScope] = []
+
+    # --- running ----------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._reader)
+            nursery.start_soon(self._acker)
+            nursery.start_soon(self._reclaimer)
+            self._resize(self.workers)
+            task_status.started()
+
+    # --- ShardLifecycle -------------------------------------------------
+
+    async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
+        keys = {s.index: s.key for s in layout.shards}
+        for index in shards:
+            self.shards[index] = _Shard(index, keys[index])
+        self._poke()
+
+    async def revoke(self, shards: frozenset[int]) -> None:
+        """Stop reading, let in-flight entries finish (bounded), flush their acks, forget the shards."""
+        gone = [self.shards[i] for i in shards if i in self.shards]
+        for shard in gone:
+            self._drop_queue(shard)
+        with trio.move_on_after(self.settings.revoke_timeout_s):
+            for shard in gone:
+                await shard.idle.wait()
+        for shard in gone:
+            shard.cancelled = True  # only if it overran the revoke timeout
+            shard.scope.cancel()
+            await self._flush(shard)
+            self.shards.pop(shard.index, None)
+
+    async def lost(self, shards: frozenset[int]) -> None:
+        """Stop at once: cancel in-flight handlers; pending acks are dropped (someone else owns it)."""
+        for index in shards:
+            shard = self.shards.pop(index, None)
+            if shard is not None:
+                self._drop_queue(shard)
+                shard.cancelled = True
+                shard.scope.cancel()
+                shard.acks.clear()
+
+    async def concurrency(self, workers: int) -> None:
+        self._resize(workers)
+
+    def drain_progress(self) -> Sequence[DrainProgress]:
+        return ()
+
+    # --- reading ----------------------------------------------------------
+
+    async def _reader(self) -> None:
+        sleep = self.settings.idle_sleep_s
+        while True:
+            got = 0
+            for shard in list(self.shards.values()):
+                room = self.settings.prefetch - self.buffered
+                if room <= 0:
+                    break
+                got += await self._fill(shard, min(room, self.settings.batch))
+            if got:
+                sleep = self.settings.idle_sleep_s
+                continue
+            with trio.move_on_after(sleep):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            sleep = min(sleep * 2, 0.2)
+
+    async def _fill(self, shard: _Shard, count: int) -> int:
+        try:
+            if not shard.claimed_backlog:
+                messages, shard.claim_cursor = await self._claim_entries(shard, 0, count, shard.claim_cursor)
+                shard.claimed_backlog = shard.claim_cursor == "0-0"
+            else:
+                messages = await self._read_new(shard, count)
+        except Fenced as exc:
+            log.warning("%s: shard %s fenced: %s", self.member_id, shard.index, exc)
+            await self.lost(frozenset({shard.index}))
+            return 0
+        self._enqueue(shard, messages)
+        return len(messages)
+
+    async def _read_new(self, shard: _Shard, count: int) -> list[Message]:
+        reply = await self._call(self._read, shard, [self.member_id, count])
+        if not reply:
+            return []
+        return [Message(shard.index, shard.key, e[0], _pairs(e[1])) for e in reply[0][1]]
+
+    async def _claim_entries(
+        self, shard: _Shard, min_idle_ms: int, count: int, cursor: str = "0-0"
+    ) -> tuple[list[Message], str]:
+        """Claim pending entries idle at least `min_idle_ms`, from `cursor`; and the next cursor."""
+        reply = await self._call(self._claim, shard, [self.member_id, min_idle_ms, count, cursor])
+        next_cursor, entries = str(reply[0]), reply[1] or []
+        messages = [
+            Message(shard.index, shard.key, e[0], _pairs(e[1]), int(e[2]))
+            for e in entries
+            if e[1] is not None  # deleted entries: XAUTOCLAIM drops them from the PEL
+        ]
+        return messages, next_cursor
+
+    async def _reclaimer(self) -> None:
+        """Entries that failed (or were left idle under other consumer names) come back here."""
+        while True:
+            await trio.sleep(self.settings.reclaim_every_s)
+            for shard in list(self.shards.values()):
+                if not shard.claimed_backlog:
+                    continue
+                try:
+                    messages, _ = await self._claim_entries(shard, self.settings.retry_after_ms, 100)
+                except Fenced:
+                    await self.lost(frozenset({shard.index}))
+                    continue
+                known = {m.id for m in shard.queue} | {shard.handling}
+                self._enqueue(shard, [m for m in messages if m.id not in known])
+
+    def _enqueue(self, shard: _Shard, messages: list[Message]) -> None:
+        if not messages or self.shards.get(shard.index) is not shard:
+            return
+        shard.queue.extend(messages)
+        self.buffered += len(messages)
+        if not shard.busy and shard not in self.ready:
+            self.ready.append(shard)
+        self._poke()
+
+    def _drop_queue(self, shard: _Shard) -> None:
+        self.buffered -= len(shard.queue)
+        shard.queue.clear()
+        if shard in self.ready:
+            self.ready.remove(shard)
+
+    # --- handling -------------------------------------------------------
+
+    def _resize(self, workers: int) -> None:
+        self.workers = max(1, workers)
+        if self._nursery is None:
+            return
+        while len(self._worker_scopes) < self.workers:
+            scope = trio.CancelScope()
+            self._worker_scopes.append(scope)
+            self._nursery.start_soon(self._worker, scope)
+        while len(self._worker_scopes) > self.workers:
+            self._worker_scopes.pop().cancel()
+
+    async def _worker(self, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                if not self.ready:
+                    self._work = getattr(self, "_work", None) or trio.Event()
+                    await self._work.wait()
+                    continue
+                shard = self.ready.popleft()
+                message = shard.queue.popleft()
+                self.buffered -= 1
+                shard.busy = True
+                shard.handling = message.id
+                shard.idle = trio.Event()
+                try:
+                    await self._handle(shard, message)
+                finally:
+                    shard.busy = False
+                    shard.handling = None
+                    shard.idle.set()
+                    if shard.queue and self.shards.get(shard.index) is shard:
+                        self.ready.append(shard)
+                        self._poke()
+
+    async def _handle(self, shard: _Shard, message: Message) -> None:
+        with trio.CancelScope() as shard.scope:
+            if shard.cancelled:
+                return
+            if message.deliveries > self.settings.max_deliveries:
+                await self._dead_letter(shard, message)
+                return
+            try:
+                await self.handler(message)
+            except Exception:
+                log.exception("%s: handler failed on %s %s", self.member_id, message.key, message.id)
+                return  # stays pending: claimed again after retry_after_ms
+            self.handled += 1
+            shard.acks.append(message.id)
+
+    async def _dead_letter(self, shard: _Shard, message: Message) -> None:
+        flat = [x for pair in message.fields.items() for x in pair]
+        try:
+            await self._dead(
+                keys=[shard.key, owner_key(shard.key), f"{shard.key}:dlq"],
+                args=[self.group, self.member_id, self.incarnation, message.id, message.deliveries, *flat],
+            )
+            self.dead_lettered += 1
+        except Exception as exc:
+            if _is_fenced(exc):
+                await self.lost(frozenset({shard.index}))
+            else:
+                raise
+
+    # --- acknowledging --------------------------------------------------
+
+    async def _acker(self) -> None:
+        while True:
+            await trio.sleep(self.settings.ack_every_s)
+            for shard in list(self.shards.values()):
+                await self._flush(shard)
+
+    async def _flush(self, shard: _Shard) -> None:
+        if not shard.acks:
+            return
+        ids, shard.acks = shard.acks, []
+        try:
+            await self._call(self._ack, shard, ids)
+        except Fenced as exc:
+            log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, exc)
+            await self.lost(frozenset({shard.index}))
+
+    # --- plumbing ---------------------------------------------------------
+
+    async def _call(self, script: Any, shard: _Shard, args: list[Any]) -> Any:
+        try:
+            return await script(
+                keys=[shard.key, owner_key(shard.key)],
+                args=[self.group, self.member_id, self.incarnation, *args],
+            )
+        except Exception as exc:
+            if _is_fenced(exc):
+                raise Fenced(str(exc)) from exc
+            raise
+
+    def _poke(self) -> None:
+        self._wake.set()
+        work = getattr(self, "_work", None)
+        if work is not None:
+            work.set()
+            self._work = None
+
+
+def _is_fenced(exc: Exception) -> bool:
+    return "FENCED" in str(exc)
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    if isinstance(flat, dict):
+        return {str(k): str(v) for k, v in flat.items()}
+    items = list(flat or [])
+    return {str(items[i]): str(items[i + 1]) for i in range(0, len(items), 2)}

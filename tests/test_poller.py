@@ -1,0 +1,236 @@
+"""The built-in poller on real Redis, behind a real coordinator: consume, fence, dead-letter, take over."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import attrs
+import httpx
+import pytest
+import redis
+import trio
+
+from rsc.actors.connect import open_redis
+from rsc.client.coordinator import Coordinator
+from rsc.client.member import Member
+from rsc.client.poller import Fenced, Message, Poller, PollerSettings
+from rsc.events.wire import owner_key
+from tests.httpkit import FAST, serve_on
+
+FAST_POLL = PollerSettings(retry_after_ms=100, reclaim_every_s=0.1, max_deliveries=2)
+
+
+@pytest.fixture
+async def base_url(standalone_url: str) -> AsyncIterator[str]:
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url)) as http:
+        yield str(http.base_url)
+
+
+@pytest.fixture
+def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(standalone_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+async def shard_keys(base_url: str, prefix: str) -> list[str]:
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        routing = (await http.get(f"/v1/streams/{prefix}/routing")).json()
+    return [s["key"] for s in routing["shards"]]
+
+
+async def wait_for(condition: object, seconds: float = 10) -> None:
+    with trio.fail_after(seconds):
+        while not condition():  # type: ignore[operator]
+            await trio.sleep(0.02)
+
+
+async def run_member(
+    nursery: trio.Nursery,
+    coordinator: Coordinator,
+    r: object,
+    prefix: str,
+    name: str,
+    handler: object,
+    settings: PollerSettings = FAST_POLL,
+) -> tuple[Member, Poller]:
+    incarnation = f"{name}-inc"
+    poller = Poller(r, "billing", name, incarnation, handler, settings)  # type: ignore[arg-type]
+    await nursery.start(poller.run)
+    member = Member(coordinator, prefix, "billing", name, poller, incarnation=incarnation)
+    await nursery.start(member.run)
+    return member, poller
+
+
+async def test_consumes_everything_and_acks(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    seen: list[tuple[int, str]] = []
+
+    async def handle(message: Message) -> None:
+        seen.append((message.shard, message.fields["n"]))
+
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        member, _ = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+        await wait_for(lambda: len(member.owned) == 4)
+        keys = await shard_keys(base_url, prefix)
+        for n in range(200):
+            sync_redis.xadd(keys[n % 4], {"n": str(n)})
+        await wait_for(lambda: len(seen) == 200)
+        await wait_for(lambda: all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys))
+        member.stop()
+        await member.wait_left()
+        nursery.cancel_scope.cancel()
+    assert sorted(int(n) for _, n in seen) == list(range(200))
+    for shard in range(4):  # per-shard order kept
+        mine = [int(n) for s, n in seen if s == shard]
+        assert mine == sorted(mine)
+
+
+async def test_a_busy_shard_does_not_starve_the_others(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    order: list[int] = []
+
+    async def handle(message: Message) -> None:
+        order.append(message.shard)
+        await trio.sleep(0.001)
+
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        member, _ = await run_member(
+            nursery, coordinator, r, prefix, "w0", handle, attrs.evolve(FAST_POLL, batch=10, prefetch=20)
+        )
+        await wait_for(lambda: len(member.owned) == 4)
+        keys = await shard_keys(base_url, prefix)
+        for n in range(500):  # shard 0 is hot
+            sync_redis.xadd(keys[0], {"n": str(n)})
+        for k in keys[1:]:
+            sync_redis.xadd(k, {"n": "cold"})
+        await wait_for(lambda: len(order) == 503)
+        nursery.cancel_scope.cancel()
+    # The three cold entries are handled early, not after the 500 hot ones.
+    assert max(i for i, shard in enumerate(order) if shard != 0) < 100
+
+
+async def test_failing_entries_are_retried_then_dead_lettered(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    attempts: list[str] = []
+
+    async def handle(message: Message) -> None:
+        attempts.append(message.id)
+        if message.fields["n"] == "poison":
+            raise ValueError("cannot handle this")
+
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+        await wait_for(lambda: len(member.owned) == 4)
+        key = (await shard_keys(base_url, prefix))[1]
+        poison = sync_redis.xadd(key, {"n": "poison"})
+        sync_redis.xadd(key, {"n": "fine"})
+        await wait_for(lambda: poller.dead_lettered == 1)
+        nursery.cancel_scope.cancel()
+    assert attempts.count(poison) == 2  # max_deliveries
+    dead = sync_redis.xrange(f"{key}:dlq")
+    assert dead[0][1] == {"rscSourceId": poison, "rscDeliveries": "3", "n": "poison"}
+    assert sync_redis.xpending(key, "billing")["pending"] == 0
+
+
+async def test_takeover_claims_what_earlier_owners_left_pending(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.fields["n"])
+
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        first, _ = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+        await wait_for(lambda: len(first.owned) == 4)
+        keys_before = await shard_keys(base_url, prefix)
+        first.stop()
+        await first.wait_left()
+        # An earlier owner read these and died before acknowledging them.
+        for n in range(5):
+            sync_redis.xadd(keys_before[2], {"n": f"left-{n}"})
+        sync_redis.xreadgroup("billing", "10.9.9.9/old/0", {keys_before[2]: ">"})
+        assert sync_redis.xpending(keys_before[2], "billing")["pending"] == 5
+        no_reclaim = attrs.evolve(FAST_POLL, reclaim_every_s=3600)  # only the takeover claims them
+        await run_member(nursery, coordinator, r, prefix, "w1", handle, no_reclaim)
+        await wait_for(lambda: len(handled) == 5)
+        await wait_for(lambda: sync_redis.xpending(keys_before[2], "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()
+    assert sorted(handled) == [f"left-{n}" for n in range(5)]
+
+
+async def test_a_fenced_member_cannot_acknowledge(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    release = trio.Event()
+
+    async def handle(message: Message) -> None:
+        await release.wait()
+
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+        await wait_for(lambda: len(member.owned) == 4)
+        key = (await shard_keys(base_url, prefix))[0]
+        sync_redis.xadd(key, {"n": "1"})
+        await wait_for(lambda: poller.shards[0].handling is not None)
+        # Another member now owns shard 0 (as after this one was fenced and the shard moved).
+        sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"x","memberEpoch":9}')
+        release.set()
+        await wait_for(lambda: 0 not in poller.shards)  # the refused ack dropped the shard
+        nursery.cancel_scope.cancel()
+    assert sync_redis.xpending(key, "billing")["pending"] == 1  # left for the new owner
+
+
+async def test_the_scripts_check_the_owner_token(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", _ignore)
+        await wait_for(lambda: len(member.owned) == 4)
+        key = (await shard_keys(base_url, prefix))[3]
+        entry = sync_redis.xadd(key, {"n": "1"})
+        sync_redis.xreadgroup("billing", "w0", {key: ">"})
+        shard = poller.shards[3]
+        impostor = Poller(r, "billing", "w0", "another-incarnation", _ignore)
+        for script, args in [
+            (impostor._ack, [entry]),
+            (impostor._read, ["w0", 10]),
+            (impostor._claim, ["w0", 0, 10, "0-0"]),
+        ]:
+            with pytest.raises(Fenced):
+                await impostor._call(script, shard, args)
+        assert sync_redis.xpending(key, "billing")["pending"] == 1
+        assert await poller._call(poller._ack, shard, [entry]) == 1  # the owner's own ack goes through
+        nursery.cancel_scope.cancel()
+
+
+async def _ignore(message: Message) -> None:
+    return None
