@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,6 +20,7 @@ from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
+from rsc.client.app import App
 from rsc.demo import run_demo
 from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
@@ -234,3 +237,43 @@ def serve(config_path: str | None, bind: str, demo: bool) -> None:
             trio.run(run, effective)
         except StoreUnavailable as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+# --- rsc worker --------------------------------------------------------------
+
+
+@main.command()
+@click.argument("target")
+@click.option("--coordinator", "coordinator_url", help="Coordinator URL (default: RSC_COORDINATOR_URL).")
+@click.option("--redis", "redis_url", help="Redis URL of the data plane (default: RSC_REDIS_URL).")
+@click.option(
+    "--stop-timeout", default=30.0, show_default=True, type=float, help="Seconds to let in-flight work end."
+)
+def worker(target: str, coordinator_url: str | None, redis_url: str | None, stop_timeout: float) -> None:
+    """Run the listeners of TARGET (`module:app`) until SIGINT/SIGTERM, then leave gracefully."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        app = getattr(module, attribute or "app")
+    except (ImportError, AttributeError) as exc:
+        raise click.ClickException(f"cannot load {target!r}: {exc}") from exc
+    if not isinstance(app, App):
+        raise click.ClickException(f"{target!r} is not an rsc.client.App")
+    if coordinator_url:
+        app.coordinator_url = coordinator_url
+    if redis_url:
+        app.redis_url = redis_url
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(app.run)
+            click.echo(f"rsc worker: {len(app.members)} member(s) running; SIGINT/SIGTERM to stop")
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    click.echo(f"rsc worker: {signal.Signals(signum).name}, leaving")
+                    break
+            app.stop()
+            nursery.cancel_scope.deadline = trio.current_time() + stop_timeout
+
+    trio.run(run)

@@ -9,9 +9,11 @@ import httpx
 import pytest
 import trio
 
+from rsc.client.app import App, pod_ip
 from rsc.client.coordinator import Backoff, Coordinator
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
-from rsc.client.member import Member
+from rsc.client.member import Member, MemberSettings
+from rsc.client.poller import Message
 from rsc.events.model import HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest
 from tests.clientkit import Recorder
@@ -68,3 +70,31 @@ async def test_two_members_share_a_stream_and_one_leaves(base_url: str, prefix: 
         assert [m["memberId"] for m in view["members"]] == ["10.0.0.1/w/0"]
         a.stop()
     never_overlapping(log)
+
+
+async def test_an_app_with_concurrency_4_joins_four_members_batched(
+    base_url: str, standalone_url: str, prefix: str
+) -> None:
+    app = App(base_url, standalone_url, member_settings=MemberSettings(heartbeat_interval_ms=100))
+
+    @app.listener(stream=prefix, group="billing", concurrency=4, name="orders-worker")
+    async def handle(message: Message) -> None:
+        return None
+
+    async with httpx.AsyncClient(base_url=base_url) as http, trio.open_nursery() as nursery:
+        await nursery.start(app.run)
+
+        async def members() -> list[str]:
+            view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+            return sorted(m["memberId"] for m in view.get("members", []) if m["state"] == "STABLE")
+
+        with trio.fail_after(10):
+            while len(await members()) != 4:
+                await trio.sleep(0.05)
+        ip = pod_ip()
+        assert await members() == [f"{ip}/orders-worker/{i}" for i in range(4)]
+        assert sorted(len(m.owned) for m in app.members) == [1, 1, 1, 1]
+        metrics = (await http.get("/metrics")).text
+        assert 'rsc_heartbeat_seconds_count{endpoint="batch"}' in metrics
+        assert 'rsc_heartbeat_seconds_count{endpoint="single"}' not in metrics  # all went batched
+        app.stop()

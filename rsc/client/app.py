@@ -1,0 +1,151 @@
+"""The listener API: an `App` whose listeners each run `concurrency` members with a built-in poller.
+
+    app = App()
+
+    @app.listener(stream="orders", group="billing", concurrency=4)
+    async def handle(message: Message) -> None:
+        ...
+
+`rsc worker module:app` runs it until SIGINT/SIGTERM. Member ids are
+`<pod ip>/<listener name>/<index>` (the pod IP from `POD_IP`, else this
+host's address); all members of the process heartbeat together through
+`POST /v1/heartbeats`. The coordinator URL and Redis URL come from the
+arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from rsc.client.batching import BatchingTransport
+from rsc.client.coordinator import Coordinator
+from rsc.client.member import Member, MemberSettings
+from rsc.client.poller import Handler, Poller, PollerSettings
+from rsc.connect import DEFAULT_REDIS_URL, open_redis
+
+log = logging.getLogger("rsc.client.app")
+DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
+
+
+@attrs.frozen
+class Listener:
+    name: str
+    stream: str
+    group: str
+    concurrency: int
+    handler: Handler
+    poller: PollerSettings
+
+
+def pod_ip() -> str:
+    """`POD_IP`, else the address this host's name resolves to, else 127.0.0.1."""
+    if ip := os.environ.get("POD_IP"):
+        return ip
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class App:
+    def __init__(
+        self,
+        coordinator_url: str | None = None,
+        redis_url: str | None = None,
+        *,
+        member_settings: MemberSettings | None = None,
+    ) -> None:
+        self.coordinator_url = coordinator_url
+        self.redis_url = redis_url
+        self.member_settings = member_settings or MemberSettings()
+        self.listeners: list[Listener] = []
+        self.members: list[Member] = []
+        self.pollers: list[Poller] = []
+        self._stop = trio.Event()
+
+    def listener(
+        self,
+        *,
+        stream: str,
+        group: str,
+        concurrency: int = 1,
+        name: str | None = None,
+        poller: PollerSettings | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register `handler` for `stream`/`group`; `concurrency` member ids join the group."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+
+        def register(handler: Handler) -> Handler:
+            listener_name = name or handler.__name__.replace("_", "-")
+            if not _NAME.match(listener_name):
+                raise ValueError(f"listener name {listener_name!r}: letters, digits, '.', '_', ':', '-'")
+            settings = poller or PollerSettings()
+            self.listeners.append(Listener(listener_name, stream, group, concurrency, handler, settings))
+            return handler
+
+        return register
+
+    def stop(self) -> None:
+        """Leave gracefully: in-flight work finishes (bounded), revokes are acked, members leave."""
+        self._stop.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        coordinator_url = (
+            self.coordinator_url or os.environ.get("RSC_COORDINATOR_URL") or DEFAULT_COORDINATOR_URL
+        )
+        redis_url = self.redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
+        ip = pod_ip()
+        async with (
+            Coordinator(coordinator_url) as coordinator,
+            open_redis(redis_url) as redis,
+            trio.open_nursery() as services,
+        ):
+            transport = BatchingTransport(coordinator)
+            await services.start(transport.run)
+            async with trio.open_nursery() as members:
+                for listener in self.listeners:
+                    for index in range(listener.concurrency):
+                        await self._start_member(members, services, transport, redis, ip, listener, index)
+                task_status.started()
+                await self._stop.wait()
+                for member in self.members:
+                    member.stop()
+            services.cancel_scope.cancel()
+
+    async def _start_member(
+        self,
+        members: trio.Nursery,
+        services: trio.Nursery,
+        transport: BatchingTransport,
+        redis: object,
+        ip: str,
+        listener: Listener,
+        index: int,
+    ) -> None:
+        member_id = f"{ip}/{listener.name}/{index}"
+        incarnation = uuid.uuid4().hex
+        poller = Poller(redis, listener.group, member_id, incarnation, listener.handler, listener.poller)
+        await services.start(poller.run)
+        member = Member(
+            transport,
+            listener.stream,
+            listener.group,
+            member_id,
+            poller,
+            incarnation=incarnation,
+            settings=self.member_settings,
+        )
+        await members.start(member.run)
+        self.pollers.append(poller)
+        self.members.append(member)
+        log.info("member %s joins %s/%s", member_id, listener.stream, listener.group)

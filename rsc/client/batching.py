@@ -1,0 +1,82 @@
+"""Heartbeats of one process's members in one request (`POST /v1/heartbeats`).
+
+`BatchingTransport` is a member transport: each member's `heartbeat` call
+waits at most `linger_s` for the other members of the process to heartbeat
+too, then one request carries them all and each member gets its own answer
+(or its own error). Members started together heartbeat at the same interval,
+so after the first round they travel together.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from rsc.client.coordinator import Coordinator
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+
+
+class _Slot:
+    def __init__(self, request: HeartbeatRequest) -> None:
+        self.request = request
+        self.done = trio.Event()
+        self.response: HeartbeatResponse | None = None
+        self.error: Exception | None = None
+
+
+class BatchingTransport:
+    def __init__(self, coordinator: Coordinator, linger_s: float = 0.005, max_batch: int = 500) -> None:
+        self.coordinator = coordinator
+        self.linger_s = linger_s
+        self.max_batch = max_batch
+        self.requests_sent = 0
+        self._pending: list[_Slot] = []
+        self._flush_scheduled = False
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve batches until cancelled (start it in the nursery the members run in)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        if self._nursery is None:
+            return await self.coordinator.heartbeat(request)
+        slot = _Slot(request)
+        self._pending.append(slot)
+        if len(self._pending) >= self.max_batch:
+            self._nursery.start_soon(self._flush)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._nursery.start_soon(self._flush_later)
+        await slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        assert slot.response is not None
+        return slot.response
+
+    async def _flush_later(self) -> None:
+        await trio.sleep(self.linger_s)
+        self._flush_scheduled = False
+        await self._flush()
+
+    async def _flush(self) -> None:
+        slots, self._pending = self._pending, []
+        if not slots:
+            return
+        self.requests_sent += 1
+        try:
+            answers = await self.coordinator.heartbeats([s.request for s in slots])
+        except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+            for slot in slots:
+                slot.error = exc
+                slot.done.set()
+            return
+        for slot, answer in zip(slots, answers, strict=True):
+            if isinstance(answer, CoordinatorRejected):
+                slot.error = answer
+            else:
+                slot.response = answer
+            slot.done.set()

@@ -1,0 +1,111 @@
+"""`rsc worker` processes against a real coordinator and Redis: join, kill -9, graceful stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import redis
+import trio
+
+from tests.httpkit import FAST, serve_on
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(standalone_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def start_worker(
+    base_url: str, redis_url: str, prefix: str, ip: str, concurrency: int
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "POD_IP": ip,
+        "RSC_TEST_STREAM": prefix,
+        "RSC_TEST_RESULTS": f"{prefix}:results",
+        "RSC_TEST_CONCURRENCY": str(concurrency),
+        "RSC_REDIS_URL": redis_url,
+    }
+    command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base_url]
+    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def group_view(http: httpx.AsyncClient, prefix: str) -> dict[str, Any]:
+    response = await http.get(f"/v1/streams/{prefix}/groups/billing")
+    return response.json() if response.status_code == 200 else {"members": []}
+
+
+async def until(condition: Any, seconds: float = 20) -> None:
+    with trio.fail_after(seconds):
+        while not await condition():
+            await trio.sleep(0.1)
+
+
+async def test_workers_share_survive_a_kill_and_stop_gracefully(
+    standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, heartbeat_interval_ms=200, member_lease_ttl_ms=2_000
+    )
+    async with serve_on(settings) as http:
+        base_url = str(http.base_url)
+        first = start_worker(base_url, standalone_url, prefix, "10.0.0.1", 2)
+        second = start_worker(base_url, standalone_url, prefix, "10.0.0.2", 2)
+        try:
+
+            async def four_members() -> bool:
+                view = await group_view(http, prefix)
+                return len(view["members"]) == 4 and all(m["state"] == "STABLE" for m in view["members"])
+
+            await until(four_members)
+            ids = sorted(m["memberId"] for m in (await group_view(http, prefix))["members"])
+            assert ids == [f"10.0.0.{w}/handle/{i}" for w in (1, 2) for i in (0, 1)]
+            keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+            published = {sync_redis.xadd(keys[n % len(keys)], {"n": str(n)}) for n in range(400)}
+
+            async def some_handled() -> bool:
+                return sync_redis.llen(f"{prefix}:results") >= 50
+
+            await until(some_handled)
+            first.send_signal(signal.SIGKILL)  # mid-stream: its unacknowledged entries must not be lost
+            first.wait()
+
+            async def all_handled() -> bool:
+                seen = {line.split()[1] for line in sync_redis.lrange(f"{prefix}:results", 0, -1)}
+                return published <= seen
+
+            await until(all_handled, 30)
+            view = await group_view(http, prefix)
+            assert sorted(m["memberId"] for m in view["members"]) == [
+                "10.0.0.2/handle/0",
+                "10.0.0.2/handle/1",
+            ]
+            assert all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys)
+
+            second.send_signal(signal.SIGTERM)
+            with trio.fail_after(20):
+                while second.poll() is None:
+                    await trio.sleep(0.1)
+            assert second.returncode == 0
+            assert (await group_view(http, prefix))["members"] == []
+            metrics = (await http.get("/metrics")).text
+            expired = f'rsc_members_fenced_total{{group="billing",reason="LEASE_EXPIRED",stream="{prefix}"}}'
+            assert f"{expired} 2.0" in metrics  # the killed worker's two members; the stopped one left
+        finally:
+            for process in (first, second):
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()

@@ -1,0 +1,34 @@
+"""The App the worker-process tests run with `rsc worker tests.workerapp:app`.
+
+It records every handled entry in a Redis list (`RSC_TEST_RESULTS`) as
+"<shard key> <entry id> <member>" so the test can check nothing was lost.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+import trio
+
+from rsc.client.app import App
+from rsc.client.member import MemberSettings
+from rsc.client.poller import Message, PollerSettings
+
+app = App(member_settings=MemberSettings(heartbeat_interval_ms=200, lease_ttl_ms=2_000))
+results = redis.Redis.from_url(
+    os.environ.get("RSC_REDIS_URL", "redis://127.0.0.1:6379"), decode_responses=True
+)
+KEY = os.environ.get("RSC_TEST_RESULTS", "rsc-test:results")
+DELAY = float(os.environ.get("RSC_TEST_DELAY", "0.002"))
+
+
+@app.listener(
+    stream=os.environ.get("RSC_TEST_STREAM", "orders"),
+    group="billing",
+    concurrency=int(os.environ.get("RSC_TEST_CONCURRENCY", "1")),
+    poller=PollerSettings(retry_after_ms=500, reclaim_every_s=0.5),
+)
+async def handle(message: Message) -> None:
+    await trio.sleep(DELAY)
+    await trio.to_thread.run_sync(results.rpush, KEY, f"{message.key} {message.id} {os.getpid()}")
