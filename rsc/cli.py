@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -252,7 +253,10 @@ def serve(config_path: str | None, bind: str, demo: bool) -> None:
 def worker(target: str, coordinator_url: str | None, redis_url: str | None, stop_timeout: float) -> None:
     """Run the listeners of TARGET (`module:app`) until SIGINT/SIGTERM, then leave gracefully."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
     module_name, _, attribute = target.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the application's modules are here
     try:
         module = importlib.import_module(module_name)
         app = getattr(module, attribute or "app")
