@@ -82,7 +82,7 @@ class Fenced(Exception):
     """The shard's owner token names someone else: this member must not touch the shard."""
 
 
-@attrs.frozen
+@attrs.define
 class Message:
     shard: int
     key: str
@@ -98,6 +98,8 @@ Handler = Callable[[Message], Awaitable[None]]
 class PollerSettings:
     batch: int = 100
     prefetch: int = 1_000
+    #: Entries one worker handles from a shard before moving on to the next ready shard.
+    turn: int = 20
     idle_sleep_s: float = 0.05
     retry_after_ms: int = 1_000
     max_deliveries: int = 5
@@ -306,13 +308,18 @@ class Poller:
                     await self._work.wait()
                     continue
                 shard = self.ready.popleft()
-                message = shard.queue.popleft()
-                self.buffered -= 1
                 shard.busy = True
-                shard.handling = message.id
                 shard.idle = trio.Event()
                 try:
-                    await self._handle(shard, message)
+                    # A turn: up to `turn` entries of this shard, in order, then the next shard.
+                    for _ in range(self.settings.turn):
+                        if not shard.queue or shard.cancelled:
+                            break
+                        message = shard.queue.popleft()
+                        self.buffered -= 1
+                        shard.handling = message.id
+                        await self._handle(shard, message)
+                    await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
                 finally:
                     shard.busy = False
                     shard.handling = None

@@ -1,0 +1,15 @@
+"""The App `bench/consumer.py` runs with `rsc worker`: one member, a no-op handler."""
+
+from __future__ import annotations
+
+import os
+
+from rsc.client.app import App
+from rsc.client.poller import Message
+
+app = App()
+
+
+@app.listener(stream=os.environ["RSC_BENCH_STREAM"], group=os.environ["RSC_BENCH_GROUP"], concurrency=1)
+async def handle(message: Message) -> None:
+    return None
