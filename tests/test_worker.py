@@ -93,7 +93,11 @@ async def test_workers_share_survive_a_kill_and_stop_gracefully(
                 "10.0.0.2/handle/0",
                 "10.0.0.2/handle/1",
             ]
-            assert all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys)
+
+            async def all_acknowledged() -> bool:  # acks go out in batches, a moment after handling
+                return all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys)
+
+            await until(all_acknowledged, 10)
 
             second.send_signal(signal.SIGTERM)
             with trio.fail_after(20):

@@ -232,8 +232,9 @@ class Poller:
             else:
                 messages = await self._read_new(shard, count)
         except Fenced as exc:
-            log.warning("%s: shard %s fenced: %s", self.member_id, shard.index, exc)
-            await self.lost(frozenset({shard.index}))
+            if self.shards.get(shard.index) is shard:  # else revoked meanwhile: nothing to say
+                log.warning("%s: shard %s fenced: %s", self.member_id, shard.index, exc)
+                await self.lost(frozenset({shard.index}))
             return 0
         self._enqueue(shard, messages)
         return len(messages)
@@ -312,13 +313,15 @@ class Poller:
                 shard.idle = trio.Event()
                 try:
                     # A turn: up to `turn` entries of this shard, in order, then the next shard.
-                    for _ in range(self.settings.turn):
-                        if not shard.queue or shard.cancelled:
-                            break
-                        message = shard.queue.popleft()
-                        self.buffered -= 1
-                        shard.handling = message.id
-                        await self._handle(shard, message)
+                    # `lost` cancels the turn's scope: the handler in flight stops at once.
+                    with trio.CancelScope() as shard.scope:
+                        for _ in range(self.settings.turn):
+                            if not shard.queue or shard.cancelled:
+                                break
+                            message = shard.queue.popleft()
+                            self.buffered -= 1
+                            shard.handling = message.id
+                            await self._handle(shard, message)
                     await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
                 finally:
                     shard.busy = False
@@ -329,19 +332,16 @@ class Poller:
                         self._poke()
 
     async def _handle(self, shard: _Shard, message: Message) -> None:
-        with trio.CancelScope() as shard.scope:
-            if shard.cancelled:
-                return
-            if message.deliveries > self.settings.max_deliveries:
-                await self._dead_letter(shard, message)
-                return
-            try:
-                await self.handler(message)
-            except Exception:
-                log.exception("%s: handler failed on %s %s", self.member_id, message.key, message.id)
-                return  # stays pending: claimed again after retry_after_ms
-            self.handled += 1
-            shard.acks.append(message.id)
+        if message.deliveries > self.settings.max_deliveries:
+            await self._dead_letter(shard, message)
+            return
+        try:
+            await self.handler(message)
+        except Exception:
+            log.exception("%s: handler failed on %s %s", self.member_id, message.key, message.id)
+            return  # stays pending: claimed again after retry_after_ms
+        self.handled += 1
+        shard.acks.append(message.id)
 
     async def _dead_letter(self, shard: _Shard, message: Message) -> None:
         flat = [x for pair in message.fields.items() for x in pair]
