@@ -98,3 +98,37 @@ async def test_an_app_with_concurrency_4_joins_four_members_batched(
         assert 'rsc_heartbeat_seconds_count{endpoint="batch"}' in metrics
         assert 'rsc_heartbeat_seconds_count{endpoint="single"}' not in metrics  # all went batched
         app.stop()
+
+
+async def test_max_concurrency_from_the_admin_api_resizes_the_poller(
+    standalone_url: str, prefix: str
+) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")
+    async with serve_on(settings) as http:
+        app = App(
+            str(http.base_url), standalone_url, member_settings=MemberSettings(heartbeat_interval_ms=100)
+        )
+
+        @app.listener(stream=prefix, group="billing")
+        async def handle(message: Message) -> None:
+            return None
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(app.run)
+            poller = app.pollers[0]
+            assert poller.workers == 1
+            put = await http.put(
+                f"/v1/admin/streams/{prefix}/groups/billing", json={"maxConcurrency": 3}, auth=("admin", "pw")
+            )
+            assert put.status_code == 200
+            with trio.fail_after(10):
+                while poller.workers != 3:
+                    await trio.sleep(0.05)
+            assert len(poller._worker_scopes) == 3
+            await http.put(
+                f"/v1/admin/streams/{prefix}/groups/billing", json={"maxConcurrency": 1}, auth=("admin", "pw")
+            )
+            with trio.fail_after(10):
+                while len(poller._worker_scopes) != 1:
+                    await trio.sleep(0.05)
+            app.stop()

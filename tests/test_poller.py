@@ -62,12 +62,14 @@ async def run_member(
     return member, poller
 
 
+@pytest.mark.parametrize("workers", [1, 4])
 async def test_consumes_everything_and_acks(
-    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis, workers: int
 ) -> None:
     seen: list[tuple[int, str]] = []
 
     async def handle(message: Message) -> None:
+        await trio.sleep(0.001 * (int(message.fields["n"]) % 3))  # workers interleave
         seen.append((message.shard, message.fields["n"]))
 
     async with (
@@ -75,7 +77,8 @@ async def test_consumes_everything_and_acks(
         open_redis(standalone_url) as r,
         trio.open_nursery() as nursery,
     ):
-        member, _ = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+        await poller.concurrency(workers)  # as maxConcurrency from the coordinator would
         await wait_for(lambda: len(member.owned) == 4)
         keys = await shard_keys(base_url, prefix)
         for n in range(200):
@@ -234,3 +237,32 @@ async def test_the_scripts_check_the_owner_token(
 
 async def _ignore(message: Message) -> None:
     return None
+
+
+async def test_entries_idle_under_other_consumers_are_reclaimed(
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.fields["n"])
+
+    settings = attrs.evolve(FAST_POLL, reclaim_idle_ms=300)
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        member, _ = await run_member(nursery, coordinator, r, prefix, "w0", handle, settings)
+        await wait_for(lambda: len(member.owned) == 4)
+        key = (await shard_keys(base_url, prefix))[1]
+        await trio.sleep(0.3)  # the takeover claim is done
+        # A stale process (another consumer name) reads it first (atomically here), then dies.
+        pipe = sync_redis.pipeline(transaction=True)
+        pipe.xadd(key, {"n": "ghosted"})
+        pipe.xreadgroup("billing", "10.9.9.9/ghost/0", {key: ">"})
+        pipe.execute()
+        assert sync_redis.xpending(key, "billing")["consumers"][0]["name"] == "10.9.9.9/ghost/0"
+        await wait_for(lambda: handled == ["ghosted"])
+        nursery.cancel_scope.cancel()
+    assert sync_redis.xpending(key, "billing")["pending"] == 0

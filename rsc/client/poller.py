@@ -10,12 +10,13 @@
   cannot acknowledge what a new owner has claimed. A refusal means the shard
   is no longer this member's: it is dropped at once.
 * At-least-once: an entry is acknowledged only after the handler returned.
-  A failed entry stays pending and is claimed again after `retry_after_ms`;
-  after `max_deliveries` deliveries it is moved to the dead-letter stream
-  `<shard key>:dlq` (same hash slot) and acknowledged, atomically.
+  A failed entry stays pending in Redis and is handled again `retry_after_ms`
+  later; after `max_deliveries` deliveries it is moved to the dead-letter
+  stream `<shard key>:dlq` (same hash slot) and acknowledged, atomically.
 * Takeover: a newly assigned shard first claims what earlier owners read but
   never acknowledged (XAUTOCLAIM), then reads new entries; from time to time
-  entries left idle under other consumer names are claimed too.
+  entries left idle (`reclaim_idle_ms`) under *other* consumer names are
+  claimed too (never this consumer's own: they may still wait in its queue).
 """
 
 from __future__ import annotations
@@ -61,6 +62,25 @@ end
 return {r[1], out}
 """
 )
+# Entries idle under *other* consumer names (this consumer's own are retried locally).
+# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, min idle ms, count
+RECLAIM = (
+    _CHECK
+    + """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[5], '-', '+', ARGV[6])
+local ids = {}
+for _, p in ipairs(pending) do
+  if p[2] ~= ARGV[4] then ids[#ids + 1] = p[1] end
+end
+if #ids == 0 then return {} end
+local out = {}
+for i, e in ipairs(redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[4], ARGV[5], unpack(ids))) do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+  out[i] = {e[1], e[2], p[1] and p[1][4] or 1}
+end
+return out
+"""
+)
 # KEYS: shard, owners; ARGV: group, member, incarnation, ids...
 ACK = (
     _CHECK
@@ -101,9 +121,12 @@ class PollerSettings:
     #: Entries one worker handles from a shard before moving on to the next ready shard.
     turn: int = 20
     idle_sleep_s: float = 0.05
+    #: A failed entry is handled again this much later (it stays pending meanwhile).
     retry_after_ms: int = 1_000
     max_deliveries: int = 5
-    reclaim_every_s: float = 1.0
+    #: How often to claim entries idle for `reclaim_idle_ms` under other consumer names.
+    reclaim_every_s: float = 5.0
+    reclaim_idle_ms: int = 30_000
     ack_every_s: float = 0.005
     revoke_timeout_s: float = 30.0
 
@@ -149,8 +172,10 @@ class Poller:
         self.handled = 0
         self.dead_lettered = 0
         self._wake = trio.Event()
+        self._work: trio.Event | None = None
         self._read = redis.register_script(READ)
         self._claim = redis.register_script(CLAIM)
+        self._reclaim = redis.register_script(RECLAIM)
         self._ack = redis.register_script(ACK)
         self._dead = redis.register_script(DEAD)
         self._nursery: trio.Nursery | None = None
@@ -251,12 +276,8 @@ class Poller:
         """Claim pending entries idle at least `min_idle_ms`, from `cursor`; and the next cursor."""
         reply = await self._call(self._claim, shard, [self.member_id, min_idle_ms, count, cursor])
         next_cursor, entries = str(reply[0]), reply[1] or []
-        messages = [
-            Message(shard.index, shard.key, e[0], _pairs(e[1]), int(e[2]))
-            for e in entries
-            if e[1] is not None  # deleted entries: XAUTOCLAIM drops them from the PEL
-        ]
-        return messages, next_cursor
+        # Deleted entries come back empty (XAUTOCLAIM drops them from the PEL).
+        return [_message(shard, e) for e in entries if e[1] is not None], next_cursor
 
     async def _reclaimer(self) -> None:
         """Entries that failed (or were left idle under other consumer names) come back here."""
@@ -266,12 +287,13 @@ class Poller:
                 if not shard.claimed_backlog:
                     continue
                 try:
-                    messages, _ = await self._claim_entries(shard, self.settings.retry_after_ms, 100)
+                    reply = await self._call(
+                        self._reclaim, shard, [self.member_id, self.settings.reclaim_idle_ms, 100]
+                    )
                 except Fenced:
                     await self.lost(frozenset({shard.index}))
                     continue
-                known = {m.id for m in shard.queue} | {shard.handling}
-                self._enqueue(shard, [m for m in messages if m.id not in known])
+                self._enqueue(shard, [_message(shard, e) for e in reply or [] if e[1] is not None])
 
     def _enqueue(self, shard: _Shard, messages: list[Message]) -> None:
         if not messages or self.shards.get(shard.index) is not shard:
@@ -305,7 +327,8 @@ class Poller:
         with scope:
             while True:
                 if not self.ready:
-                    self._work = getattr(self, "_work", None) or trio.Event()
+                    if self._work is None:
+                        self._work = trio.Event()
                     await self._work.wait()
                     continue
                 shard = self.ready.popleft()
@@ -339,9 +362,18 @@ class Poller:
             await self.handler(message)
         except Exception:
             log.exception("%s: handler failed on %s %s", self.member_id, message.key, message.id)
-            return  # stays pending: claimed again after retry_after_ms
+            self._retry_later(shard, message)  # it stays pending in Redis meanwhile
+            return
         self.handled += 1
         shard.acks.append(message.id)
+
+    def _retry_later(self, shard: _Shard, message: Message) -> None:
+        async def retry() -> None:
+            await trio.sleep(self.settings.retry_after_ms / 1000)
+            self._enqueue(shard, [attrs.evolve(message, deliveries=message.deliveries + 1)])
+
+        if self._nursery is not None:
+            self._nursery.start_soon(retry)
 
     async def _dead_letter(self, shard: _Shard, message: Message) -> None:
         flat = [x for pair in message.fields.items() for x in pair]
@@ -390,10 +422,13 @@ class Poller:
 
     def _poke(self) -> None:
         self._wake.set()
-        work = getattr(self, "_work", None)
-        if work is not None:
-            work.set()
+        if self._work is not None:
+            self._work.set()  # wakes every idle worker
             self._work = None
+
+
+def _message(shard: _Shard, entry: Any) -> Message:
+    return Message(shard.index, shard.key, entry[0], _pairs(entry[1]), int(entry[2]))
 
 
 def _is_fenced(exc: Exception) -> bool:
