@@ -29,10 +29,17 @@ def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
 
 
 def start_worker(
-    base_url: str, redis_url: str, prefix: str, ip: str, concurrency: int
+    base_url: str,
+    redis_url: str,
+    prefix: str,
+    ip: str,
+    concurrency: int,
+    log: Path | None = None,
+    delay: float = 0.002,
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
+        "RSC_TEST_DELAY": str(delay),
         "POD_IP": ip,
         "RSC_TEST_STREAM": prefix,
         "RSC_TEST_RESULTS": f"{prefix}:results",
@@ -40,7 +47,12 @@ def start_worker(
         "RSC_REDIS_URL": redis_url,
     }
     command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base_url]
-    return subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if log is None:
+        return subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+    with log.open("wb") as output:  # the child keeps its own descriptor
+        return subprocess.Popen(command, env=env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
 
 
 async def group_view(http: httpx.AsyncClient, prefix: str) -> dict[str, Any]:
@@ -113,3 +125,63 @@ async def test_workers_share_survive_a_kill_and_stop_gracefully(
                 if process.poll() is None:
                     process.kill()
                     process.wait()
+
+
+async def test_a_stopped_worker_fences_itself_and_its_entries_are_not_lost(
+    standalone_url: str, prefix: str, sync_redis: redis.Redis, tmp_path: Path
+) -> None:
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, heartbeat_interval_ms=200, member_lease_ttl_ms=2_000
+    )
+    async with serve_on(settings) as http:
+        base_url = str(http.base_url)
+        log = tmp_path / "stopped.log"
+        stopped = start_worker(base_url, standalone_url, prefix, "10.0.0.1", 1, log, delay=0.05)
+        other: subprocess.Popen[bytes] | None = None
+        try:
+
+            async def owns_everything() -> bool:
+                view = await group_view(http, prefix)
+                return [len(m["assigned"]) for m in view["members"]] == [4]
+
+            await until(owns_everything)
+            keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+            published = {sync_redis.xadd(keys[n % len(keys)], {"n": str(n)}) for n in range(100)}
+
+            async def some_handled() -> bool:
+                return sync_redis.llen(f"{prefix}:results") >= 5
+
+            await until(some_handled)
+            stopped.send_signal(signal.SIGSTOP)  # entries in flight, read but not acknowledged
+            other = start_worker(base_url, standalone_url, prefix, "10.0.0.2", 1)
+
+            async def taken_over() -> bool:
+                view = await group_view(http, prefix)
+                return [m["memberId"] for m in view["members"]] == ["10.0.0.2/handle/0"]
+
+            await until(taken_over)  # after the stopped worker's lease
+
+            async def all_handled_and_acknowledged() -> bool:
+                seen = {line.split()[1] for line in sync_redis.lrange(f"{prefix}:results", 0, -1)}
+                return published <= seen and all(
+                    sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys
+                )
+
+            await until(all_handled_and_acknowledged, 30)
+            stopped.send_signal(signal.SIGCONT)
+            await until(lambda: _later(1.0))
+            text = log.read_text()
+            # On waking, it stops everything before it can touch a shard that moved.
+            assert "no heartbeat succeeded within the lease; dropping every shard" in text or "FENCED" in text
+            assert all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys)
+        finally:
+            for process in (stopped, other):
+                if process is not None and process.poll() is None:
+                    process.send_signal(signal.SIGCONT)
+                    process.kill()
+                    process.wait()
+
+
+async def _later(seconds: float) -> bool:
+    await trio.sleep(seconds)
+    return True
