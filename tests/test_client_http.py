@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
 import attrs
@@ -9,6 +10,7 @@ import httpx
 import pytest
 import trio
 
+from rsc.actors.connect import open_redis
 from rsc.client.app import App, pod_ip
 from rsc.client.coordinator import Backoff, Coordinator
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
@@ -132,3 +134,58 @@ async def test_max_concurrency_from_the_admin_api_resizes_the_poller(
                 while len(poller._worker_scopes) != 1:
                     await trio.sleep(0.05)
             app.stop()
+
+
+async def test_members_not_involved_keep_consuming_while_another_joins(
+    base_url: str, standalone_url: str, prefix: str
+) -> None:
+    handled: list[tuple[float, int]] = []
+
+    def app_for() -> App:
+        app = App(base_url, standalone_url, member_settings=MemberSettings(heartbeat_interval_ms=100))
+
+        first = not apps  # the second app gets its own listener name: same host, same ip
+
+        @app.listener(stream=prefix, group="billing", concurrency=2 if first else 1, name=f"app-{len(apps)}")
+        async def handle(message: Message) -> None:
+            handled.append((trio.current_time(), message.shard))
+
+        return app
+
+    apps: list[App] = []
+    async with (
+        open_redis(standalone_url) as r,
+        httpx.AsyncClient(base_url=base_url) as http,
+        trio.open_nursery() as nursery,
+    ):
+        apps.append(app_for())
+        await nursery.start(apps[0].run)
+        with trio.fail_after(10):
+            while sorted(len(m.owned) for m in apps[0].members) != [2, 2]:
+                await trio.sleep(0.05)
+        keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+
+        async def publish() -> None:
+            while True:
+                for key in keys:
+                    await r.xadd(key, {"n": "x"})
+                await trio.sleep(0.01)
+
+        nursery.start_soon(publish)
+        await trio.sleep(1)
+        joined_at = trio.current_time()
+        apps.append(app_for())
+        await nursery.start(apps[1].run)
+        with trio.fail_after(10):
+            while not apps[1].members[0].owned:
+                await trio.sleep(0.05)
+        await trio.sleep(1)
+        moved = set(apps[1].members[0].owned)
+        for app in apps:
+            app.stop()
+        nursery.cancel_scope.cancel()
+    assert len(moved) == 1
+    for shard in set(range(4)) - moved:
+        times = [t for t, s in handled if s == shard and t >= joined_at - 0.5]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert max(gaps) < 0.5, f"shard {shard} paused {max(gaps):.2f} s while another member joined"
