@@ -14,6 +14,7 @@ from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import Member
 from rsc.client.poller import Fenced, Message, Poller, PollerSettings
+from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key
 from tests.httpkit import FAST, serve_on
 
@@ -266,3 +267,28 @@ async def test_entries_idle_under_other_consumers_are_reclaimed(
         await wait_for(lambda: handled == ["ghosted"])
         nursery.cancel_scope.cancel()
     assert sync_redis.xpending(key, "billing")["pending"] == 0
+
+
+async def test_drain_progress_of_draining_shards(
+    standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    release = trio.Event()
+
+    async def handle(message: Message) -> None:
+        await release.wait()
+
+    key = f"{prefix}:{{{prefix}:0}}"
+    sync_redis.xgroup_create(key, "billing", "0", mkstream=True)
+    token = '{"memberId":"w0","incarnation":"w0-inc","memberEpoch":1}'
+    sync_redis.hset(owner_key(key), "billing", token)  # as the coordinator does when it installs the shard
+    layout = Layout(3, (Shard(0, key, ShardState.DRAINING),))
+    for n in range(3):
+        sync_redis.xadd(key, {"n": str(n)})
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", handle, attrs.evolve(FAST_POLL, reclaim_every_s=0.05))
+        await nursery.start(poller.run)
+        await poller.assigned(frozenset({0}), layout)
+        await wait_for(lambda: [(p.shard, p.pending, p.lag) for p in poller.drain_progress()] == [(0, 3, 0)])
+        release.set()
+        await wait_for(lambda: [(p.shard, p.pending, p.lag) for p in poller.drain_progress()] == [(0, 0, 0)])
+        nursery.cancel_scope.cancel()

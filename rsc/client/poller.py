@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import trio
 
-from rsc.events.model import DrainProgress, Layout
+from rsc.events.model import DrainProgress, Layout, ShardState
 from rsc.events.wire import owner_key
 
 log = logging.getLogger("rsc.client.poller")
@@ -139,6 +139,7 @@ class _Shard:
         self.busy = False
         self.claimed_backlog = False
         self.claim_cursor = "0-0"
+        self.draining = False
         self.acks: list[str] = []
         self.handling: str | None = None
         self.idle = trio.Event()
@@ -173,6 +174,7 @@ class Poller:
         self.dead_lettered = 0
         self._wake = trio.Event()
         self._work: trio.Event | None = None
+        self._drain: dict[int, DrainProgress] = {}
         self._read = redis.register_script(READ)
         self._claim = redis.register_script(CLAIM)
         self._reclaim = redis.register_script(RECLAIM)
@@ -195,9 +197,11 @@ class Poller:
     # --- ShardLifecycle -------------------------------------------------
 
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
-        keys = {s.index: s.key for s in layout.shards}
+        by_index = {s.index: s for s in layout.shards}
         for index in shards:
-            self.shards[index] = _Shard(index, keys[index])
+            shard = _Shard(index, by_index[index].key)
+            shard.draining = by_index[index].state is ShardState.DRAINING
+            self.shards[index] = shard
         self._poke()
 
     async def revoke(self, shards: frozenset[int]) -> None:
@@ -228,7 +232,8 @@ class Poller:
         self._resize(workers)
 
     def drain_progress(self) -> Sequence[DrainProgress]:
-        return ()
+        """Pending count and lag of each DRAINING shard this member reads (refreshed by the reclaimer)."""
+        return tuple(self._drain.values())
 
     # --- reading ----------------------------------------------------------
 
@@ -280,9 +285,10 @@ class Poller:
         return [_message(shard, e) for e in entries if e[1] is not None], next_cursor
 
     async def _reclaimer(self) -> None:
-        """Entries that failed (or were left idle under other consumer names) come back here."""
+        """Entries left idle under other consumer names come back here; drain progress is refreshed."""
         while True:
             await trio.sleep(self.settings.reclaim_every_s)
+            await self._measure_drain()
             for shard in list(self.shards.values()):
                 if not shard.claimed_backlog:
                     continue
@@ -294,6 +300,20 @@ class Poller:
                     await self.lost(frozenset({shard.index}))
                     continue
                 self._enqueue(shard, [_message(shard, e) for e in reply or [] if e[1] is not None])
+
+    async def _measure_drain(self) -> None:
+        progress: dict[int, DrainProgress] = {}
+        for shard in list(self.shards.values()):
+            if not shard.draining:
+                continue
+            for info in await self.redis.xinfo_groups(shard.key):
+                if info.get("name") == self.group:
+                    lag = info.get("lag")
+                    pending = int(info.get("pending", 0))  # read, not yet acknowledged
+                    progress[shard.index] = DrainProgress(
+                        shard.index, pending, None if lag is None else int(lag)
+                    )
+        self._drain = progress
 
     def _enqueue(self, shard: _Shard, messages: list[Message]) -> None:
         if not messages or self.shards.get(shard.index) is not shard:
