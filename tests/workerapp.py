@@ -15,7 +15,13 @@ from rsc.client.app import App
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 
-app = App(member_settings=MemberSettings(heartbeat_interval_ms=200, lease_ttl_ms=2_000))
+# RSC_TEST_NO_SELF_FENCE=1 switches self-fencing off, to show the owner token alone stopping a late member.
+SELF_FENCE = os.environ.get("RSC_TEST_NO_SELF_FENCE") != "1"
+app = App(
+    member_settings=MemberSettings(
+        heartbeat_interval_ms=200, lease_ttl_ms=2_000, safety_margin=0.2 if SELF_FENCE else -1000.0
+    )
+)
 results = redis.Redis.from_url(
     os.environ.get("RSC_REDIS_URL", "redis://127.0.0.1:6379"), decode_responses=True
 )
