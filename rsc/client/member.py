@@ -162,6 +162,13 @@ class Member:
             self.layout = response.layout
         self.metadata_version = response.metadata_version
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            if self.owned:
+                log.warning(
+                    "%s: %s by the coordinator (%s); dropping every shard and rejoining",
+                    self.member_id,
+                    response.status.value,
+                    response.fence_reason.value if response.fence_reason else "not a member",
+                )
             await self._drop_all()
             self.epoch = 0
             return True  # rejoin now
