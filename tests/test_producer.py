@@ -1,0 +1,104 @@
+"""The trio producer against a real coordinator and Redis: routing, scale-out, pause."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import attrs
+import httpx
+import pytest
+import redis
+import trio
+
+from rsc.actors.connect import open_redis
+from rsc.client.coordinator import Coordinator
+from rsc.client.producer import Producer, ProducerPaused
+from rsc.events.routing import route
+from tests.httpkit import FAST, serve_on
+
+AUTH = ("admin", "pw")
+
+
+@pytest.fixture
+async def http(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as client:
+        yield client
+
+
+@pytest.fixture
+def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(standalone_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+async def test_routes_by_key_and_follows_a_scale_out(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async with (
+        Coordinator(str(http.base_url)) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        producer = Producer(coordinator, r, prefix, "api/0")
+        await nursery.start(producer.run)
+        assert producer.layout.metadata_version == 1
+        for n in range(40):
+            await producer.publish({"n": str(n)}, key=f"customer-{n % 10}")
+        for n in range(10):
+            key = f"customer-{n}".encode()
+            entries = sync_redis.xrange(route(producer.layout, key).key)
+            assert sum(1 for _, f in entries if f["n"] in {str(n + 10 * i) for i in range(4)}) == 4
+        ids = await producer.publish_many([({"k": "none"}, None) for _ in range(8)])
+        assert len(ids) == 8
+        assert all(sync_redis.xlen(s.key) > 0 for s in producer.layout.active)  # keyless: round robin
+
+        assert (
+            await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 8}, auth=AUTH)
+        ).status_code == 200
+        with trio.fail_after(10):
+            while producer.layout.metadata_version != 2:
+                await trio.sleep(0.05)
+        assert len(producer.layout.active) == 8
+        view = (await http.get(f"/v1/streams/{prefix}")).json()
+        with trio.fail_after(10):  # the producer acknowledges v2 in its next heartbeat
+            while not view["producers"] or not view["producers"][0]["upToDate"]:
+                await trio.sleep(0.05)
+                view = (await http.get(f"/v1/streams/{prefix}")).json()
+        moved = [n for n in range(1000) if route(producer.layout, b"%d" % n).index >= 4]
+        assert 300 < len(moved) < 700  # about half of the keys now go to the 4 new shards
+        nursery.cancel_scope.cancel()
+
+
+async def test_waits_while_paused_then_raises_or_goes_on(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    async with (
+        Coordinator(str(http.base_url)) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        producer = Producer(coordinator, r, prefix, "api/0", pause_timeout_s=0.5)
+        await nursery.start(producer.run)
+        await http.post(f"/v1/admin/streams/{prefix}/pause", auth=AUTH)
+        with trio.fail_after(10):
+            while not producer.paused:
+                await trio.sleep(0.05)
+        with pytest.raises(ProducerPaused):
+            await producer.publish({"n": "1"}, key="k")
+        with trio.fail_after(10):  # it reports quiesced: nothing of its own in flight
+            while (await http.get(f"/v1/streams/{prefix}")).json()["producersSummary"]["quiesced"] != 1:
+                await trio.sleep(0.05)
+        waiting = trio.Event()
+
+        async def publish_when_resumed() -> None:
+            producer.pause_timeout_s = 10
+            waiting.set()
+            await producer.publish({"n": "2"}, key="k")
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(publish_when_resumed)
+            await waiting.wait()
+            await http.post(f"/v1/admin/streams/{prefix}/resume", auth=AUTH)
+        assert producer.published == 1
+        nursery.cancel_scope.cancel()
