@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis as redis_py
 import trio
 
 from rsc import journal
@@ -59,6 +60,14 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 async def redis(redis_url: str) -> AsyncIterator[RedisClient]:
     async with open_redis(redis_url) as client:
         yield client
+
+
+@pytest.fixture
+def sync_redis(standalone_url: str) -> Iterator[redis_py.Redis]:
+    """A redis-py client on the private standalone server, for independent checks of Redis state."""
+    client = redis_py.Redis.from_url(standalone_url, decode_responses=True)
+    yield client
+    client.close()
 
 
 @pytest.fixture

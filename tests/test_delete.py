@@ -6,7 +6,7 @@ groups and shard keys, audit) over a real socket with real Redis.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import attrs
 import httpx
@@ -88,13 +88,6 @@ def test_a_stream_in_use_is_not_deleted() -> None:
 async def client(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret")) as http:
         yield http
-
-
-@pytest.fixture
-def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(standalone_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 async def shard_keys(client: httpx.AsyncClient, prefix: str) -> list[str]:

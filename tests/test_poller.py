@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import attrs
 import httpx
@@ -25,13 +25,6 @@ FAST_POLL = PollerSettings(retry_after_ms=100, reclaim_every_s=0.1, max_deliveri
 async def base_url(standalone_url: str) -> AsyncIterator[str]:
     async with serve_on(attrs.evolve(FAST, redis_url=standalone_url)) as http:
         yield str(http.base_url)
-
-
-@pytest.fixture
-def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(standalone_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 async def shard_keys(base_url: str, prefix: str) -> list[str]:

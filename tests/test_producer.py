@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import attrs
 import httpx
@@ -23,13 +23,6 @@ AUTH = ("admin", "pw")
 async def http(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as client:
         yield client
-
-
-@pytest.fixture
-def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(standalone_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 async def test_routes_by_key_and_follows_a_scale_out(

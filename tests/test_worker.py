@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,6 @@ import trio
 from tests.httpkit import FAST, serve_on
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def sync_redis(standalone_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(standalone_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 def start_worker(
