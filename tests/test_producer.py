@@ -12,7 +12,8 @@ import trio
 
 from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
-from rsc.client.producer import Producer, ProducerPaused
+from rsc.client.errors import RscError
+from rsc.client.producer import Producer, ProducerPaused, open_producer
 from rsc.events.routing import route
 from tests.httpkit import FAST, serve_on
 
@@ -95,3 +96,18 @@ async def test_waits_while_paused_then_raises_or_goes_on(
             await http.post(f"/v1/admin/streams/{prefix}/resume", auth=AUTH)
         assert producer.published == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_open_producer_registers_and_leaves_when_the_block_ends(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    async with Coordinator(str(http.base_url)) as coordinator, open_redis(standalone_url) as r:
+        async with open_producer(coordinator, r, prefix, "api/0") as producer:
+            await producer.publish({"n": "1"}, key="k")
+            view = (await http.get(f"/v1/streams/{prefix}")).json()
+            assert [p["producerId"] for p in view["producers"]] == ["api/0"]
+        assert (await http.get(f"/v1/streams/{prefix}")).json()["producers"] == []  # left, not expired
+        with pytest.raises(RscError, match="closed"):
+            await producer.publish({"n": "2"})
+        # with no producer and no group left, the stream can be deleted at once
+        assert (await http.delete(f"/v1/admin/streams/{prefix}", auth=AUTH)).status_code == 204

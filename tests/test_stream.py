@@ -17,7 +17,12 @@ from rsc.events.commands import (
     Tick,
 )
 from rsc.events.errors import AggregateNotFound, InvalidCommand
-from rsc.events.events import ProducerAcknowledged, ProducerHeartbeated, ProducerRegistered
+from rsc.events.events import (
+    ProducerAcknowledged,
+    ProducerHeartbeated,
+    ProducerLeft,
+    ProducerRegistered,
+)
 from rsc.events.model import PauseState, ShardState, StartFrom
 from rsc.events.stream import StreamState, decide, fold, without_liveness
 
@@ -128,6 +133,15 @@ def test_producers_expire_on_the_tick_after_their_lease() -> None:
     s = run(s, Tick(1_000))
     assert set(s.producers) == {"p2"}
     assert run(s, Tick(1_500)).producers == {}
+
+
+def test_a_leaving_producer_is_forgotten_at_once_and_a_stranger_leaving_changes_nothing() -> None:
+    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0), beat("p2", 1, now=0))
+    leave = ProducerHeartbeat("p1", 1, False, now_ms=10, lease_ttl_ms=1_000, leave=True)
+    assert decide(s, leave) == [ProducerLeft("p1", 10)]
+    s = run(s, leave)
+    assert set(s.producers) == {"p2"}
+    assert decide(s, leave) == []  # already gone: idempotent, and no registration either
 
 
 def test_recovery_gives_every_producer_a_whole_lease_again() -> None:

@@ -75,7 +75,7 @@ class Coordinator:
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         """One member's heartbeat (`POST /v1/heartbeat`)."""
         data = await self._post("/v1/heartbeat", codec.wire.unstructure(request))
-        return _structure(data, HeartbeatResponse)
+        return structure(data, HeartbeatResponse)
 
     async def heartbeats(
         self, requests: Sequence[HeartbeatRequest]
@@ -96,12 +96,12 @@ class Coordinator:
                     )
                 )
             else:
-                out.append(_structure(item, HeartbeatResponse))
+                out.append(structure(item, HeartbeatResponse))
         return out
 
     async def producer_heartbeat(self, request: ProducerHeartbeatRequest) -> ProducerHeartbeatResponse:
         data = await self._post("/v1/producers/heartbeat", codec.wire.unstructure(request))
-        return _structure(data, ProducerHeartbeatResponse)
+        return structure(data, ProducerHeartbeatResponse)
 
     async def routing(self, stream_prefix: str) -> dict[str, Any]:
         """Routing metadata without registering (`GET /v1/streams/{p}/routing`)."""
@@ -123,16 +123,31 @@ class Coordinator:
             except httpx.HTTPError as exc:  # connect, read, timeouts, protocol errors
                 last = exc
                 continue
-            if response.status_code in RETRYABLE:
-                last = _rejection(response)
-                continue
-            if response.status_code >= 400:
-                raise _rejection(response)
             try:
-                return response.json()
-            except ValueError as exc:
-                raise CoordinatorUnavailable(f"{method} {path}: the answer is not JSON") from exc
+                return answer(method, path, response)
+            except Retry as retry:
+                last = retry.rejection
         raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
+
+
+class Retry(Exception):
+    """A 502/503/504: worth another attempt."""
+
+    def __init__(self, rejection: CoordinatorRejected) -> None:
+        super().__init__(str(rejection))
+        self.rejection = rejection
+
+
+def answer(method: str, path: str, response: httpx.Response) -> Any:
+    """The JSON of a successful answer; raise `Retry` or `CoordinatorRejected` for the others."""
+    if response.status_code in RETRYABLE:
+        raise Retry(_rejection(response))
+    if response.status_code >= 400:
+        raise _rejection(response)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise CoordinatorUnavailable(f"{method} {path}: the answer is not JSON") from exc
 
 
 def _rejection(response: httpx.Response) -> CoordinatorRejected:
@@ -151,7 +166,7 @@ def _rejection(response: httpx.Response) -> CoordinatorRejected:
     )
 
 
-def _structure(data: Any, as_type: type[T]) -> T:
+def structure(data: Any, as_type: type[T]) -> T:
     try:
         return codec.converter.structure(data, as_type)
     except Exception as exc:

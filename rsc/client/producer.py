@@ -10,15 +10,15 @@
   `quiesced` once nothing of its own is in flight.
 * At-least-once: a publish that failed may be retried by the caller; across
   a scale-out, messages of one key may be split between two shards (see
-  docs/routing.md).
+  docs/producers.md).
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import trio
@@ -26,20 +26,21 @@ import trio
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, Layout
-from rsc.events.routing import route
-from rsc.events.wire import ProducerHeartbeatRequest
+from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState
+from rsc.events.model import Layout
+
+__all__ = ["Fields", "Key", "Producer", "ProducerPaused", "open_producer"]
 
 log = logging.getLogger("rsc.client.producer")
 
-Fields = Mapping[str, str | bytes | int | float]
-
-
-class ProducerPaused(RscError):
-    """The stream stayed paused longer than the producer's `pause_timeout_s`."""
-
 
 class Producer:
+    """Publishes to one logical stream through a coredis client (standalone or cluster).
+
+    Run `run` in a nursery (`await nursery.start(producer.run)` returns once
+    the layout is known); cancel it to stop heartbeating.
+    """
+
     def __init__(
         self,
         coordinator: Coordinator,
@@ -51,23 +52,39 @@ class Producer:
     ) -> None:
         self.coordinator = coordinator
         self.redis = redis
-        self.stream_prefix = stream_prefix
-        self.producer_id = producer_id or f"producer/{uuid.uuid4().hex[:12]}"
         self.pause_timeout_s = pause_timeout_s
-        self.layout: Layout = EMPTY_LAYOUT
-        self.paused = False
-        self.interval_s = 3.0
-        self.published = 0
-        self._in_flight = 0
+        self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
         self._ready = trio.Event()
         self._resumed = trio.Event()
         self._resumed.set()
-        self._round_robin = itertools.count()
+        self._idle = trio.Event()
+        self._idle.set()
+        self._closing = trio.Event()
+
+    @property
+    def stream_prefix(self) -> str:
+        return self.state.stream_prefix
+
+    @property
+    def producer_id(self) -> str:
+        return self.state.producer_id
+
+    @property
+    def layout(self) -> Layout:
+        return self.state.layout
+
+    @property
+    def paused(self) -> bool:
+        return self.state.paused
+
+    @property
+    def published(self) -> int:
+        return self.state.published
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Register, then heartbeat until cancelled; `started` once a layout is known."""
+        """Register, then heartbeat until `aclose` (or cancelled); `started` once a layout is known."""
         started = False
-        while True:
+        while not self._closing.is_set():
             try:
                 await self.heartbeat()
             except (CoordinatorUnavailable, CoordinatorRejected) as exc:
@@ -75,67 +92,64 @@ class Producer:
             if not started and self._ready.is_set():
                 task_status.started()
                 started = True
-            await trio.sleep(self.interval_s if started else 0.5)
+            with trio.move_on_after(self.state.interval_s if started else 0.5):
+                await self._closing.wait()
+
+    async def aclose(self, timeout_s: float = 10.0) -> None:
+        """Stop heartbeating, wait for publishes in flight, then leave (the coordinator forgets us).
+
+        Shielded and bounded by `timeout_s`, so it may run in a cancelled scope.
+        """
+        self._closing.set()
+        with trio.CancelScope(deadline=trio.current_time() + timeout_s, shield=True):
+            await self.flush()
+            if self._ready.is_set():
+                try:
+                    await self.coordinator.producer_heartbeat(self.state.request(leave=True))
+                except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+                    log.warning("%s: could not leave (the lease will expire): %s", self.producer_id, exc)
 
     async def heartbeat(self) -> None:
         """One producer heartbeat: acknowledge the routed version, learn layout and pause state."""
-        request = ProducerHeartbeatRequest(
-            protocol_version=PROTOCOL_VERSION,
-            stream_prefix=self.stream_prefix,
-            producer_id=self.producer_id,
-            metadata_version=self.layout.metadata_version,
-            quiesced=self.paused and self._in_flight == 0,
-            client=CLIENT,
-        )
-        response = await self.coordinator.producer_heartbeat(request)
-        self.interval_s = response.heartbeat_interval_ms / 1000
-        if response.layout is not None and response.layout.metadata_version != self.layout.metadata_version:
-            log.info("%s: routing with layout v%s", self.producer_id, response.layout.metadata_version)
-            self.layout = response.layout
+        change = self.state.apply(await self.coordinator.producer_heartbeat(self.state.request()))
         self._ready.set()
-        if response.paused and not self.paused:
-            self.paused = True
+        if change.paused:
             self._resumed = trio.Event()
-        elif not response.paused and self.paused:
-            self.paused = False
+        elif change.resumed:
             self._resumed.set()
 
-    def shard_key(self, key: bytes | str | None) -> str:
+    def shard_key(self, key: Key) -> str:
         """The Redis key a message with `key` goes to under the current layout."""
-        if key is None:
-            active = self.layout.active
-            if not active:
-                raise RscError(f"stream {self.stream_prefix!r} has no ACTIVE shard")
-            return active[next(self._round_robin) % len(active)].key
-        return route(self.layout, key.encode() if isinstance(key, str) else key).key
+        return self.state.shard_key(key)
 
-    async def publish(self, fields: Fields, key: bytes | str | None = None) -> str:
+    async def publish(self, fields: Fields, key: Key = None) -> str:
         """Append one message to its shard; returns the entry id."""
         return (await self.publish_many([(fields, key)]))[0]
 
-    async def publish_many(self, messages: Sequence[tuple[Fields, bytes | str | None]]) -> list[str]:
+    async def publish_many(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
         """Append several messages, pipelined (one round trip per Redis node); ids in order."""
         await self._wait_until_open()
-        self._in_flight += 1
+        state = self.state
+        state.in_flight += 1
+        self._idle = trio.Event() if state.in_flight == 1 else self._idle
         try:
-            targets = [self.shard_key(key) for _, key in messages]
             async with self.redis.pipeline(transaction=False) as pipe:
-                pending = [
-                    pipe.xadd(target, dict(fields))
-                    for (fields, _), target in zip(messages, targets, strict=True)
-                ]
+                pending = [pipe.xadd(target, fields) for target, fields in state.targets(messages)]
             ids = [str(await entry) for entry in pending]
-            self.published += len(ids)
+            state.published += len(ids)
             return ids
         finally:
-            self._in_flight -= 1
+            state.in_flight -= 1
+            if not state.in_flight:
+                self._idle.set()
 
     async def flush(self) -> None:
         """Wait until nothing this producer started is in flight (publishes are not buffered)."""
-        while self._in_flight:
-            await trio.sleep(0.001)
+        await self._idle.wait()
 
     async def _wait_until_open(self) -> None:
+        if self._closing.is_set():
+            raise RscError(f"producer {self.producer_id!r} is closed")
         await self._ready.wait()
         if self._resumed.is_set():
             return
@@ -143,3 +157,22 @@ class Producer:
             await self._resumed.wait()
             return
         raise ProducerPaused(f"stream {self.stream_prefix!r} stayed paused for {self.pause_timeout_s} s")
+
+
+@contextlib.asynccontextmanager
+async def open_producer(
+    coordinator: Coordinator,
+    redis: Any,
+    stream_prefix: str,
+    producer_id: str | None = None,
+    *,
+    pause_timeout_s: float = 30.0,
+) -> AsyncIterator[Producer]:
+    """A registered `Producer` (its layout known), heartbeating until the block ends, then closed."""
+    async with trio.open_nursery() as nursery:
+        producer = Producer(coordinator, redis, stream_prefix, producer_id, pause_timeout_s=pause_timeout_s)
+        await nursery.start(producer.run)
+        try:
+            yield producer
+        finally:
+            await producer.aclose()

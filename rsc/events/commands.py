@@ -162,6 +162,8 @@ class ProducerHeartbeat:
     now_ms: int
     lease_ttl_ms: int
     client: ClientInfo = ClientInfo()
+    #: The producer is closing: forget it now instead of at its lease's end.
+    leave: bool = False
 
 
 @attrs.frozen

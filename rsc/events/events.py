@@ -270,6 +270,15 @@ class ProducerExpired:
 
 
 @attrs.frozen
+class ProducerLeft:
+    """The producer closed (a heartbeat with `leave`): it no longer counts as live."""
+
+    durable: ClassVar[bool] = True
+    producer_id: str
+    left_at_ms: int
+
+
+@attrs.frozen
 class ProducerLeasesRestarted:
     """After recovery every producer gets a whole lease again (liveness only)."""
 
@@ -302,6 +311,7 @@ StreamEvent = (
     | ProducerAcknowledged
     | ProducerHeartbeated
     | ProducerExpired
+    | ProducerLeft
     | ProducerLeasesRestarted
     | ProducersPaused
     | ProducersResumed

@@ -44,6 +44,7 @@ from rsc.events.events import (
     ProducerExpired,
     ProducerHeartbeated,
     ProducerLeasesRestarted,
+    ProducerLeft,
     ProducerRegistered,
     ProducersPaused,
     ProducersResumed,
@@ -162,7 +163,7 @@ def _evolve_producers(state: StreamState, event: StreamEvent) -> StreamState:
                 _producer(state, event.producer_id), lease_deadline_ms=event.lease_deadline_ms
             )
             return attrs.evolve(state, producers={**producers, event.producer_id: producer})
-        case ProducerExpired():
+        case ProducerExpired() | ProducerLeft():
             _producer(state, event.producer_id)
             return attrs.evolve(
                 state, producers={k: p for k, p in producers.items() if k != event.producer_id}
@@ -267,6 +268,8 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     current = state.layout.metadata_version
     acked = command.metadata_version if command.metadata_version <= current else 0
     known = state.producers.get(command.producer_id)
+    if command.leave:
+        return [] if known is None else [ProducerLeft(command.producer_id, command.now_ms)]
     if known is None:
         return [
             ProducerRegistered(

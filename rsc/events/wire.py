@@ -145,7 +145,8 @@ class ProducerHeartbeatRequest:
     """A producer's registration and lease renewal (PROTOCOL section 5).
 
     `metadataVersion` is the layout version it routes with (0: none yet);
-    `quiesced` says it stopped publishing and flushed while the stream is paused.
+    `quiesced` says it stopped publishing and flushed while the stream is paused;
+    `leave` says it is closing (it stops counting as a live producer at once).
     """
 
     protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
@@ -154,11 +155,18 @@ class ProducerHeartbeatRequest:
     metadata_version: int = wire_field(0, enforce=False, minimum=0)
     quiesced: bool = False
     client: ClientInfo = ClientInfo()
+    leave: bool = False
 
     def to_command(self, now_ms: int, lease_ttl_ms: int) -> ProducerHeartbeat:
         check_protocol_version(self.protocol_version)
         return ProducerHeartbeat(
-            self.producer_id, self.metadata_version, self.quiesced, now_ms, lease_ttl_ms, self.client
+            self.producer_id,
+            self.metadata_version,
+            self.quiesced,
+            now_ms,
+            lease_ttl_ms,
+            self.client,
+            self.leave,
         )
 
 

@@ -1,0 +1,95 @@
+"""What the trio and the synchronous producer share: routing state, no I/O.
+
+`ProducerState` holds the layout a producer routes with and the pause flag,
+builds its heartbeat request and applies the answer. Both producers keep one
+and differ only in how they wait and talk to Redis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from rsc.client.errors import RscError
+from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, Layout
+from rsc.events.routing import route
+from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
+
+log = logging.getLogger("rsc.client.producer")
+
+#: What a message's fields may hold (Redis stores every value as bytes).
+Fields = Mapping[str, str | bytes | int | float]
+#: A partition key: messages with the same key go to the same shard under one layout.
+Key = bytes | str | None
+
+
+class ProducerPaused(RscError):
+    """The stream stayed paused longer than the producer's `pause_timeout_s`."""
+
+
+@attrs.define
+class Change:
+    """What one heartbeat answer changed: the producer wakes or blocks publishers on it."""
+
+    layout: bool = False
+    paused: bool = False
+    resumed: bool = False
+
+
+class ProducerState:
+    """The layout a producer routes with, its pause flag and its in-flight count."""
+
+    def __init__(self, stream_prefix: str, producer_id: str, client: ClientInfo) -> None:
+        self.stream_prefix = stream_prefix
+        self.producer_id = producer_id
+        self.client = client
+        self.layout: Layout = EMPTY_LAYOUT
+        self.paused = False
+        self.known = False
+        self.interval_s = 3.0
+        self.in_flight = 0
+        self.published = 0
+        self._round_robin = itertools.count()
+
+    def request(self, *, leave: bool = False) -> ProducerHeartbeatRequest:
+        """The next heartbeat: the version routed with, and `quiesced` once paused and idle."""
+        return ProducerHeartbeatRequest(
+            protocol_version=PROTOCOL_VERSION,
+            stream_prefix=self.stream_prefix,
+            producer_id=self.producer_id,
+            metadata_version=self.layout.metadata_version,
+            quiesced=self.paused and self.in_flight == 0,
+            client=self.client,
+            leave=leave,
+        )
+
+    def apply(self, response: ProducerHeartbeatResponse) -> Change:
+        """Take the answer's interval, layout (when sent) and pause flag."""
+        change = Change()
+        self.interval_s = response.heartbeat_interval_ms / 1000
+        layout = response.layout
+        if layout is not None and layout.metadata_version != self.layout.metadata_version:
+            log.info("%s: routing with layout v%s", self.producer_id, layout.metadata_version)
+            self.layout = layout
+            change.layout = True
+        self.known = True
+        if response.paused != self.paused:
+            self.paused = response.paused
+            change.paused, change.resumed = response.paused, not response.paused
+        return change
+
+    def shard_key(self, key: Key) -> str:
+        """The Redis key a message with `key` goes to now (keyless: round robin over ACTIVE shards)."""
+        if key is None:
+            active = self.layout.active
+            if not active:
+                raise RscError(f"stream {self.stream_prefix!r} has no ACTIVE shard")
+            return active[next(self._round_robin) % len(active)].key
+        return route(self.layout, key.encode() if isinstance(key, str) else key).key
+
+    def targets(self, messages: Iterable[tuple[Fields, Key]]) -> list[tuple[str, Fields]]:
+        """Each message with the shard key it goes to, in order."""
+        return [(self.shard_key(key), fields) for fields, key in messages]

@@ -1,0 +1,240 @@
+"""The synchronous producer, for redis-py applications (`pip install 'rsc[sync]'`).
+
+Same semantics as the trio `Producer`: it registers by producer heartbeat,
+acknowledging the layout version it routes with, and follows a new layout
+at once; keys route with `jump-v1`, keyless messages round robin; while the
+stream is paused `publish` blocks up to `pause_timeout_s`, then raises
+`ProducerPaused`. The heartbeats run in a background thread; `publish` and
+`publish_many` are safe to call from several threads.
+
+    with SyncProducer(SyncCoordinator("http://127.0.0.1:8080"), redis.Redis(), "orders") as producer:
+        producer.publish({"amount": "12"}, key="customer-7")
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from rsc.client.coordinator import Backoff, Retry, answer, structure
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
+from rsc.client.member import CLIENT
+from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState
+from rsc.events import codec
+from rsc.events.model import Layout
+from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
+
+__all__ = ["Fields", "Key", "ProducerPaused", "SyncCoordinator", "SyncProducer"]
+
+log = logging.getLogger("rsc.client.producer")
+
+
+class SyncCoordinator:
+    """The blocking twin of `Coordinator` for producers: the same retries and error mapping."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff: Backoff | None = None,
+        transport: httpx.BaseTransport | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.retries = retries
+        self.backoff = backoff or Backoff()
+        self.rng = rng or random.Random()
+        self.http = httpx.Client(
+            base_url=base_url, timeout=timeout_s, follow_redirects=True, transport=transport
+        )
+
+    def __enter__(self) -> SyncCoordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def producer_heartbeat(self, request: ProducerHeartbeatRequest) -> ProducerHeartbeatResponse:
+        data = self._send("POST", "/v1/producers/heartbeat", codec.wire.unstructure(request))
+        return structure(data, ProducerHeartbeatResponse)
+
+    def routing(self, stream_prefix: str) -> dict[str, Any]:
+        """Routing metadata without registering (`GET /v1/streams/{p}/routing`)."""
+        data: dict[str, Any] = self._send("GET", f"/v1/streams/{stream_prefix}/routing", None)
+        return data
+
+    def _send(self, method: str, path: str, body: Any) -> Any:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff.delay(attempt - 1, self.rng))
+            try:
+                response = self.http.request(method, path, json=body)
+            except httpx.HTTPError as exc:
+                last = exc
+                continue
+            try:
+                return answer(method, path, response)
+            except Retry as retry:
+                last = retry.rejection
+        raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
+
+
+class SyncProducer:
+    """Publishes to one logical stream through a redis-py client (`Redis` or `RedisCluster`).
+
+    `start()` (or entering the `with` block) registers and returns once the
+    layout is known; `close()` flushes, stops the heartbeat thread and leaves.
+    """
+
+    def __init__(
+        self,
+        coordinator: SyncCoordinator,
+        redis: Any,
+        stream_prefix: str,
+        producer_id: str | None = None,
+        *,
+        pause_timeout_s: float = 30.0,
+        start_timeout_s: float = 10.0,
+    ) -> None:
+        self.coordinator = coordinator
+        self.redis = redis
+        self.pause_timeout_s = pause_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._ready = threading.Event()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stream_prefix(self) -> str:
+        return self.state.stream_prefix
+
+    @property
+    def producer_id(self) -> str:
+        return self.state.producer_id
+
+    @property
+    def layout(self) -> Layout:
+        return self.state.layout
+
+    @property
+    def paused(self) -> bool:
+        return self.state.paused
+
+    @property
+    def published(self) -> int:
+        return self.state.published
+
+    def __enter__(self) -> SyncProducer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> SyncProducer:
+        """Start the heartbeat thread; return once registered, or raise `CoordinatorUnavailable`."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._heartbeats, name=f"rsc-producer {self.producer_id}", daemon=True
+            )
+            self._thread.start()
+        if not self._ready.wait(self.start_timeout_s):
+            self.close()
+            raise CoordinatorUnavailable(
+                f"producer {self.producer_id!r} got no layout within {self.start_timeout_s} s"
+            )
+        return self
+
+    def heartbeat(self) -> None:
+        """One producer heartbeat: acknowledge the routed version, learn layout and pause state."""
+        with self._lock:
+            request = self.state.request()
+        response = self.coordinator.producer_heartbeat(request)
+        with self._lock:
+            change = self.state.apply(response)
+        self._ready.set()
+        if change.paused:
+            self._resumed.clear()
+        elif change.resumed:
+            self._resumed.set()
+
+    def shard_key(self, key: Key) -> str:
+        """The Redis key a message with `key` goes to under the current layout."""
+        return self.state.shard_key(key)
+
+    def publish(self, fields: Fields, key: Key = None) -> str:
+        """Append one message to its shard; returns the entry id."""
+        return self.publish_many([(fields, key)])[0]
+
+    def publish_many(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
+        """Append several messages in one pipeline; ids in order."""
+        self._wait_until_open()
+        with self._lock:
+            self.state.in_flight += 1
+            targets = self.state.targets(messages)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for target, fields in targets:
+                pipe.xadd(target, fields)
+            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in pipe.execute()]
+            with self._lock:
+                self.state.published += len(ids)
+            return ids
+        finally:
+            with self._lock:
+                self.state.in_flight -= 1
+                if not self.state.in_flight:
+                    self._idle.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until no publish of this producer is in flight; False if `timeout_s` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.state.in_flight == 0, timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop heartbeating, wait for publishes in flight (up to `timeout_s`), then leave."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self.flush(timeout_s)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._ready.is_set():
+            try:
+                with self._lock:
+                    request = self.state.request(leave=True)
+                self.coordinator.producer_heartbeat(request)
+            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+                log.warning("%s: could not leave (the lease will expire): %s", self.producer_id, exc)
+
+    def _heartbeats(self) -> None:
+        while not self._closing.is_set():
+            try:
+                self.heartbeat()
+            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+                log.warning("%s: producer heartbeat failed: %s", self.producer_id, exc)
+            self._closing.wait(self.state.interval_s if self._ready.is_set() else 0.5)
+
+    def _wait_until_open(self) -> None:
+        if self._closing.is_set():
+            raise RscError(f"producer {self.producer_id!r} is closed")
+        if not self._ready.is_set():
+            raise RscError(f"producer {self.producer_id!r} is not started (call start() or use `with`)")
+        if not self._resumed.wait(self.pause_timeout_s):
+            raise ProducerPaused(f"stream {self.stream_prefix!r} stayed paused for {self.pause_timeout_s} s")
