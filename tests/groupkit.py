@@ -8,7 +8,7 @@ from rsc.events import group
 from rsc.events.commands import ApplyLayout, CreateGroup, GroupCommand, Heartbeat, Tick
 from rsc.events.events import GroupEvent
 from rsc.events.model import Layout, Shard, Timing
-from rsc.events.stream import shard_key
+from rsc.events.placement import shard_key
 from rsc.events.wire import HeartbeatResponse, respond
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=20_000)

@@ -3,6 +3,8 @@ commit, replies only after persistence, conflicts, recovery, idle stop."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 import pytest
 import trio
@@ -262,6 +264,41 @@ async def test_scale_out_reaches_the_group(autojump_clock: Clock) -> None:
         assert r.metadata_version == 2
     new_keys = {key for key, g in effects.consumer_groups if g == "billing"}
     assert len(new_keys) == 9
+
+
+class GatedEffects(MemoryEffects):
+    """Consumer-group creation waits for `gate`: the window in which a layout could leak early."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+        self.waiting = trio.Event()
+
+    async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
+        keys = list(shard_keys)
+        if len(keys) == 4 and not self.gate.is_set():  # the scale-out's new shards
+            self.waiting.set()
+            await self.gate.wait()
+        await super().ensure_consumer_groups(keys, group, start_id)
+
+
+async def test_a_new_layout_is_visible_only_once_its_keys_and_groups_exist(autojump_clock: Clock) -> None:
+    effects = GatedEffects()
+    async with registry_on(effects=effects) as registry, trio.open_nursery() as nursery:
+        await Member(registry, "orders", "billing", "a").heartbeat()
+        await registry.change_shard_count("orders", 11)  # 6 -> 11: five new shards, not gated
+        stream = await registry.stream("orders")
+        nursery.start_soon(registry.change_shard_count, "orders", 15)
+        await effects.waiting.wait()
+        await trio.sleep(1)
+        assert stream.state is not None
+        assert stream.state.layout.metadata_version == 2  # v3 is journaled, its groups not yet made
+        effects.gate.set()
+        await trio.sleep(0.1)
+        assert stream.state.layout.metadata_version == 3
+        assert {k for k, g in effects.consumer_groups if g == "billing"} >= {
+            s.key for s in stream.state.layout.shards
+        }
 
 
 async def test_unknown_stream_without_auto_create(autojump_clock: Clock) -> None:

@@ -12,8 +12,9 @@ The rules it keeps:
 * If the write meets a `ConcurrencyConflict` (another writer moved the
   aggregate), the actor reloads (latest checkpoint + journal tail) and
   decides the whole batch again.
-* Side effects run after the write and before the answer. They are
-  idempotent; if they fail, the actor repairs everything on its next batch.
+* Side effects run after the write and before the answer, and before the
+  new state becomes visible to readers of `state`. They are idempotent; if
+  they fail, the actor repairs everything on its next batch.
 * Time-driven commands (ticks) are injected by the actor itself when no
   command arrives before the next tick is due.
 """
@@ -317,15 +318,20 @@ class Actor(Generic[S, C, E]):
         durable = [e for e in every if getattr(e, "durable", True)]
         if durable and working is not None:
             await self._persist(durable, working)
-        before, self.state = self.state, working
-        if self.needs_repair and working is not None:
-            await self._repair(working)
-        if every and working is not None:
-            try:
-                await self.aggregate.after_persist(before, working, every)
-            except StoreError as exc:
-                log.warning("%s: side effects failed, will repair: %s", self.aggregate.aggregate_id, exc)
-                self.needs_repair = True
+        # Readers of `state` see the new state only once its side effects ran (a new
+        # layout's shard keys and consumer groups exist before anyone routes to them).
+        before = self.state
+        try:
+            if self.needs_repair and working is not None:
+                await self._repair(working)
+            if every and working is not None:
+                try:
+                    await self.aggregate.after_persist(before, working, every)
+                except StoreError as exc:
+                    log.warning("%s: side effects failed, will repair: %s", self.aggregate.aggregate_id, exc)
+                    self.needs_repair = True
+        finally:
+            self.state = working
         for pending, answer in answers:
             if pending is None:
                 continue

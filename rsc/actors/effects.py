@@ -26,6 +26,7 @@ from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import STREAMS_KEY, owner_key
 from rsc.events import codec
+from rsc.events.placement import Primary, Topology
 from rsc.events.wire import OwnerToken
 
 # Create the stream key empty if it does not exist (XADD then trim to 0 keeps the key).
@@ -110,6 +111,10 @@ class Effects(Protocol):
         """Whether the data plane answers."""
         ...
 
+    async def topology(self) -> Topology | None:
+        """The Redis Cluster primaries and their slots; None on standalone Redis."""
+        ...
+
     async def shard_stats(self, shard_keys: Iterable[str]) -> dict[str, ShardStats]:
         """Length, consumer groups and primary node of each shard key."""
         ...
@@ -183,7 +188,7 @@ class RedisEffects:
 
     async def shard_stats(self, shard_keys: Iterable[str]) -> dict[str, ShardStats]:
         keys = list(shard_keys)
-        nodes = await self._primary_nodes(keys)
+        topology = await self.topology()
         stats: dict[str, ShardStats] = {}
 
         async def one(key: str) -> None:
@@ -196,30 +201,26 @@ class RedisEffects:
                 GroupLag(str(i["name"]), int(i["pending"]), i.get("lag"), str(i["last-delivered-id"]))
                 for i in infos
             )
-            stats[key] = ShardStats(length, groups, nodes.get(key))
+            node = None if topology is None else (topology.node_of(key) or "unknown")
+            stats[key] = ShardStats(length, groups, node)
 
         await _each(keys, one)
         return stats
 
-    async def _primary_nodes(self, keys: list[str]) -> dict[str, str]:
-        """Shard key -> "host:port" of its primary, on a cluster; empty on standalone Redis."""
+    async def topology(self) -> Topology | None:
         if not isinstance(self.redis, coredis.RedisCluster):
-            return {}
+            return None
         with redis_errors("reading the cluster layout"):
-            slots = await self.redis.cluster_shards()
-            ranges = []
-            for shard in slots:
-                primary = next((n for n in shard["nodes"] if n["role"] == "master"), None)
-                if primary is None:
-                    continue
-                bounds = shard["slots"]
-                for low, high in zip(bounds[::2], bounds[1::2], strict=True):
-                    ranges.append((int(low), int(high), f"{primary['ip']}:{primary['port']}"))
-            found = {}
-            for key in keys:
-                slot = await self.redis.cluster_keyslot(key)
-                found[key] = next((node for low, high, node in ranges if low <= slot <= high), "unknown")
-        return found
+            shards = await self.redis.cluster_shards()
+        primaries = []
+        for shard in shards:
+            primary = next((n for n in shard["nodes"] if n["role"] == "master"), None)
+            bounds = shard["slots"]
+            if primary is None or not bounds:
+                continue
+            ranges = tuple((int(low), int(high)) for low, high in zip(bounds[::2], bounds[1::2], strict=True))
+            primaries.append(Primary(f"{primary['ip']}:{primary['port']}", ranges))
+        return Topology(tuple(sorted(primaries, key=lambda p: p.first_slot)))
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         for chunk in _chunks(shard_keys):
@@ -338,6 +339,9 @@ class MemoryEffects:
 
     async def shard_stats(self, shard_keys: Iterable[str]) -> dict[str, ShardStats]:
         return {key: ShardStats(0, ()) for key in shard_keys}
+
+    async def topology(self) -> Topology | None:
+        return None
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         self.shard_keys.update(shard_keys)

@@ -29,6 +29,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.store import Store
 from rsc.events.commands import (
     ApplyLayout,
+    ChangeShardCount,
     CreateGroup,
     CreateStream,
     DeleteGroup,
@@ -41,7 +42,7 @@ from rsc.events.commands import (
 from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
-from rsc.events.model import GroupConfig, Layout, Timing
+from rsc.events.model import GroupConfig, Layout, ReshardMode, Timing
 from rsc.events.stream import StreamState, check_name
 
 log = logging.getLogger("rsc.registry")
@@ -168,8 +169,8 @@ class Registry:
             if not (self.settings.auto_create_streams if create is None else create):
                 raise UnknownStream(f"stream {stream_prefix!r} does not exist")
             count = self.settings.default_shard_count if shard_count is None else shard_count
-            command = CreateStream(stream_prefix, count, self.clock.now_ms())
-            await actor.ask(command)
+            topology = await self.effects.topology()
+            await actor.ask(CreateStream(stream_prefix, count, self.clock.now_ms(), topology))
         return actor  # type: ignore[no-any-return]
 
     async def _create_group(
@@ -204,6 +205,14 @@ class Registry:
         state = entry.actor.state if entry is not None and entry.started else None
         if state is not None and not state.deleted:  # re-created by a join meanwhile
             await self.ask_stream(stream_prefix, RegisterGroup(group, state.config.start_from))
+
+    async def change_shard_count(
+        self, stream_prefix: str, shard_count: int, mode: ReshardMode = ReshardMode.ONLINE
+    ) -> Reply[StreamState, StreamEvent]:
+        """Reshard; new shards are named to spread over the cluster's primaries as they are now."""
+        topology = await self.effects.topology()
+        command = ChangeShardCount(shard_count, mode, self.clock.now_ms(), topology)
+        return await self.ask_stream(stream_prefix, command, create=False)
 
     async def delete_stream(self, stream_prefix: str) -> None:
         """Delete a stream without groups or live producers (`NotEmpty` otherwise) and its shard keys."""

@@ -18,6 +18,7 @@ from rsc.events.model import (
     StartFrom,
     Timing,
 )
+from rsc.events.placement import Topology
 
 # --- group commands -------------------------------------------------------
 
@@ -106,11 +107,12 @@ GroupCommand = (
 
 @attrs.frozen
 class CreateStream:
-    """Create a logical stream with `shard_count` ACTIVE shards."""
+    """Create a logical stream with `shard_count` ACTIVE shards (named to spread over `topology`)."""
 
     stream_prefix: str
     shard_count: int
     now_ms: int = 0
+    topology: Topology | None = None
 
 
 @attrs.frozen
@@ -120,6 +122,8 @@ class ChangeShardCount:
     shard_count: int
     mode: ReshardMode = ReshardMode.ONLINE
     now_ms: int = 0
+    #: The Redis Cluster primaries now (None: standalone), so that new shards spread over them.
+    topology: Topology | None = None
 
 
 @attrs.frozen

@@ -7,8 +7,9 @@ Rules:
   shards after the highest index; scale-in turns the highest ACTIVE shards
   DRAINING; a DRAINING shard becomes RETIRED only by `RetireShards`, which the
   caller sends once Redis-level drain evidence is in.
-* Shard key names are chosen here and stored in the layout; clients never
-  compute them.
+* Shard key names are chosen here (`placement`: spread over the cluster's
+  primaries, the topology being an input of the command) and stored in the
+  layout; clients never compute them.
 * Producers register by heartbeat. Registration, a change of the layout
   version a producer acknowledges (or of its `quiesced` flag), expiry and the
   pause state are journaled; lease renewals are liveness only and restart in
@@ -66,6 +67,7 @@ from rsc.events.model import (
     ShardState,
     StartFrom,
 )
+from rsc.events.placement import place
 
 #: One shard per Redis Cluster hash slot is the most that can ever help.
 MAX_SHARDS = 16_384
@@ -93,11 +95,6 @@ class StreamState:
     def shard_count(self) -> int:
         """The number of ACTIVE shards: what producers route over."""
         return len(self.layout.active)
-
-
-def shard_key(stream_prefix: str, index: int) -> str:
-    """The Redis key of shard `index`; its hash tag keeps the shard's own keys in one slot."""
-    return f"{stream_prefix}:{{{stream_prefix}:{index}}}"
 
 
 def check_name(value: str, field: str) -> None:
@@ -295,7 +292,9 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
         raise InvalidCommand("a new stream needs at least one shard")
     if state is not None and not state.deleted:
         return []  # idempotent: the stream exists, resharding is a separate command
-    shards = tuple(Shard(i, shard_key(command.stream_prefix, i)) for i in range(command.shard_count))
+    indexes = range(command.shard_count)
+    keys = place(command.stream_prefix, indexes, (), command.topology)
+    shards = tuple(Shard(i, key) for i, key in zip(indexes, keys, strict=True))
     return [StreamCreated(command.stream_prefix, Layout(1, shards), command.now_ms)]
 
 
@@ -306,7 +305,9 @@ def _change_shard_count(state: StreamState, command: ChangeShardCount) -> list[S
     if command.shard_count > len(active):
         start = max((s.index for s in state.layout.shards), default=-1) + 1
         count = command.shard_count - len(active)
-        added = tuple(Shard(i, shard_key(state.stream_prefix, i)) for i in range(start, start + count))
+        indexes = range(start, start + count)
+        keys = place(state.stream_prefix, indexes, (s.key for s in active), command.topology)
+        added = tuple(Shard(i, key) for i, key in zip(indexes, keys, strict=True))
         return [ShardsAdded(added, version)]
     if command.shard_count < len(active):
         draining = frozenset(s.index for s in active[command.shard_count :])

@@ -19,7 +19,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc.actors.registry import Registry
-from rsc.events.commands import ChangeShardCount, ConfigureGroup, PauseProducers, ResumeProducers
+from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownStream
 from rsc.events.model import GroupConfig, ReshardMode, StartFrom, wire_field
 from rsc.events.stream import MAX_REASON, MAX_SHARDS
@@ -138,7 +138,7 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
                 409, "SCALE_IN_NOT_SUPPORTED", "scale-in (with drain) is not available yet; only scale-out"
             )
         if spec.shard_count > state.shard_count:
-            await registry.ask_stream(stream_prefix, ChangeShardCount(spec.shard_count, spec.reshard_mode))
+            await registry.change_shard_count(stream_prefix, spec.shard_count, spec.reshard_mode)
         return await _stream_resource(registry, stream_prefix)
 
     @app.delete("/v1/admin/streams/<stream_prefix>")

@@ -206,7 +206,7 @@ def stream_view(state: StreamState, now_ms: int, stats: Mapping[str, ShardStats]
             continue
         node = found.primary_node
         shards.append(ShardStatusView(shard.index, shard.key, shard.state, found.length, node, found.groups))
-        if node is not None and shard.readable:
+        if node is not None and shard.state is ShardState.ACTIVE:
             per_primary[node] = per_primary.get(node, 0) + 1
     producers = producer_views(state, now_ms)
     return StreamView(
