@@ -45,6 +45,9 @@ async def test_routes_by_key_and_follows_a_scale_out(
             assert sum(1 for _, f in entries if f["n"] in {str(n + 10 * i) for i in range(4)}) == 4
         ids = await producer.publish_many([({"k": "none"}, None) for _ in range(8)])
         assert len(ids) == 8
+        entry = await producer.publish({"k": "keyed"}, key="customer-3")
+        shard = route(producer.layout, b"customer-3").key
+        assert sync_redis.xrange(shard, entry, entry) == [(entry, {"k": "keyed"})]  # the id XADD gave
         assert all(sync_redis.xlen(s.key) > 0 for s in producer.layout.active)  # keyless: round robin
 
         assert (

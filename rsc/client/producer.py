@@ -26,7 +26,7 @@ import trio
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState
+from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, entry_ids
 from rsc.events.model import Layout
 
 __all__ = ["Fields", "Key", "Producer", "ProducerPaused", "open_producer"]
@@ -134,8 +134,9 @@ class Producer:
         self._idle = trio.Event() if state.in_flight == 1 else self._idle
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pending = [pipe.xadd(target, fields) for target, fields in state.targets(messages)]
-            ids = [str(await entry) for entry in pending]
+                for target, fields in state.targets(messages):
+                    pipe.xadd(target, fields)
+            ids = entry_ids(pipe.results or ())
             state.published += len(ids)
             return ids
         finally:

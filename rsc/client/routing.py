@@ -15,15 +15,22 @@ import attrs
 
 from rsc.client.errors import RscError
 from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, Layout
-from rsc.events.routing import route
+from rsc.events.routing import Router, jump, key_hash
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
 log = logging.getLogger("rsc.client.producer")
 
+#: How many partition keys a producer remembers the shard of (the memo empties when full).
+ROUTE_CACHE = 65_536
 #: What a message's fields may hold (Redis stores every value as bytes).
 Fields = Mapping[str, str | bytes | int | float]
 #: A partition key: messages with the same key go to the same shard under one layout.
 Key = bytes | str | None
+
+
+def entry_ids(results: Iterable[object]) -> list[str]:
+    """The entry ids a pipeline of XADDs returned, as text."""
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in results]
 
 
 class ProducerPaused(RscError):
@@ -47,6 +54,9 @@ class ProducerState:
         self.producer_id = producer_id
         self.client = client
         self.layout: Layout = EMPTY_LAYOUT
+        self.router = Router(EMPTY_LAYOUT)
+        #: Partition key -> shard key under `layout` (keys repeat: hashing each once is enough).
+        self._routes: dict[bytes | str, str] = {}
         self.paused = False
         self.known = False
         self.interval_s = 3.0
@@ -73,7 +83,7 @@ class ProducerState:
         layout = response.layout
         if layout is not None and layout.metadata_version != self.layout.metadata_version:
             log.info("%s: routing with layout v%s", self.producer_id, layout.metadata_version)
-            self.layout = layout
+            self.layout, self.router, self._routes = layout, Router(layout), {}
             change.layout = True
         self.known = True
         if response.paused != self.paused:
@@ -83,12 +93,18 @@ class ProducerState:
 
     def shard_key(self, key: Key) -> str:
         """The Redis key a message with `key` goes to now (keyless: round robin over ACTIVE shards)."""
+        if key is not None and (cached := self._routes.get(key)) is not None:
+            return cached
+        active = self.router.active
+        if not active:
+            raise RscError(f"stream {self.stream_prefix!r} has no ACTIVE shard")
         if key is None:
-            active = self.layout.active
-            if not active:
-                raise RscError(f"stream {self.stream_prefix!r} has no ACTIVE shard")
             return active[next(self._round_robin) % len(active)].key
-        return route(self.layout, key.encode() if isinstance(key, str) else key).key
+        shard = active[jump(key_hash(key.encode() if isinstance(key, str) else key), len(active))].key
+        if len(self._routes) >= ROUTE_CACHE:
+            self._routes.clear()
+        self._routes[key] = shard
+        return shard
 
     def targets(self, messages: Iterable[tuple[Fields, Key]]) -> list[tuple[str, Fields]]:
         """Each message with the shard key it goes to, in order."""

@@ -26,7 +26,7 @@ import httpx
 from rsc.client.coordinator import Backoff, Retry, answer, structure
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState
+from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, entry_ids
 from rsc.events import codec
 from rsc.events.model import Layout
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
@@ -192,7 +192,7 @@ class SyncProducer:
             pipe = self.redis.pipeline(transaction=False)
             for target, fields in targets:
                 pipe.xadd(target, fields)
-            ids = [i.decode() if isinstance(i, bytes) else str(i) for i in pipe.execute()]
+            ids = entry_ids(pipe.execute())
             with self._lock:
                 self.state.published += len(ids)
             return ids

@@ -49,9 +49,22 @@ def bucket_of(key: bytes, active: int) -> int:
 
 def route(layout: Layout, key: bytes) -> Shard:
     """The shard of `layout` that `key` routes to (`jump-v1`); ValueError without ACTIVE shards."""
-    if layout.routing != JUMP_V1:
-        raise ValueError(f"routing protocol {layout.routing!r} is not {JUMP_V1!r}")
-    active = layout.active
-    if not active:
-        raise ValueError("the layout has no ACTIVE shard to route to")
-    return active[bucket_of(key, len(active))]
+    return Router(layout).shard(key)
+
+
+class Router:
+    """`route` for many keys under one layout: the ACTIVE shards are picked out once."""
+
+    __slots__ = ("active", "layout")
+
+    def __init__(self, layout: Layout) -> None:
+        if layout.routing != JUMP_V1:
+            raise ValueError(f"routing protocol {layout.routing!r} is not {JUMP_V1!r}")
+        self.layout = layout
+        self.active = layout.active
+
+    def shard(self, key: bytes) -> Shard:
+        """The ACTIVE shard `key` routes to; ValueError if there is none."""
+        if not self.active:
+            raise ValueError("the layout has no ACTIVE shard to route to")
+        return self.active[jump(key_hash(key), len(self.active))]

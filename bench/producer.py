@@ -1,0 +1,231 @@
+"""Benchmark: producer throughput next to a raw pipelined XADD loop, and keys moved by a scale-out.
+
+Starts a private redis-server and the coordinator (`python -m rsc serve`),
+creates a stream of 16 shards, then, in this one process:
+
+* trio: `Producer.publish_many` (routes each message by key with jump-v1,
+  one pipeline per call) next to a hand-written coredis loop that pipelines
+  XADD to the shard keys round robin;
+* sync: `SyncProducer.publish_many` next to the same loop on redis-py.
+
+Each contender sends the same messages (100-byte body, 1,000 distinct keys)
+in batches of `--batch`. Over `--rounds` rounds each producer runs next to
+its raw loop (ABBA order); the figure is the median of the per-round ratios,
+which a machine whose speed drifts between runs disturbs least. Shard keys are emptied
+between runs. Then the table of keys moved when N shards become N + 1, for
+N = 1..64, for jump-v1 next to `hash mod N` (100,000 keys; ideal 1/(N+1)).
+
+Prints tables and writes bench/results/producer.json.
+
+    python bench/producer.py [--messages 50000] [--batch 100] [--rounds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.consumer import process, wait_http
+from rsc.actors.connect import open_redis
+from rsc.client.coordinator import Coordinator
+from rsc.client.producer import open_producer
+from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.events.routing import bucket_of, key_hash
+from tests import redis_servers
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "producer.json"
+SHARDS = 16
+STREAM = "bench"
+BODY = "x" * 100
+KEYS = 1_000
+MOVE_KEYS = 100_000
+#: Each producer and the raw loop it is measured against.
+PAIRS = (("rsc-trio", "raw-coredis"), ("rsc-sync", "raw-redis-py"))
+
+
+def messages(count: int, batch: int) -> list[list[tuple[dict[str, str], str]]]:
+    """The workload: `count` messages in batches, each with a partition key."""
+    every = [({"n": str(n), "body": BODY}, f"customer-{n % KEYS}") for n in range(count)]
+    return [every[i : i + batch] for i in range(0, count, batch)]
+
+
+# --- trio: Producer vs raw coredis ---------------------------------------------
+
+
+async def trio_producer(url: str, redis_url: str, batches: list[Any]) -> float:
+    async with (
+        Coordinator(url) as coordinator,
+        open_redis(redis_url) as r,
+        open_producer(coordinator, r, STREAM, "bench/trio") as producer,
+    ):
+        start = time.perf_counter()
+        for batch in batches:
+            await producer.publish_many(batch)
+        return time.perf_counter() - start
+
+
+async def trio_raw(redis_url: str, keys: list[str], batches: list[Any]) -> float:
+    async with open_redis(redis_url) as r:
+        start = time.perf_counter()
+        n = 0
+        for batch in batches:
+            async with r.pipeline(transaction=False) as pipe:
+                for fields, _ in batch:
+                    pipe.xadd(keys[n % len(keys)], fields)
+                    n += 1
+        return time.perf_counter() - start
+
+
+# --- sync: SyncProducer vs raw redis-py ------------------------------------------
+
+
+def sync_producer(url: str, redis_url: str, batches: list[Any]) -> float:
+    with (
+        redis.Redis.from_url(redis_url) as r,
+        SyncCoordinator(url) as coordinator,
+        SyncProducer(coordinator, r, STREAM, "bench/sync") as producer,
+    ):
+        start = time.perf_counter()
+        for batch in batches:
+            producer.publish_many(batch)
+        return time.perf_counter() - start
+
+
+def sync_raw(redis_url: str, keys: list[str], batches: list[Any]) -> float:
+    with redis.Redis.from_url(redis_url) as r:
+        start = time.perf_counter()
+        n = 0
+        for batch in batches:
+            pipe = r.pipeline(transaction=False)
+            for fields, _ in batch:
+                pipe.xadd(keys[n % len(keys)], fields)
+                n += 1
+            pipe.execute()
+        return time.perf_counter() - start
+
+
+# --- keys moved ----------------------------------------------------------------
+
+
+def keys_moved() -> list[dict[str, float]]:
+    hashes = [(key_hash(b"key-%d" % k), b"key-%d" % k) for k in range(MOVE_KEYS)]
+    rows = []
+    for n in range(1, 65):
+        jump_moved = sum(bucket_of(key, n) != bucket_of(key, n + 1) for _, key in hashes)
+        mod_moved = sum(h % n != h % (n + 1) for h, _ in hashes)
+        ideal = 1 / (n + 1)
+        rows.append(
+            {
+                "from": n,
+                "to": n + 1,
+                "ideal": round(ideal, 5),
+                "jumpV1": round(jump_moved / MOVE_KEYS, 5),
+                "mod": round(mod_moved / MOVE_KEYS, 5),
+                "jumpV1Deviation": round(abs(jump_moved / MOVE_KEYS - ideal) / ideal, 4),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    batches = messages(args.messages, args.batch)
+    runs: dict[str, list[float]] = {"rsc-trio": [], "raw-coredis": [], "rsc-sync": [], "raw-redis-py": []}
+    port = redis_servers.free_port()
+    with redis_servers.standalone() as redis_url:
+        env = {"RSC_REDIS_URL": redis_url, "RSC_DEFAULT_SHARD_COUNT": str(SHARDS)}
+        url = f"http://127.0.0.1:{port}"
+        serve = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
+        with process(serve, env, HERE.parent), redis.Redis.from_url(redis_url) as r:
+            wait_http(url + "/healthz")
+            body = {"protocolVersion": 1, "streamPrefix": STREAM, "producerId": "bench/setup", "leave": True}
+            httpx.post(url + "/v1/producers/heartbeat", json=body).raise_for_status()
+            layout = httpx.get(f"{url}/v1/streams/{STREAM}/routing").json()
+            keys = [s["key"] for s in layout["shards"]]
+            contenders: dict[str, Callable[[], float]] = {
+                "rsc-trio": lambda: trio.run(trio_producer, url, redis_url, batches),
+                "raw-coredis": lambda: trio.run(trio_raw, redis_url, keys, batches),
+                "rsc-sync": lambda: sync_producer(url, redis_url, batches),
+                "raw-redis-py": lambda: sync_raw(redis_url, keys, batches),
+            }
+            for round_ in range(args.rounds):
+                for pair in PAIRS:
+                    # ABBA: who goes first alternates, so a drifting machine favours neither
+                    for name in pair if round_ % 2 == 0 else pair[::-1]:
+                        r.delete(*keys)
+                        seconds = contenders[name]()
+                        assert sum(r.xlen(k) for k in keys) == args.messages, name
+                        runs[name].append(seconds)
+            with contextlib.suppress(redis.RedisError):
+                r.delete(*keys)
+    results: dict[str, dict[str, Any]] = {
+        name: {
+            "seconds": [round(s, 3) for s in seconds],
+            "messagesPerSecond": round(args.messages / statistics.median(seconds)),
+        }
+        for name, seconds in runs.items()
+    }
+    print(f"{args.messages} messages, batches of {args.batch}, {SHARDS} shards; {args.rounds} rounds\n")
+    header = f"{'publisher':<14} {'msg/s':>10} {'vs raw':>8}   per-round ratios"
+    print(header)
+    print("-" * len(header))
+    for producer, raw in PAIRS:
+        ratios = [r / p for p, r in zip(runs[producer], runs[raw], strict=True)]
+        results[producer]["vsRawPerRound"] = [round(x, 3) for x in ratios]
+        results[producer]["vsRaw"] = round(statistics.median(ratios), 3)
+        for name in (producer, raw):
+            row = results[name]
+            ratio = row.get("vsRaw", 1.0)
+            shown = " ".join(f"{x:.2f}" for x in row.get("vsRawPerRound", []))
+            print(f"{name:<14} {row['messagesPerSecond']:>10} {ratio:>8.2f}   {shown}")
+    for producer, raw in PAIRS:
+        print(f"{producer} / {raw}: {results[producer]['vsRaw']:.2f} (median; target >= 0.9)")
+
+    moved = keys_moved()
+    print(f"\nkeys moved when N shards become N + 1 ({MOVE_KEYS} keys)\n")
+    header = f"{'N':>3} {'ideal':>8} {'jump-v1':>8} {'mod N':>8} {'dev':>6}"
+    print(header)
+    print("-" * len(header))
+    for row in moved:
+        print(
+            f"{row['from']:>3} {row['ideal']:>8.4f} {row['jumpV1']:>8.4f} {row['mod']:>8.4f} "
+            f"{row['jumpV1Deviation']:>6.1%}"
+        )
+    worst = max(row["jumpV1Deviation"] for row in moved)
+    print(f"\nworst jump-v1 deviation from 1/(N+1): {worst:.1%} (target within 10 %)")
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "benchmark": "producer",
+        "python": platform.python_version(),
+        "messages": args.messages,
+        "batch": args.batch,
+        "shards": SHARDS,
+        "results": results,
+        "keysMoved": moved,
+    }
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
