@@ -95,3 +95,5 @@ def test_any_slicing_stays_balanced_through_any_scale_outs(topology: Topology, s
         keys += new
         assert spread(topology, keys) <= 1
     assert len(set(keys)) == len(keys)
+    # scale-in drains the highest shards: what stays ACTIVE is a prefix, balanced as well
+    assert all(spread(topology, keys[:k]) <= 1 for k in range(1, len(keys) + 1))
