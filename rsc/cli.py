@@ -223,6 +223,7 @@ def serve(config_path: str | None, bind: str, demo: bool) -> None:
 
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(announce)
+            serving.tune_gc()
             click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {settings.redis_url})")
             click.echo(
                 f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'

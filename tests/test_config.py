@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from click.testing import CliRunner
 
 from rsc.cli import main
 from rsc.config import ConfigError, Settings, load
+from rsc.http import serve as serving
 
 
 def test_defaults_without_file_or_environment() -> None:
@@ -62,3 +64,14 @@ def test_serve_refuses_bad_config_at_start() -> None:
     result = CliRunner().invoke(main, ["serve"], env={"RSC_MEMBER_LEASE_TTL_MS": "100"})
     assert result.exit_code == 1
     assert "configuration refused" in result.output
+
+
+def test_the_service_process_freezes_start_up_objects_and_collects_in_larger_steps() -> None:
+    before = gc.get_threshold()
+    try:
+        serving.tune_gc()
+        assert gc.get_threshold() == serving.GC_THRESHOLDS
+        assert gc.get_freeze_count() > 10_000  # the modules and objects of start-up
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
