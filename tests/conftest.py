@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis as redis_py
 import trio
+from redis.cluster import RedisCluster
 
 from rsc import journal
 from rsc.actors.connect import RedisClient, open_redis
@@ -68,6 +69,18 @@ def sync_redis(standalone_url: str) -> Iterator[redis_py.Redis]:
     client = redis_py.Redis.from_url(standalone_url, decode_responses=True)
     yield client
     client.close()
+
+
+@pytest.fixture
+def checker(redis_url: str) -> Iterator[redis_py.Redis]:
+    """An independent redis-py client on `redis_url`: a `RedisCluster` on the cluster."""
+    with redis_py.Redis.from_url(redis_url, decode_responses=True) as plain:
+        clustered = bool(plain.info("cluster").get("cluster_enabled"))
+        if not clustered:
+            yield plain
+            return
+    with RedisCluster.from_url(redis_url, decode_responses=True) as cluster:
+        yield cluster  # type: ignore[misc]  # the same commands, cluster-routed
 
 
 @pytest.fixture

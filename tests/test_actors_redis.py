@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import attrs
 import coredis
 import pytest
 import redis as redis_py
 import trio
-from redis.cluster import RedisCluster
 
 from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
@@ -29,17 +28,6 @@ from rsc.events.wire import OwnerToken
 from tests.actorkit import SETTINGS, Member, registry_on
 
 LONG = attrs.evolve(SETTINGS, timing=Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=60_000))
-
-
-@pytest.fixture
-def checker(redis_url: str) -> Iterator[redis_py.Redis]:
-    """An independent redis-py client for checking what is really in Redis."""
-    with redis_py.Redis.from_url(redis_url, decode_responses=True) as plain:
-        if not plain.info("cluster").get("cluster_enabled"):
-            yield plain
-            return
-    with RedisCluster.from_url(redis_url, decode_responses=True) as cluster:
-        yield cluster  # type: ignore[misc]
 
 
 @pytest.fixture

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import httpx
 import pytest
-import redis
 import trio
-from redis.cluster import RedisCluster
 
 from rsc.actors.connect import open_redis
 from rsc.client.app import App
@@ -35,18 +33,6 @@ AUTH = ("admin", "pw")
 async def http(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with serve_on(attrs.evolve(FAST, redis_url=redis_url, admin_password="pw")) as client:
         yield client
-
-
-@pytest.fixture
-def checker(redis_url: str) -> Iterator[Any]:
-    """An independent redis-py client (cluster-aware on the cluster) for checking Redis itself."""
-    with redis.Redis.from_url(redis_url, decode_responses=True) as plain:
-        clustered = bool(plain.info("cluster").get("cluster_enabled"))
-        if not clustered:
-            yield plain
-            return
-    with RedisCluster.from_url(redis_url, decode_responses=True) as cluster:
-        yield cluster
 
 
 def worker(base_url: str, redis_url: str, prefix: str, name: str, consumed: list[str]) -> App:

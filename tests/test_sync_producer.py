@@ -25,8 +25,8 @@ AUTH = ("admin", "pw")
 
 
 @pytest.fixture
-async def http(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as client:
+async def http(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_on(attrs.evolve(FAST, redis_url=redis_url, admin_password="pw")) as client:
         yield client
 
 
@@ -38,7 +38,7 @@ def wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
 
 
 async def test_routes_by_key_follows_a_scale_out_and_leaves_on_close(
-    http: httpx.AsyncClient, prefix: str, sync_redis: redis.Redis
+    http: httpx.AsyncClient, prefix: str, checker: redis.Redis
 ) -> None:
     base = str(http.base_url)
 
@@ -46,20 +46,18 @@ async def test_routes_by_key_follows_a_scale_out_and_leaves_on_close(
         with (
             SyncCoordinator(base) as coordinator,
             httpx.Client(base_url=base) as admin,
-            SyncProducer(coordinator, sync_redis, prefix, "api/sync") as producer,
+            SyncProducer(coordinator, checker, prefix, "api/sync") as producer,
         ):
             assert producer.layout.metadata_version == 1
             for n in range(40):
                 producer.publish({"n": str(n)}, key=f"customer-{n % 10}")
-            stored = {
-                s.key: [int(f["n"]) for _, f in sync_redis.xrange(s.key)] for s in producer.layout.active
-            }
+            stored = {s.key: [int(f["n"]) for _, f in checker.xrange(s.key)] for s in producer.layout.active}
             assert sorted(n for ns in stored.values() for n in ns) == list(range(40))  # each once
             for n in range(10):
                 shard = route(producer.layout, f"customer-{n}".encode()).key
                 assert {n + 10 * i for i in range(4)} <= set(stored[shard])  # a key stays on its shard
             assert len(producer.publish_many([({"k": "none"}, None) for _ in range(8)])) == 8
-            assert all(sync_redis.xlen(s.key) > 0 for s in producer.layout.active)  # keyless: round robin
+            assert all(checker.xlen(s.key) > 0 for s in producer.layout.active)  # keyless: round robin
 
             assert admin.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 8}, auth=AUTH).is_success
             wait_for(lambda: producer.layout.metadata_version == 2)
@@ -76,7 +74,7 @@ async def test_routes_by_key_follows_a_scale_out_and_leaves_on_close(
 
 
 async def test_blocks_while_paused_then_raises_or_goes_on(
-    http: httpx.AsyncClient, prefix: str, sync_redis: redis.Redis
+    http: httpx.AsyncClient, prefix: str, checker: redis.Redis
 ) -> None:
     base = str(http.base_url)
 
@@ -84,7 +82,7 @@ async def test_blocks_while_paused_then_raises_or_goes_on(
         with (
             SyncCoordinator(base) as coordinator,
             httpx.Client(base_url=base) as admin,
-            SyncProducer(coordinator, sync_redis, prefix, "api/sync", pause_timeout_s=0.3) as producer,
+            SyncProducer(coordinator, checker, prefix, "api/sync", pause_timeout_s=0.3) as producer,
         ):
             admin.post(f"/v1/admin/streams/{prefix}/pause", auth=AUTH)
             wait_for(lambda: producer.paused)
