@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from rsc.client import routing
 from rsc.client.errors import RscError
-from rsc.client.routing import ProducerState
+from rsc.client.routing import ProducerState, UnsupportedRouting
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, Shard, ShardState
 from rsc.events.placement import shard_key
 from rsc.events.routing import route
@@ -67,3 +68,17 @@ def test_pause_and_resume_are_reported_once_and_quiesced_needs_idle() -> None:
     assert state.apply(answer(None)).resumed
     assert not state.request().quiesced
     assert state.request(leave=True).leave
+
+
+def test_a_routing_protocol_it_does_not_know_stops_publishing_instead_of_misrouting() -> None:
+    state = ProducerState("s", "p", ClientInfo())
+    state.apply(answer(layout(1, 4)))
+    future = attrs.evolve(layout(2, 8), routing="ring-v2")
+    assert not state.apply(answer(future)).layout
+    with pytest.raises(UnsupportedRouting, match="ring-v2"):
+        state.shard_key("k")
+    with pytest.raises(UnsupportedRouting):
+        state.shard_key(None)
+    assert state.request().metadata_version == 1  # it still routes (acknowledges) nothing newer
+    state.apply(answer(layout(3, 8)))  # back to jump-v1 (a rollback of the coordinator)
+    assert state.shard_key("k") == route(state.layout, b"k").key

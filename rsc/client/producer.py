@@ -26,10 +26,10 @@ import trio
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, entry_ids
+from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, UnsupportedRouting, entry_ids
 from rsc.events.model import Layout
 
-__all__ = ["Fields", "Key", "Producer", "ProducerPaused", "open_producer"]
+__all__ = ["Fields", "Key", "Producer", "ProducerPaused", "UnsupportedRouting", "open_producer"]
 
 log = logging.getLogger("rsc.client.producer")
 

@@ -15,7 +15,7 @@ import attrs
 
 from rsc.client.errors import RscError
 from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, Layout
-from rsc.events.routing import Router, jump, key_hash
+from rsc.events.routing import JUMP_V1, Router, jump, key_hash
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
 log = logging.getLogger("rsc.client.producer")
@@ -31,6 +31,10 @@ Key = bytes | str | None
 def entry_ids(results: Iterable[object]) -> list[str]:
     """The entry ids a pipeline of XADDs returned, as text."""
     return [r.decode() if isinstance(r, bytes) else str(r) for r in results]
+
+
+class UnsupportedRouting(RscError):
+    """The stream's layout uses a routing protocol this client does not implement."""
 
 
 class ProducerPaused(RscError):
@@ -55,6 +59,8 @@ class ProducerState:
         self.client = client
         self.layout: Layout = EMPTY_LAYOUT
         self.router = Router(EMPTY_LAYOUT)
+        #: A routing protocol the coordinator switched to that this client does not know.
+        self.unsupported: str | None = None
         #: Partition key -> shard key under `layout` (keys repeat: hashing each once is enough).
         self._routes: dict[bytes | str, str] = {}
         self.paused = False
@@ -81,9 +87,19 @@ class ProducerState:
         change = Change()
         self.interval_s = response.heartbeat_interval_ms / 1000
         layout = response.layout
-        if layout is not None and layout.metadata_version != self.layout.metadata_version:
+        if layout is not None and layout.routing != JUMP_V1:
+            if self.unsupported != layout.routing:
+                log.error(
+                    "%s: the stream routes with %r; this client knows only %r: upgrade rsc",
+                    self.producer_id,
+                    layout.routing,
+                    JUMP_V1,
+                )
+            self.unsupported = layout.routing
+        elif layout is not None and layout.metadata_version != self.layout.metadata_version:
             log.info("%s: routing with layout v%s", self.producer_id, layout.metadata_version)
             self.layout, self.router, self._routes = layout, Router(layout), {}
+            self.unsupported = None
             change.layout = True
         self.known = True
         if response.paused != self.paused:
@@ -93,6 +109,11 @@ class ProducerState:
 
     def shard_key(self, key: Key) -> str:
         """The Redis key a message with `key` goes to now (keyless: round robin over ACTIVE shards)."""
+        if self.unsupported is not None:
+            raise UnsupportedRouting(
+                f"stream {self.stream_prefix!r} routes with {self.unsupported!r}; this client knows only "
+                f"{JUMP_V1!r}: upgrade rsc (nothing was published)"
+            )
         if key is not None and (cached := self._routes.get(key)) is not None:
             return cached
         active = self.router.active

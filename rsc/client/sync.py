@@ -26,12 +26,12 @@ import httpx
 from rsc.client.coordinator import Backoff, Retry, answer, structure
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, entry_ids
+from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, UnsupportedRouting, entry_ids
 from rsc.events import codec
 from rsc.events.model import Layout
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
-__all__ = ["Fields", "Key", "ProducerPaused", "SyncCoordinator", "SyncProducer"]
+__all__ = ["Fields", "Key", "ProducerPaused", "UnsupportedRouting", "SyncCoordinator", "SyncProducer"]
 
 log = logging.getLogger("rsc.client.producer")
 
