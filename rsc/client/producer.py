@@ -26,15 +26,22 @@ import trio
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, UnsupportedRouting, entry_ids
-from rsc.events.model import Layout
+from rsc.client.routing import (
+    Fields,
+    Key,
+    ProducerPaused,
+    ProducerState,
+    RoutingView,
+    UnsupportedRouting,
+    entry_ids,
+)
 
 __all__ = ["Fields", "Key", "Producer", "ProducerPaused", "UnsupportedRouting", "open_producer"]
 
 log = logging.getLogger("rsc.client.producer")
 
 
-class Producer:
+class Producer(RoutingView):
     """Publishes to one logical stream through a coredis client (standalone or cluster).
 
     Run `run` in a nursery (`await nursery.start(producer.run)` returns once
@@ -60,26 +67,6 @@ class Producer:
         self._idle = trio.Event()
         self._idle.set()
         self._closing = trio.Event()
-
-    @property
-    def stream_prefix(self) -> str:
-        return self.state.stream_prefix
-
-    @property
-    def producer_id(self) -> str:
-        return self.state.producer_id
-
-    @property
-    def layout(self) -> Layout:
-        return self.state.layout
-
-    @property
-    def paused(self) -> bool:
-        return self.state.paused
-
-    @property
-    def published(self) -> int:
-        return self.state.published
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Register, then heartbeat until `aclose` (or cancelled); `started` once a layout is known."""
@@ -117,10 +104,6 @@ class Producer:
             self._resumed = trio.Event()
         elif change.resumed:
             self._resumed.set()
-
-    def shard_key(self, key: Key) -> str:
-        """The Redis key a message with `key` goes to under the current layout."""
-        return self.state.shard_key(key)
 
     async def publish(self, fields: Fields, key: Key = None) -> str:
         """Append one message to its shard; returns the entry id."""

@@ -130,3 +130,35 @@ class ProducerState:
     def targets(self, messages: Iterable[tuple[Fields, Key]]) -> list[tuple[str, Fields]]:
         """Each message with the shard key it goes to, in order."""
         return [(self.shard_key(key), fields) for fields, key in messages]
+
+
+class RoutingView:
+    """What both producers show of their `ProducerState`."""
+
+    state: ProducerState
+
+    @property
+    def stream_prefix(self) -> str:
+        return self.state.stream_prefix
+
+    @property
+    def producer_id(self) -> str:
+        return self.state.producer_id
+
+    @property
+    def layout(self) -> Layout:
+        """The layout this producer routes with now."""
+        return self.state.layout
+
+    @property
+    def paused(self) -> bool:
+        return self.state.paused
+
+    @property
+    def published(self) -> int:
+        """Messages this producer has appended."""
+        return self.state.published
+
+    def shard_key(self, key: Key) -> str:
+        """The Redis key a message with `key` goes to under the current layout."""
+        return self.state.shard_key(key)

@@ -26,9 +26,16 @@ import httpx
 from rsc.client.coordinator import Backoff, Retry, answer, structure
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import Fields, Key, ProducerPaused, ProducerState, UnsupportedRouting, entry_ids
+from rsc.client.routing import (
+    Fields,
+    Key,
+    ProducerPaused,
+    ProducerState,
+    RoutingView,
+    UnsupportedRouting,
+    entry_ids,
+)
 from rsc.events import codec
-from rsc.events.model import Layout
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
 __all__ = ["Fields", "Key", "ProducerPaused", "UnsupportedRouting", "SyncCoordinator", "SyncProducer"]
@@ -91,7 +98,7 @@ class SyncCoordinator:
         raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
 
 
-class SyncProducer:
+class SyncProducer(RoutingView):
     """Publishes to one logical stream through a redis-py client (`Redis` or `RedisCluster`).
 
     `start()` (or entering the `with` block) registers and returns once the
@@ -120,26 +127,6 @@ class SyncProducer:
         self._resumed.set()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def stream_prefix(self) -> str:
-        return self.state.stream_prefix
-
-    @property
-    def producer_id(self) -> str:
-        return self.state.producer_id
-
-    @property
-    def layout(self) -> Layout:
-        return self.state.layout
-
-    @property
-    def paused(self) -> bool:
-        return self.state.paused
-
-    @property
-    def published(self) -> int:
-        return self.state.published
 
     def __enter__(self) -> SyncProducer:
         return self.start()
@@ -173,10 +160,6 @@ class SyncProducer:
             self._resumed.clear()
         elif change.resumed:
             self._resumed.set()
-
-    def shard_key(self, key: Key) -> str:
-        """The Redis key a message with `key` goes to under the current layout."""
-        return self.state.shard_key(key)
 
     def publish(self, fields: Fields, key: Key = None) -> str:
         """Append one message to its shard; returns the entry id."""
