@@ -12,7 +12,7 @@ import trio
 
 from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
-from rsc.client.errors import RscError
+from rsc.client.errors import CoordinatorUnavailable, RscError
 from rsc.client.producer import Producer, ProducerPaused, open_producer
 from rsc.events.routing import route
 from tests.httpkit import FAST, serve_on
@@ -112,5 +112,18 @@ async def test_open_producer_registers_and_leaves_when_the_block_ends(
         assert (await http.get(f"/v1/streams/{prefix}")).json()["producers"] == []  # left, not expired
         with pytest.raises(RscError, match="closed"):
             await producer.publish({"n": "2"})
+        with pytest.raises(KeyError):  # the block's own error, not an exception group
+            async with open_producer(coordinator, r, prefix, "api/1"):
+                raise KeyError("mine")
         # with no producer and no group left, the stream can be deleted at once
         assert (await http.delete(f"/v1/admin/streams/{prefix}", auth=AUTH)).status_code == 204
+
+
+async def test_open_producer_fails_clearly_without_a_coordinator(standalone_url: str, prefix: str) -> None:
+    async with (
+        Coordinator("http://127.0.0.1:9", retries=0, timeout_s=0.2) as coordinator,
+        open_redis(standalone_url) as r,
+    ):
+        with pytest.raises(CoordinatorUnavailable, match="no layout within"):
+            async with open_producer(coordinator, r, prefix, start_timeout_s=0.5):
+                raise AssertionError("not reached")

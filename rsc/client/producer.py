@@ -151,12 +151,35 @@ async def open_producer(
     producer_id: str | None = None,
     *,
     pause_timeout_s: float = 30.0,
+    start_timeout_s: float = 10.0,
 ) -> AsyncIterator[Producer]:
-    """A registered `Producer` (its layout known), heartbeating until the block ends, then closed."""
-    async with trio.open_nursery() as nursery:
-        producer = Producer(coordinator, redis, stream_prefix, producer_id, pause_timeout_s=pause_timeout_s)
-        await nursery.start(producer.run)
-        try:
-            yield producer
-        finally:
-            await producer.aclose()
+    """A registered `Producer` (its layout known), heartbeating until the block ends, then closed.
+
+    Raises `CoordinatorUnavailable` if no layout arrives within `start_timeout_s`.
+    An exception of the block comes out as itself, not wrapped in an exception group.
+    """
+    producer = Producer(coordinator, redis, stream_prefix, producer_id, pause_timeout_s=pause_timeout_s)
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.move_on_after(start_timeout_s):
+                await nursery.start(producer.run)
+            if not producer.state.known:
+                raise CoordinatorUnavailable(
+                    f"producer {producer.producer_id!r} got no layout within {start_timeout_s} s"
+                )
+            try:
+                yield producer
+            finally:
+                await producer.aclose()
+    except BaseExceptionGroup as group:
+        raise _single(group) from None
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside nested one-member groups, or the group itself."""
+    while len(group.exceptions) == 1:
+        inner = group.exceptions[0]
+        if not isinstance(inner, BaseExceptionGroup):
+            return inner
+        group = inner
+    return group
