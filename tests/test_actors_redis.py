@@ -16,7 +16,7 @@ import trio
 from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
 from rsc.actors.connect import RedisClient
-from rsc.actors.effects import RedisEffects
+from rsc.actors.effects import RedisEffects, topology_from_slots
 from rsc.actors.errors import ActorStopped
 from rsc.actors.keys import AggregateId, owner_key
 from rsc.actors.redis_store import RedisStore
@@ -173,3 +173,24 @@ async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) ->
         assert len(nodes) > 1  # 12 keys over 3 primaries land on more than one
     else:
         assert nodes == {None}
+
+
+async def test_the_topology_reads_the_same_from_cluster_shards_and_cluster_slots(
+    redis: RedisClient, checker: redis_py.Redis
+) -> None:
+    topology = await RedisEffects(redis).topology()
+    if not isinstance(redis, coredis.RedisCluster):
+        assert topology is None
+        return
+    assert topology is not None
+    # CLUSTER SLOTS is the fallback for clusters older than Redis 7 (no CLUSTER SHARDS)
+    with pytest.warns(DeprecationWarning):  # coredis: on Redis 7 use CLUSTER SHARDS (we do)
+        slots = await redis.cluster_slots()
+    assert topology_from_slots(slots) == topology
+    primaries = {f"{n.host}:{n.port}" for n in checker.get_primaries()}  # type: ignore[attr-defined]
+    assert {p.node for p in topology.primaries} == primaries
+    assert sorted(r for p in topology.primaries for r in p.ranges) == [
+        (0, 5460),
+        (5461, 10922),
+        (10923, 16383),
+    ]

@@ -15,7 +15,7 @@ time-driven actor tests.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -211,16 +211,10 @@ class RedisEffects:
         if not isinstance(self.redis, coredis.RedisCluster):
             return None
         with redis_errors("reading the cluster layout"):
-            shards = await self.redis.cluster_shards()
-        primaries = []
-        for shard in shards:
-            primary = next((n for n in shard["nodes"] if n["role"] == "master"), None)
-            bounds = shard["slots"]
-            if primary is None or not bounds:
-                continue
-            ranges = tuple((int(low), int(high)) for low, high in zip(bounds[::2], bounds[1::2], strict=True))
-            primaries.append(Primary(f"{primary['ip']}:{primary['port']}", ranges))
-        return Topology(tuple(sorted(primaries, key=lambda p: p.first_slot)))
+            try:
+                return topology_from_shards(await self.redis.cluster_shards())
+            except coredis.exceptions.ResponseError:  # before Redis 7: no CLUSTER SHARDS
+                return topology_from_slots(await self.redis.cluster_slots())
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         for chunk in _chunks(shard_keys):
@@ -303,6 +297,29 @@ async def _each(keys: Iterable[str], action: object) -> None:
         if unavailable is None:
             raise
         raise unavailable.exceptions[0] from group  # one failure is enough to tell
+
+
+def topology_from_shards(shards: Iterable[Mapping[str, Any]]) -> Topology:
+    """The primaries from a CLUSTER SHARDS reply (Redis 7+)."""
+    primaries = []
+    for shard in shards:
+        primary = next((n for n in shard["nodes"] if n["role"] == "master"), None)
+        bounds = shard["slots"]
+        if primary is None or not bounds:
+            continue
+        ranges = tuple((int(low), int(high)) for low, high in zip(bounds[::2], bounds[1::2], strict=True))
+        primaries.append(Primary(f"{primary['ip']}:{primary['port']}", ranges))
+    return Topology(tuple(sorted(primaries, key=lambda p: p.first_slot)))
+
+
+def topology_from_slots(slots: Mapping[tuple[int, int], Sequence[Mapping[str, Any]]]) -> Topology:
+    """The primaries from a CLUSTER SLOTS reply (any version; a range's first node is its primary)."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for (low, high), nodes in slots.items():
+        if nodes:
+            ranges.setdefault(f"{nodes[0]['host']}:{nodes[0]['port']}", []).append((int(low), int(high)))
+    primaries = (Primary(node, tuple(sorted(r))) for node, r in ranges.items())
+    return Topology(tuple(sorted(primaries, key=lambda p: p.first_slot)))
 
 
 class MemoryEffects:
