@@ -184,7 +184,7 @@ async def test_the_topology_reads_the_same_from_cluster_shards_and_cluster_slots
         return
     assert topology is not None
     # CLUSTER SLOTS is the fallback for clusters older than Redis 7 (no CLUSTER SHARDS)
-    with pytest.warns(DeprecationWarning):  # coredis: on Redis 7 use CLUSTER SHARDS (we do)
+    with pytest.warns(DeprecationWarning, match="cluster_shards"):  # coredis, on Redis 7
         slots = await redis.cluster_slots()
     assert topology_from_slots(slots) == topology
     primaries = {f"{n.host}:{n.port}" for n in checker.get_primaries()}  # type: ignore[attr-defined]
