@@ -218,10 +218,12 @@ def serve(config_path: str | None, bind: str, demo: bool) -> None:
         raise click.ClickException(f"configuration refused: {exc}") from exc
 
     async def run(settings: config_module.Settings) -> None:
-        async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-            await serving.serve(settings, bind, task_status=task_status)
-
         async with trio.open_nursery() as nursery:
+
+            async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+                await serving.serve(settings, bind, task_status=task_status)
+                nursery.cancel_scope.cancel()  # the server stopped (SIGTERM/SIGINT): so does the demo
+
             urls = await nursery.start(announce)
             serving.tune_gc()
             click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {settings.redis_url})")

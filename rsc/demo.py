@@ -75,7 +75,11 @@ async def run_demo(
                     say(f"demo: {member.member_id} starts")
                 elif verb == "leave" and member in active:
                     active.remove(member)
-                    await client.post("/v1/heartbeat", json=member.request(leave=True))
+                    try:
+                        await client.post("/v1/heartbeat", json=member.request(leave=True))
+                    except httpx.HTTPError as exc:
+                        say(f"demo: {member.member_id} could not leave: {exc}")
+                        continue
                     say(f"demo: {member.member_id} leaves gracefully")
             for member in active:
                 try:
