@@ -13,7 +13,7 @@ import trio
 from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorUnavailable, RscError
-from rsc.client.producer import Producer, ProducerPaused, open_producer
+from rsc.client.producer import Producer, ProducerPaused, PublishFailed, open_producer
 from rsc.events.routing import route
 from tests.httpkit import FAST, serve_on
 
@@ -127,3 +127,24 @@ async def test_open_producer_fails_clearly_without_a_coordinator(standalone_url:
         with pytest.raises(CoordinatorUnavailable, match="no layout within"):
             async with open_producer(coordinator, r, prefix, start_timeout_s=0.5):
                 raise AssertionError("not reached")
+
+
+async def test_a_publish_redis_refuses_raises_publish_failed(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    async with (
+        Coordinator(str(http.base_url)) as coordinator,
+        open_redis(standalone_url) as r,
+        open_producer(coordinator, r, prefix, "api/0") as producer,
+    ):
+        broken = producer.shard_key("k")
+        sync_redis.delete(broken)
+        sync_redis.set(broken, "not a stream")  # XADD to it fails with WRONGTYPE
+        with pytest.raises(PublishFailed, match="may have been written") as failed:
+            await producer.publish_many([({"n": "1"}, "k"), ({"n": "2"}, None)])
+        assert "wrong kind of value" in str(failed.value)
+        assert producer.published == 0
+        sync_redis.delete(broken)
+        await producer.publish({"n": "3"}, key="k")  # the producer goes on once Redis takes it
+        await producer.flush()
+        assert producer.published == 1

@@ -17,7 +17,7 @@ import redis
 import trio
 
 from rsc.client.errors import CoordinatorUnavailable, RscError
-from rsc.client.sync import ProducerPaused, SyncCoordinator, SyncProducer
+from rsc.client.sync import ProducerPaused, PublishFailed, SyncCoordinator, SyncProducer
 from rsc.events.routing import route
 from tests.httpkit import FAST, serve_on
 
@@ -108,5 +108,28 @@ async def test_start_fails_clearly_without_a_coordinator(prefix: str, sync_redis
                 producer.start()
             with pytest.raises(RscError, match="closed"):
                 producer.publish({"n": "1"})
+
+    await trio.to_thread.run_sync(scenario)
+
+
+async def test_a_publish_redis_refuses_raises_publish_failed(
+    http: httpx.AsyncClient, prefix: str, checker: redis.Redis
+) -> None:
+    base = str(http.base_url)
+
+    def scenario() -> None:
+        with (
+            SyncCoordinator(base) as coordinator,
+            SyncProducer(coordinator, checker, prefix, "api/sync") as producer,
+        ):
+            broken = producer.shard_key("k")
+            checker.delete(broken)
+            checker.set(broken, "not a stream")
+            with pytest.raises(PublishFailed, match=r"WRONGTYPE|wrong kind of value"):
+                producer.publish({"n": "1"}, key="k")
+            assert producer.flush(timeout_s=1)  # nothing stays in flight after a failure
+            checker.delete(broken)
+            producer.publish({"n": "2"}, key="k")
+            assert producer.published == 1
 
     await trio.to_thread.run_sync(scenario)

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import coredis
 import trio
 
 from rsc.client.coordinator import Coordinator
@@ -31,14 +32,27 @@ from rsc.client.routing import (
     Key,
     ProducerPaused,
     ProducerState,
+    PublishFailed,
     RoutingView,
     UnsupportedRouting,
     entry_ids,
+    publish_failed,
 )
 
-__all__ = ["Fields", "Key", "Producer", "ProducerPaused", "UnsupportedRouting", "open_producer"]
+__all__ = [
+    "Fields",
+    "Key",
+    "Producer",
+    "ProducerPaused",
+    "PublishFailed",
+    "UnsupportedRouting",
+    "open_producer",
+]
 
 log = logging.getLogger("rsc.client.producer")
+
+#: What a failed pipeline raises: Redis refused a command, or the connection failed.
+REDIS_ERRORS = (coredis.exceptions.RedisError, OSError, TimeoutError)
 
 
 class Producer(RoutingView):
@@ -116,9 +130,17 @@ class Producer(RoutingView):
         state.in_flight += 1
         self._idle = trio.Event() if state.in_flight == 1 else self._idle
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for target, fields in state.targets(messages):
-                    pipe.xadd(target, fields)
+            targets = state.targets(messages)
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for target, fields in targets:
+                        pipe.xadd(target, fields)
+            except REDIS_ERRORS as exc:
+                raise publish_failed(self.stream_prefix, len(targets), exc) from exc
+            except BaseExceptionGroup as group:
+                if group.split(REDIS_ERRORS)[1] is not None:
+                    raise
+                raise publish_failed(self.stream_prefix, len(targets), group.exceptions[0]) from group
             ids = entry_ids(pipe.results or ())
             state.published += len(ids)
             return ids

@@ -28,6 +28,14 @@ Fields = Mapping[str, str | bytes | int | float]
 Key = bytes | str | None
 
 
+def publish_failed(stream_prefix: str, count: int, cause: BaseException) -> PublishFailed:
+    """The error for a pipeline of `count` messages that Redis did not take whole."""
+    return PublishFailed(
+        f"publishing {count} message(s) to {stream_prefix!r} failed ({cause}); "
+        "some may have been written: a retry may duplicate them"
+    )
+
+
 def entry_ids(results: Iterable[object]) -> list[str]:
     """The entry ids a pipeline of XADDs returned, as text."""
     return [r.decode() if isinstance(r, bytes) else str(r) for r in results]
@@ -35,6 +43,13 @@ def entry_ids(results: Iterable[object]) -> list[str]:
 
 class UnsupportedRouting(RscError):
     """The stream's layout uses a routing protocol this client does not implement."""
+
+
+class PublishFailed(RscError):
+    """Redis refused or could not take a publish; some of its messages may have been written.
+
+    At-least-once: retrying the same messages may write some of them twice.
+    """
 
 
 class ProducerPaused(RscError):

@@ -23,6 +23,11 @@ from typing import Any
 
 import httpx
 
+try:
+    import redis
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
+
 from rsc.client.coordinator import Backoff, Retry, answer, structure
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
@@ -31,16 +36,29 @@ from rsc.client.routing import (
     Key,
     ProducerPaused,
     ProducerState,
+    PublishFailed,
     RoutingView,
     UnsupportedRouting,
     entry_ids,
+    publish_failed,
 )
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
-__all__ = ["Fields", "Key", "ProducerPaused", "UnsupportedRouting", "SyncCoordinator", "SyncProducer"]
+__all__ = [
+    "Fields",
+    "Key",
+    "ProducerPaused",
+    "PublishFailed",
+    "UnsupportedRouting",
+    "SyncCoordinator",
+    "SyncProducer",
+]
 
 log = logging.getLogger("rsc.client.producer")
+
+#: What a failed pipeline raises: Redis refused a command, or the connection failed.
+REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 class SyncCoordinator:
@@ -175,7 +193,11 @@ class SyncProducer(RoutingView):
             pipe = self.redis.pipeline(transaction=False)
             for target, fields in targets:
                 pipe.xadd(target, fields)
-            ids = entry_ids(pipe.execute())
+            try:
+                results = pipe.execute()
+            except REDIS_ERRORS as exc:
+                raise publish_failed(self.stream_prefix, len(targets), exc) from exc
+            ids = entry_ids(results)
             with self._lock:
                 self.state.published += len(ids)
             return ids
