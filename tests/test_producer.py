@@ -148,3 +148,23 @@ async def test_a_publish_redis_refuses_raises_publish_failed(
         await producer.publish({"n": "3"}, key="k")  # the producer goes on once Redis takes it
         await producer.flush()
         assert producer.published == 1
+
+
+async def test_publishing_goes_on_with_the_last_layout_while_the_coordinator_is_down(
+    standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url)
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        async with serve_on(settings) as http:
+            coordinator = Coordinator(str(http.base_url), retries=0, timeout_s=0.5)
+            producer = Producer(coordinator, r, prefix, "api/0")
+            await nursery.start(producer.run)
+            layout = producer.layout
+        # the coordinator is gone now; heartbeats fail, publishing does not
+        await trio.sleep(0.3)
+        ids = await producer.publish_many([({"n": str(n)}, f"k{n}") for n in range(20)])
+        assert len(ids) == 20
+        assert producer.layout == layout
+        assert sum(sync_redis.xlen(s.key) for s in layout.active) == 20
+        nursery.cancel_scope.cancel()
+        await coordinator.aclose()
