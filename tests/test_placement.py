@@ -65,7 +65,8 @@ def test_the_stream_aggregate_names_shards_with_the_topology_of_its_command() ->
     state = fold(decide(state, ChangeShardCount(8, topology=topology)), state)
     assert isinstance(state, StreamState)
     keys = [s.key for s in state.layout.active]
-    assert topology.count(keys) == {"10.0.0.0:6379": 3, "10.0.0.1:6379": 3, "10.0.0.2:6379": 2}
+    assert sorted(topology.count(keys).values()) == [2, 3, 3]
+    assert keys[0] == "orders:{orders:0}"  # the plain name whenever its slot is on an emptiest primary
 
 
 @st.composite

@@ -6,10 +6,11 @@ part between the first `{` and the next `}` when that part is not empty
 keys (owner tokens, dead letters) share its slot.
 
 The coordinator names new shards so that the stream's ACTIVE shards spread
-evenly over the primaries: each new shard goes to the primary holding the
-fewest of them (ties: the primary with the lowest slot), and its tag is the
-first of `<prefix>:<index>`, `<prefix>:<index>:1`, `<prefix>:<index>:2`, ...
-whose slot that primary serves. The topology is an input (read from Redis
+evenly over the primaries: each new shard's tag is the first of
+`<prefix>:<index>`, `<prefix>:<index>:1`, `<prefix>:<index>:2`, ... whose
+slot is served by one of the primaries holding the fewest of them. (Any of
+the emptiest primaries will do, so few candidates are tried: about ln P
+on average for P primaries.) The topology is an input (read from Redis
 by the caller, like the time); without one (standalone Redis) the tag is
 `<prefix>:<index>`.
 """
@@ -102,22 +103,25 @@ def shard_key(stream_prefix: str, index: int, attempt: int = 0) -> str:
 def place(
     stream_prefix: str, indexes: Sequence[int], active_keys: Iterable[str], topology: Topology | None
 ) -> list[str]:
-    """Names for new shards `indexes`, each on the primary with the fewest ACTIVE shards so far."""
+    """Names for new shards `indexes`, each on a primary holding the fewest ACTIVE shards so far."""
     if topology is None or not topology.primaries:
         return [shard_key(stream_prefix, index) for index in indexes]
+    owner: list[str | None] = [None] * SLOTS
+    for primary in topology.primaries:
+        for low, high in primary.ranges:
+            owner[low : high + 1] = [primary.node] * (high - low + 1)
     counts = topology.count(active_keys)
-    order = sorted(topology.primaries, key=lambda p: p.first_slot)
     names = []
     for index in indexes:
-        target = min(order, key=lambda p: counts[p.node])
-        names.append(_name_on(stream_prefix, index, target))
-        counts[target.node] += 1
+        fewest = min(counts.values())
+        for attempt in range(MAX_TAG_TRIES):
+            key = shard_key(stream_prefix, index, attempt)
+            node = owner[key_slot(key)]
+            if node is not None and counts[node] == fewest:
+                break
+        else:  # pragma: no cover - a cluster whose emptiest primaries serve almost no slot
+            key, node = shard_key(stream_prefix, index), owner[key_slot(shard_key(stream_prefix, index))]
+        names.append(key)
+        if node is not None:
+            counts[node] += 1
     return names
-
-
-def _name_on(stream_prefix: str, index: int, primary: Primary) -> str:
-    for attempt in range(MAX_TAG_TRIES):
-        key = shard_key(stream_prefix, index, attempt)
-        if primary.serves(key_slot(key)):
-            return key
-    return shard_key(stream_prefix, index)  # pragma: no cover - a primary with almost no slots
