@@ -114,3 +114,6 @@ async def test_audit_filters(client: httpx.AsyncClient, prefix: str) -> None:
     assert all(r["outcome"] == "denied" for r in denied)
     assert len(await audit(client, limit="1")) == 1
     assert (await client.get("/v1/admin/audit", params={"status": "x"}, auth=AUTH)).status_code == 400
+    misspelt = await client.get("/v1/admin/audit", params={"outcom": "denied"}, auth=AUTH)
+    assert misspelt.status_code == 400  # not every record, unfiltered
+    assert "'outcom'" in misspelt.json()["message"]

@@ -73,6 +73,10 @@ class GroupSpec:
     start_from: StartFrom = StartFrom.EARLIEST
 
 
+#: The query parameters of `GET /v1/admin/audit`.
+AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit"})
+
+
 def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, audit: AuditLog) -> None:
     """Register `/v1/admin/...` on `app`."""
 
@@ -104,6 +108,14 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
     @app.get("/v1/admin/audit")
     async def read_audit() -> Response:
         args = request.args
+        unknown = sorted(set(args) - AUDIT_FILTERS)
+        if unknown:  # a misspelt filter would silently return everything
+            raise ApiError(
+                400,
+                "INVALID_REQUEST",
+                f"unknown query parameter(s) {', '.join(map(repr, unknown))}; "
+                f"the filters are {', '.join(sorted(AUDIT_FILTERS))}",
+            )
         if args.get("outcome", "ok") not in OUTCOMES:
             raise ApiError(400, "INVALID_REQUEST", f"outcome must be one of {', '.join(OUTCOMES)}")
         try:
