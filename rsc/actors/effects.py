@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 import attrs
 import coredis
-import trio
 
 from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import StoreUnavailable
@@ -65,8 +64,6 @@ end
 return 0
 """
 
-#: Concurrent Redis calls one batch of effects may have in flight.
-PARALLELISM = 32
 #: Commands per pipeline when creating many shard keys or consumer groups.
 CHUNK = 512
 
@@ -190,21 +187,24 @@ class RedisEffects:
         keys = list(shard_keys)
         topology = await self.topology()
         stats: dict[str, ShardStats] = {}
-
-        async def one(key: str) -> None:
-            try:
-                length = await self.redis.xlen(key)
-                infos = await self.redis.xinfo_groups(key)
-            except coredis.exceptions.ResponseError:  # the key does not exist (yet)
-                length, infos = 0, ()
-            groups = tuple(
-                GroupLag(str(i["name"]), int(i["pending"]), i.get("lag"), str(i["last-delivered-id"]))
-                for i in infos
-            )
-            node = None if topology is None else (topology.node_of(key) or "unknown")
-            stats[key] = ShardStats(length, groups, node)
-
-        await _each(keys, one)
+        for chunk in _chunks(keys):  # XLEN and XINFO GROUPS of 512 keys per round trip and node
+            with redis_errors("reading shard statistics"):
+                async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
+                    for key in chunk:
+                        pipe.xlen(key)
+                        pipe.xinfo_groups(key)
+            results = pipe.results or ()
+            for key, xlen, xinfo in zip(chunk, results[::2], results[1::2], strict=True):
+                length, infos = xlen, xinfo
+                if isinstance(xlen, BaseException) or isinstance(xinfo, BaseException):
+                    _raise_unless_missing(xlen, xinfo)
+                    length, infos = 0, ()  # the key does not exist (yet)
+                groups = tuple(
+                    GroupLag(str(i["name"]), int(i["pending"]), i.get("lag"), str(i["last-delivered-id"]))
+                    for i in infos
+                )
+                node = None if topology is None else (topology.node_of(key) or "unknown")
+                stats[key] = ShardStats(int(length), groups, node)
         return stats
 
     async def topology(self) -> Topology | None:
@@ -269,6 +269,15 @@ async def _guard(awaitable: object) -> None:
         await awaitable  # type: ignore[misc]
 
 
+def _raise_unless_missing(*results: object) -> None:
+    """Raise the first error among `results` unless it only says the key does not exist."""
+    for result in results:
+        if isinstance(result, coredis.exceptions.ResponseError) and "no such key" in str(result):
+            continue
+        if isinstance(result, BaseException):
+            raise StoreUnavailable(f"reading shard statistics: {result}") from result
+
+
 def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
     batch: list[str] = []
     for key in keys:
@@ -278,25 +287,6 @@ def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:
             batch = []
     if batch:
         yield batch
-
-
-async def _each(keys: Iterable[str], action: object) -> None:
-    """Run `action(key)` for every key, at most PARALLELISM at a time; errors map to StoreUnavailable."""
-    limiter = trio.CapacityLimiter(PARALLELISM)
-
-    async def one(key: str) -> None:
-        async with limiter:
-            await _guard(action(key))  # type: ignore[operator]
-
-    try:
-        async with trio.open_nursery() as nursery:
-            for key in keys:
-                nursery.start_soon(one, key)
-    except BaseExceptionGroup as group:
-        unavailable, _ = group.split(StoreUnavailable)
-        if unavailable is None:
-            raise
-        raise unavailable.exceptions[0] from group  # one failure is enough to tell
 
 
 def topology_from_shards(shards: Iterable[Mapping[str, Any]]) -> Topology:
