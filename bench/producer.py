@@ -17,7 +17,7 @@ N = 1..64, for jump-v1 next to `hash mod N` (100,000 keys; ideal 1/(N+1)).
 
 Prints tables and writes bench/results/producer.json.
 
-    python bench/producer.py [--messages 50000] [--batch 100] [--rounds 6]
+    python bench/producer.py [--messages 50000] [--batch 100] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     batches = messages(args.messages, args.batch)
     runs: dict[str, list[float]] = {"rsc-trio": [], "raw-coredis": [], "rsc-sync": [], "raw-redis-py": []}
