@@ -210,11 +210,16 @@ async def test_the_scripts_check_the_owner_token(
         open_redis(standalone_url) as r,
         trio.open_nursery() as nursery,
     ):
-        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", _ignore)
+        # The real poller never acks: if it reads or claims the entry, it stays pending all the same.
+        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", _hold)
         await wait_for(lambda: len(member.owned) == 4)
         key = (await shard_keys(base_url, prefix))[3]
-        entry = sync_redis.xadd(key, {"n": "1"})
-        sync_redis.xreadgroup("billing", "w0", {key: ">"})
+        # Added and read in one transaction: pending under "w0" before the running poller sees it.
+        with sync_redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(key, {"n": "1"})
+            pipe.xreadgroup("billing", "w0", {key: ">"}, count=1)
+            entry, _ = pipe.execute()
+        assert sync_redis.xpending(key, "billing")["pending"] == 1
         shard = poller.shards[3]
         impostor = Poller(r, "billing", "w0", "another-incarnation", _ignore)
         for script, args in [
@@ -231,6 +236,10 @@ async def test_the_scripts_check_the_owner_token(
 
 async def _ignore(message: Message) -> None:
     return None
+
+
+async def _hold(message: Message) -> None:
+    await trio.sleep_forever()
 
 
 async def test_entries_idle_under_other_consumers_are_reclaimed(
