@@ -212,6 +212,7 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
 def serve(config_path: str | None, bind: str, demo: bool) -> None:
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the demo's requests, one line each, are noise
     try:
         settings = config_module.load(config_path)
     except config_module.ConfigError as exc:
