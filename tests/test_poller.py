@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import httpx
@@ -13,7 +15,7 @@ import trio
 from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import Member
-from rsc.client.poller import Fenced, Message, Poller, PollerSettings
+from rsc.client.poller import Fenced, Handler, Message, Poller, PollerSettings
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key
 from tests.httpkit import FAST, serve_on
@@ -39,21 +41,35 @@ async def wait_for(condition: object, seconds: float = 10) -> None:
             await trio.sleep(0.02)
 
 
-async def run_member(
-    nursery: trio.Nursery,
-    coordinator: Coordinator,
-    r: object,
-    prefix: str,
-    name: str,
-    handler: object,
-    settings: PollerSettings = FAST_POLL,
-) -> tuple[Member, Poller]:
-    incarnation = f"{name}-inc"
-    poller = Poller(r, "billing", name, incarnation, handler, settings)  # type: ignore[arg-type]
-    await nursery.start(poller.run)
-    member = Member(coordinator, prefix, "billing", name, poller, incarnation=incarnation)
-    await nursery.start(member.run)
-    return member, poller
+@attrs.frozen
+class Running:
+    """A coordinator client, a Redis client and a nursery; members started here stop with the block."""
+
+    coordinator: Coordinator
+    redis: Any
+    nursery: trio.Nursery
+    prefix: str
+
+    async def member(
+        self, name: str, handler: Handler, settings: PollerSettings = FAST_POLL
+    ) -> tuple[Member, Poller]:
+        incarnation = f"{name}-inc"
+        poller = Poller(self.redis, "billing", name, incarnation, handler, settings)
+        await self.nursery.start(poller.run)
+        member = Member(self.coordinator, self.prefix, "billing", name, poller, incarnation=incarnation)
+        await self.nursery.start(member.run)
+        return member, poller
+
+
+@contextlib.asynccontextmanager
+async def running(base_url: str, redis_url: str, prefix: str) -> AsyncIterator[Running]:
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(redis_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        yield Running(coordinator, r, nursery, prefix)
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("workers", [1, 4])
@@ -66,12 +82,8 @@ async def test_consumes_everything_and_acks(
         await trio.sleep(0.001 * (int(message.fields["n"]) % 3))  # workers interleave
         seen.append((message.shard, message.fields["n"]))
 
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
-        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+    async with running(base_url, standalone_url, prefix) as env:
+        member, poller = await env.member("w0", handle)
         await poller.concurrency(workers)  # as maxConcurrency from the coordinator would
         await wait_for(lambda: len(member.owned) == 4)
         keys = await shard_keys(base_url, prefix)
@@ -81,7 +93,6 @@ async def test_consumes_everything_and_acks(
         await wait_for(lambda: all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys))
         member.stop()
         await member.wait_left()
-        nursery.cancel_scope.cancel()
     assert sorted(int(n) for _, n in seen) == list(range(200))
     for shard in range(4):  # per-shard order kept
         mine = [int(n) for s, n in seen if s == shard]
@@ -97,14 +108,8 @@ async def test_a_busy_shard_does_not_starve_the_others(
         order.append(message.shard)
         await trio.sleep(0.001)
 
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
-        member, _ = await run_member(
-            nursery, coordinator, r, prefix, "w0", handle, attrs.evolve(FAST_POLL, batch=10, prefetch=20)
-        )
+    async with running(base_url, standalone_url, prefix) as env:
+        member, _ = await env.member("w0", handle, attrs.evolve(FAST_POLL, batch=10, prefetch=20))
         await wait_for(lambda: len(member.owned) == 4)
         keys = await shard_keys(base_url, prefix)
         for n in range(500):  # shard 0 is hot
@@ -112,7 +117,6 @@ async def test_a_busy_shard_does_not_starve_the_others(
         for k in keys[1:]:
             sync_redis.xadd(k, {"n": "cold"})
         await wait_for(lambda: len(order) == 503)
-        nursery.cancel_scope.cancel()
     # The three cold entries are handled early, not after the 500 hot ones.
     assert max(i for i, shard in enumerate(order) if shard != 0) < 100
 
@@ -127,18 +131,13 @@ async def test_failing_entries_are_retried_then_dead_lettered(
         if message.fields["n"] == "poison":
             raise ValueError("cannot handle this")
 
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
-        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+    async with running(base_url, standalone_url, prefix) as env:
+        member, poller = await env.member("w0", handle)
         await wait_for(lambda: len(member.owned) == 4)
         key = (await shard_keys(base_url, prefix))[1]
         poison = sync_redis.xadd(key, {"n": "poison"})
         sync_redis.xadd(key, {"n": "fine"})
         await wait_for(lambda: poller.dead_lettered == 1)
-        nursery.cancel_scope.cancel()
     assert attempts.count(poison) == 2  # max_deliveries
     dead = sync_redis.xrange(f"{key}:dlq")
     assert dead[0][1] == {"rscSourceId": poison, "rscDeliveries": "3", "n": "poison"}
@@ -153,12 +152,8 @@ async def test_takeover_claims_what_earlier_owners_left_pending(
     async def handle(message: Message) -> None:
         handled.append(message.fields["n"])
 
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
-        first, _ = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+    async with running(base_url, standalone_url, prefix) as env:
+        first, _ = await env.member("w0", handle)
         await wait_for(lambda: len(first.owned) == 4)
         keys_before = await shard_keys(base_url, prefix)
         first.stop()
@@ -169,10 +164,9 @@ async def test_takeover_claims_what_earlier_owners_left_pending(
         sync_redis.xreadgroup("billing", "10.9.9.9/old/0", {keys_before[2]: ">"})
         assert sync_redis.xpending(keys_before[2], "billing")["pending"] == 5
         no_reclaim = attrs.evolve(FAST_POLL, reclaim_every_s=3600)  # only the takeover claims them
-        await run_member(nursery, coordinator, r, prefix, "w1", handle, no_reclaim)
+        await env.member("w1", handle, no_reclaim)
         await wait_for(lambda: len(handled) == 5)
         await wait_for(lambda: sync_redis.xpending(keys_before[2], "billing")["pending"] == 0)
-        nursery.cancel_scope.cancel()
     assert sorted(handled) == [f"left-{n}" for n in range(5)]
 
 
@@ -184,12 +178,8 @@ async def test_a_fenced_member_cannot_acknowledge(
     async def handle(message: Message) -> None:
         await release.wait()
 
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
-        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", handle)
+    async with running(base_url, standalone_url, prefix) as env:
+        member, poller = await env.member("w0", handle)
         await wait_for(lambda: len(member.owned) == 4)
         key = (await shard_keys(base_url, prefix))[0]
         sync_redis.xadd(key, {"n": "1"})
@@ -198,20 +188,15 @@ async def test_a_fenced_member_cannot_acknowledge(
         sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"x","memberEpoch":9}')
         release.set()
         await wait_for(lambda: 0 not in poller.shards)  # the refused ack dropped the shard
-        nursery.cancel_scope.cancel()
     assert sync_redis.xpending(key, "billing")["pending"] == 1  # left for the new owner
 
 
 async def test_the_scripts_check_the_owner_token(
     base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
 ) -> None:
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
+    async with running(base_url, standalone_url, prefix) as env:
         # The real poller never acks: if it reads or claims the entry, it stays pending all the same.
-        member, poller = await run_member(nursery, coordinator, r, prefix, "w0", _hold)
+        member, poller = await env.member("w0", _hold)
         await wait_for(lambda: len(member.owned) == 4)
         key = (await shard_keys(base_url, prefix))[3]
         # Added and read in one transaction: pending under "w0" before the running poller sees it.
@@ -221,7 +206,7 @@ async def test_the_scripts_check_the_owner_token(
             entry, _ = pipe.execute()
         assert sync_redis.xpending(key, "billing")["pending"] == 1
         shard = poller.shards[3]
-        impostor = Poller(r, "billing", "w0", "another-incarnation", _ignore)
+        impostor = Poller(env.redis, "billing", "w0", "another-incarnation", _ignore)
         for script, args in [
             (impostor._ack, [entry]),
             (impostor._read, ["w0", 10]),
@@ -231,7 +216,6 @@ async def test_the_scripts_check_the_owner_token(
                 await impostor._call(script, shard, args)
         assert sync_redis.xpending(key, "billing")["pending"] == 1
         assert await poller._call(poller._ack, shard, [entry]) == 1  # the owner's own ack goes through
-        nursery.cancel_scope.cancel()
 
 
 async def _ignore(message: Message) -> None:
@@ -251,12 +235,8 @@ async def test_entries_idle_under_other_consumers_are_reclaimed(
         handled.append(message.fields["n"])
 
     settings = attrs.evolve(FAST_POLL, reclaim_idle_ms=300)
-    async with (
-        Coordinator(base_url) as coordinator,
-        open_redis(standalone_url) as r,
-        trio.open_nursery() as nursery,
-    ):
-        member, _ = await run_member(nursery, coordinator, r, prefix, "w0", handle, settings)
+    async with running(base_url, standalone_url, prefix) as env:
+        member, _ = await env.member("w0", handle, settings)
         await wait_for(lambda: len(member.owned) == 4)
         key = (await shard_keys(base_url, prefix))[1]
         await trio.sleep(0.3)  # the takeover claim is done
@@ -268,7 +248,6 @@ async def test_entries_idle_under_other_consumers_are_reclaimed(
         assert sync_redis.xpending(key, "billing")["consumers"][0]["name"] == "10.9.9.9/ghost/0"
         await wait_for(lambda: handled == ["ghosted"])
         await wait_for(lambda: sync_redis.xpending(key, "billing")["pending"] == 0)  # acks are batched
-        nursery.cancel_scope.cancel()
 
 
 async def test_drain_progress_of_draining_shards(
