@@ -11,6 +11,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import attrs
 import click
 import trio
 
@@ -22,6 +23,7 @@ from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
+from rsc.connect import RedisRefused
 from rsc.demo import run_demo
 from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
@@ -209,12 +211,34 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
 @click.option(
     "--demo", is_flag=True, help="Also run a few demo members against the coordinator and log them."
 )
-def serve(config_path: str | None, bind: str, demo: bool) -> None:
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Accept anonymous members and producers on a non-loopback address (no credentials configured).",
+)
+@click.option("--certfile", type=click.Path(dir_okay=False), help="Serve HTTPS with this certificate (PEM).")
+@click.option("--keyfile", type=click.Path(dir_okay=False), help="The certificate's private key (PEM).")
+def serve(
+    config_path: str | None,
+    bind: str,
+    demo: bool,
+    insecure: bool,
+    certfile: str | None,
+    keyfile: str | None,
+) -> None:
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the demo's requests, one line each, are noise
     try:
         settings = config_module.load(config_path)
+        overrides: dict[str, Any] = {}
+        if insecure:
+            overrides["insecure"] = True
+        if certfile or keyfile:
+            overrides.update(certfile=certfile, keyfile=keyfile)
+        settings = attrs.evolve(settings, **overrides)
+        config_module.validate(settings)
+        serving.check_exposure(settings, bind)
     except config_module.ConfigError as exc:
         raise click.ClickException(f"configuration refused: {exc}") from exc
 
@@ -227,7 +251,8 @@ def serve(config_path: str | None, bind: str, demo: bool) -> None:
 
             urls = await nursery.start(announce)
             serving.tune_gc()
-            click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {settings.redis_url})")
+            redis_shown = config_module.redacted(settings.redis_url)
+            click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {redis_shown})")
             click.echo(
                 f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'
                 '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
@@ -240,7 +265,7 @@ def serve(config_path: str | None, bind: str, demo: bool) -> None:
     with serving.embedded_redis(settings) as effective:
         try:
             trio.run(run, effective)
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, RedisRefused) as exc:
             raise click.ClickException(str(exc)) from exc
 
 

@@ -14,11 +14,29 @@ they come from requests and the Admin API.
     revoke_timeout_ms = 60000                 # RSC_REVOKE_TIMEOUT_MS
     default_shard_count = 4                   # RSC_DEFAULT_SHARD_COUNT
     auto_create_streams = true                # RSC_AUTO_CREATE_STREAMS
+    protect_views = false                     # RSC_PROTECT_VIEWS: GET /v1/streams... need monitor/admin
+    protect_metrics = false                   # RSC_PROTECT_METRICS: /metrics needs monitor/admin
+    insecure = false                          # RSC_INSECURE: anonymous members/producers from anywhere
+    max_batch_items = 500                     # RSC_MAX_BATCH_ITEMS: heartbeats per POST /v1/heartbeats
+    redis_connect_timeout_ms = 2000           # RSC_REDIS_CONNECT_TIMEOUT_MS
+    redis_command_timeout_ms = 2000           # RSC_REDIS_COMMAND_TIMEOUT_MS
+    admin_auth_max_failures = 10              # RSC_ADMIN_AUTH_MAX_FAILURES per address and window
+    admin_auth_window_s = 60                  # RSC_ADMIN_AUTH_WINDOW_S
+    certfile = "/etc/rsc/tls.crt"             # RSC_CERTFILE: serve HTTPS (with keyfile)
+    keyfile = "/etc/rsc/tls.key"              # RSC_KEYFILE
+
+    [[credentials]]                           # RSC_CREDENTIALS: the same list as JSON
+    name = "billing-workers"                  # shown in logs and metrics
+    token_sha256 = "..."                      # or token = "..." (at least 16 characters)
+    roles = ["member"]                        # member, producer, monitor
+    streams = ["billing-*", "orders"]         # glob patterns of stream prefixes
+    create = false                            # may heartbeats create streams and groups?
     max_body_bytes = 1048576                  # RSC_MAX_BODY_BYTES
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -28,6 +46,8 @@ from typing import Any
 import attrs
 
 from rsc.actors.connect import DEFAULT_REDIS_URL
+from rsc.connect import redacted
+from rsc.events import auth
 
 
 class ConfigError(ValueError):
@@ -46,6 +66,17 @@ class Settings:
     revoke_timeout_ms: int = 60_000
     default_shard_count: int = 4
     auto_create_streams: bool = True
+    protect_views: bool = False
+    protect_metrics: bool = False
+    insecure: bool = False
+    max_batch_items: int = 500
+    redis_connect_timeout_ms: int = 2_000
+    redis_command_timeout_ms: int = 2_000
+    admin_auth_max_failures: int = 10
+    admin_auth_window_s: int = 60
+    certfile: str | None = None
+    keyfile: str | None = None
+    credentials: tuple[auth.Credential, ...] = ()
     max_body_bytes: int = 1_048_576
 
     @property
@@ -53,6 +84,18 @@ class Settings:
         """Whether the Redis URL came from the file or the environment (not the default)."""
         return self.redis_url != DEFAULT_REDIS_URL
 
+    @property
+    def policy(self) -> auth.Policy:
+        """Who may do what (see `rsc.events.auth`)."""
+        return auth.Policy(
+            self.credentials,
+            protect_views=self.protect_views,
+            protect_metrics=self.protect_metrics,
+            insecure=self.insecure,
+        )
+
+
+__all__ = ["ConfigError", "Settings", "load", "redacted", "validate"]
 
 _FIELDS = {a.name: a for a in attrs.fields(Settings)}
 
@@ -79,6 +122,8 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
 
 
 def _coerce(name: str, value: Any) -> Any:
+    if name == "credentials":
+        return _credentials(value)
     kind = str(_FIELDS[name].type)
     try:
         if kind == "int":
@@ -88,6 +133,45 @@ def _coerce(name: str, value: Any) -> Any:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: {value!r} is not valid: {exc}") from exc
     return None if value is None else str(value)
+
+
+def _credentials(value: Any) -> tuple[auth.Credential, ...]:
+    """`[[credentials]]` tables, or the same list as JSON (from RSC_CREDENTIALS)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"credentials: not a JSON list: {exc}") from exc
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ConfigError("credentials must be a list of tables (name, token or token_sha256, roles, ...)")
+    known = {"name", "token", "token_sha256", "roles", "streams", "create"}
+    out = []
+    for item in value:
+        unknown = sorted(set(item) - known)
+        if unknown:
+            raise ConfigError(f"credentials: unknown keys {', '.join(unknown)}")
+        roles = item.get("roles", [])
+        streams = item.get("streams", ["*"])
+        if not isinstance(roles, list) or not isinstance(streams, list):
+            raise ConfigError("credentials: roles and streams must be lists")
+        try:
+            out.append(
+                auth.credential(
+                    item.get("name", ""),
+                    roles,
+                    token=item.get("token"),
+                    token_sha256=item.get("token_sha256"),
+                    streams=streams,
+                    create=_as_bool(item.get("create", False)),
+                )
+            )
+        except (auth.PolicyError, ValueError) as exc:
+            raise ConfigError(f"credentials: {exc}") from exc
+    try:
+        auth.policy(out)
+    except auth.PolicyError as exc:
+        raise ConfigError(f"credentials: {exc}") from exc
+    return tuple(out)
 
 
 def _as_int(value: Any) -> int:
@@ -124,3 +208,12 @@ def validate(settings: Settings) -> None:
         raise ConfigError("default_shard_count must be between 1 and 16384")
     if settings.max_body_bytes < 1_024:
         raise ConfigError("max_body_bytes must be at least 1024")
+    if not 1 <= settings.max_batch_items <= 100_000:
+        raise ConfigError("max_batch_items must be between 1 and 100000")
+    for name in ("redis_connect_timeout_ms", "redis_command_timeout_ms"):
+        if not 1 <= getattr(settings, name) <= 600_000:
+            raise ConfigError(f"{name} must be between 1 and 600000")
+    if settings.admin_auth_max_failures < 1 or settings.admin_auth_window_s < 1:
+        raise ConfigError("admin_auth_max_failures and admin_auth_window_s must be positive")
+    if (settings.certfile is None) != (settings.keyfile is None):
+        raise ConfigError("certfile and keyfile go together: give both or neither")

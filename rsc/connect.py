@@ -6,9 +6,10 @@ Shared by the coordinator (`rsc.actors`) and the embedded client (`rsc.client`).
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import coredis
 
@@ -24,40 +25,120 @@ class RedisUnreachable(ConnectionError):
     """Nothing answered at the Redis URL."""
 
 
+class RedisRefused(ConnectionError):
+    """Redis answered but refused us (wrong password or user, no permission): retrying will not help."""
+
+
+REFUSED = (coredis.exceptions.AuthenticationError, coredis.exceptions.AuthorizationError)
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+def redacted(url: str) -> str:
+    """`url` without its password (for logs and error messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}{port}"))
+
+
+def client_options(
+    url: str, *, connect_timeout_s: float | None = None, command_timeout_s: float | None = None
+) -> dict[str, Any]:
+    """coredis keyword arguments for `url`: credentials, TLS (`rediss://`), timeouts.
+
+    TLS options follow redis-py's URL form: `rediss://host:port?ssl_ca_certs=/ca.pem`
+    (also `ssl_certfile`, `ssl_keyfile`, `ssl_cert_reqs=none|optional|required`,
+    `ssl_check_hostname=false`).
+    """
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("redis", "rediss"):
+        raise ValueError(f"a Redis URL starts with redis:// or rediss://, not {parsed.scheme}://")
+    options: dict[str, Any] = {
+        "host": parsed.hostname or "127.0.0.1",
+        "port": parsed.port or 6379,
+        "username": unquote(parsed.username) if parsed.username else None,
+        "password": unquote(parsed.password) if parsed.password else None,
+        "decode_responses": True,
+    }
+    if connect_timeout_s is not None:
+        options["connect_timeout"] = connect_timeout_s
+    if command_timeout_s is not None:
+        options["stream_timeout"] = command_timeout_s
+    if parsed.scheme == "rediss":
+        query = dict(parse_qsl(parsed.query))
+        context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+        if "ssl_certfile" in query:
+            context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
+        if query.get("ssl_check_hostname", "true").lower() in ("false", "0", "no"):
+            context.check_hostname = False
+        reqs = query.get("ssl_cert_reqs", "required").lower()
+        if reqs not in _CERT_REQS:
+            raise ValueError("ssl_cert_reqs must be none, optional or required")
+        if _CERT_REQS[reqs] != ssl.CERT_REQUIRED:
+            context.check_hostname = False
+        context.verify_mode = _CERT_REQS[reqs]
+        options["ssl_context"] = context
+    return options
+
+
 def is_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, UNAVAILABLE)
 
 
 @contextlib.asynccontextmanager
-async def open_redis(url: str = DEFAULT_REDIS_URL) -> AsyncIterator[RedisClient]:
+async def open_redis(
+    url: str = DEFAULT_REDIS_URL,
+    *,
+    connect_timeout_s: float | None = None,
+    command_timeout_s: float | None = None,
+) -> AsyncIterator[RedisClient]:
     """Connect to `url`; if that node runs in cluster mode, yield a cluster client instead.
 
-    Raises `RedisUnreachable` when nothing answers.
+    Raises `RedisUnreachable` when nothing answers and `RedisRefused` when Redis
+    refuses the credentials. With `command_timeout_s`, a command that gets no answer
+    in time fails with `TimeoutError` (do not use it for blocking reads).
     """
-    parsed = urlparse(url)
-    host = parsed.hostname or "127.0.0.1"
-    port = parsed.port or 6379
-    auth: dict[str, Any] = {"username": parsed.username, "password": parsed.password}
     try:
-        async with coredis.Redis(host=host, port=port, decode_responses=True, **auth) as probe:
+        options = client_options(
+            url, connect_timeout_s=connect_timeout_s, command_timeout_s=command_timeout_s
+        )
+    except (ValueError, OSError) as exc:
+        raise RedisRefused(f"unusable Redis URL {redacted(url)}: {exc}") from exc
+    where = f"{options['host']}:{options['port']}"
+    try:
+        async with coredis.Redis(**options) as probe:
             info = await probe.info("cluster")
+    except REFUSED as exc:
+        raise RedisRefused(f"Redis at {where} refused the connection: {exc}") from exc
     except UNAVAILABLE as exc:
-        raise RedisUnreachable(f"cannot reach Redis at {host}:{port}: {exc}") from exc
+        raise RedisUnreachable(f"cannot reach Redis at {where}: {exc}") from exc
     except BaseExceptionGroup as group:
+        refused, _ = group.split(REFUSED)
+        if refused is not None:
+            raise RedisRefused(f"Redis at {where} refused the connection: {_leaf(refused)}") from group
         if group.split(is_unavailable)[1] is not None:
             raise
-        raise RedisUnreachable(f"cannot reach Redis at {host}:{port}: {group.exceptions[0]}") from group
+        raise RedisUnreachable(f"cannot reach Redis at {where}: {group.exceptions[0]}") from group
     client: Any
     if info.get("cluster_enabled") in (1, "1"):
-        client = coredis.RedisCluster(host=host, port=port, decode_responses=True, **auth)
+        client = coredis.RedisCluster(**options)
     else:
-        db = int(parsed.path.lstrip("/") or 0)
-        client = coredis.Redis(host=host, port=port, db=db, decode_responses=True, **auth)
+        db = int(urlsplit(url).path.lstrip("/") or 0)
+        client = coredis.Redis(db=db, **options)
     try:
         async with client:
             yield client
     finally:
         _close_cluster_layout_streams(client)
+
+
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _close_cluster_layout_streams(client: Any) -> None:

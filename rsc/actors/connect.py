@@ -27,11 +27,25 @@ def redis_errors(context: str) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def open_redis(url: str = DEFAULT_REDIS_URL) -> AsyncIterator[RedisClient]:
-    """Connect to `url` (standalone or cluster, detected); raises `StoreUnavailable` when nothing answers."""
+async def open_redis(
+    url: str = DEFAULT_REDIS_URL,
+    *,
+    connect_timeout_s: float | None = None,
+    command_timeout_s: float | None = None,
+) -> AsyncIterator[RedisClient]:
+    """Connect to `url` (standalone or cluster, detected); raises `StoreUnavailable` when nothing answers.
+
+    The coordinator gives both timeouts, so that a hung Redis fails its commands
+    (503 to callers) instead of hanging them; `connect.RedisRefused` (wrong password)
+    is raised as it is: retrying will not help.
+    """
     async with contextlib.AsyncExitStack() as stack:
         try:
-            client = await stack.enter_async_context(connect.open_redis(url))
+            client = await stack.enter_async_context(
+                connect.open_redis(
+                    url, connect_timeout_s=connect_timeout_s, command_timeout_s=command_timeout_s
+                )
+            )
         except connect.RedisUnreachable as exc:
             raise StoreUnavailable(str(exc)) from exc
         yield client

@@ -39,7 +39,7 @@ from rsc.events.commands import (
     StreamCommand,
     UnregisterGroup,
 )
-from rsc.events.errors import CoordinationError, UnknownStream
+from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
 from rsc.events.model import GroupConfig, Layout, ReshardMode, Timing
@@ -65,7 +65,8 @@ class RegistrySettings:
 class _Entry:
     actor: Any
     ready: trio.Event = attrs.field(factory=trio.Event)
-    scope: trio.CancelScope | None = None
+    #: Made with the entry, so that stopping it before its task runs works too.
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     started: bool = False
     error: BaseException | None = None
 
@@ -100,12 +101,12 @@ class Registry:
     # --- asking ---------------------------------------------------------
 
     async def ask_group(
-        self, stream_prefix: str, group: str, command: GroupCommand
+        self, stream_prefix: str, group: str, command: GroupCommand, create: bool = True
     ) -> Reply[GroupState, GroupEvent]:
-        """Send `command` to the group's actor (started and created if needed)."""
+        """Send `command` to the group's actor (started, and created if needed and `create`)."""
         for attempt in range(ASK_ATTEMPTS):
             try:
-                actor = await self.group(stream_prefix, group)
+                actor = await self.group(stream_prefix, group, create=create)
                 return await actor.ask(command)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -113,12 +114,12 @@ class Registry:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def ask_group_many(
-        self, stream_prefix: str, group: str, commands: Sequence[GroupCommand]
+        self, stream_prefix: str, group: str, commands: Sequence[GroupCommand], create: bool = True
     ) -> list[Reply[GroupState, GroupEvent] | CoordinationError]:
         """Send `commands` to the group's actor together (one wake-up for all their answers)."""
         for attempt in range(ASK_ATTEMPTS):
             try:
-                actor = await self.group(stream_prefix, group)
+                actor = await self.group(stream_prefix, group, create=create)
                 return await actor.ask_many(commands)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -139,8 +140,14 @@ class Registry:
 
     # --- actors ---------------------------------------------------------
 
-    async def group(self, stream_prefix: str, group: str, config: GroupConfig | None = None) -> GroupActor:
-        """The group's actor, started; the group is created on first use (with `config`)."""
+    async def group(
+        self, stream_prefix: str, group: str, config: GroupConfig | None = None, create: bool = True
+    ) -> GroupActor:
+        """The group's actor, started; the group is created on first use (with `config`).
+
+        Without `create`, a group that does not exist (nor its stream) is refused with
+        `UnknownGroup` (`UnknownStream`) and no actor is left running for it.
+        """
         check_name(stream_prefix, "streamPrefix")
         check_name(group, "consumerGroup")
         aggregate_id = AggregateId(stream_prefix, group)
@@ -148,6 +155,10 @@ class Registry:
             aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects, self._observe_group))
         )
         if actor.state is None or actor.state.deleted:
+            if not create:
+                self.stop(aggregate_id)
+                await self.stream(stream_prefix, create=False)  # UnknownStream first, if so
+                raise UnknownGroup(f"group {group!r} of stream {stream_prefix!r} does not exist")
             await self._create_group(actor, stream_prefix, group, config or GroupConfig())
         elif fresh:
             await self._pull_layout(actor, stream_prefix, group)
@@ -167,6 +178,7 @@ class Registry:
         )
         if actor.state is None or actor.state.deleted:
             if not (self.settings.auto_create_streams if create is None else create):
+                self.stop(aggregate_id)  # nothing to keep in memory for a name that does not exist
                 raise UnknownStream(f"stream {stream_prefix!r} does not exist")
             count = self.settings.default_shard_count if shard_count is None else shard_count
             topology = await self.effects.topology()
@@ -245,7 +257,8 @@ class Registry:
             await self.nursery.start(self._run, aggregate_id, entry)
         except BaseException as exc:
             entry.error = exc
-            self.actors.pop(aggregate_id, None)
+            if self.actors.get(aggregate_id) is entry:
+                del self.actors[aggregate_id]
             raise
         finally:
             entry.ready.set()
@@ -264,8 +277,7 @@ class Registry:
 
     @staticmethod
     async def _run_until_stopped(aggregate_id: AggregateId, entry: _Entry, task_status: Any) -> None:
-        with trio.CancelScope() as scope:
-            entry.scope = scope
+        with entry.scope:
             await entry.actor.run(task_status=_StartedFlag(entry, task_status))
         if not entry.started:
             raise ActorStopped(f"{aggregate_id} was stopped while starting")
@@ -273,8 +285,22 @@ class Registry:
     def stop(self, aggregate_id: AggregateId) -> None:
         """Stop one actor (it is started again, recovered, on next use)."""
         entry = self.actors.get(aggregate_id)
-        if entry is not None and entry.scope is not None:
+        if entry is not None:
             entry.scope.cancel()
+
+    def stop_all(self) -> None:
+        """Stop every actor now, also those still starting (a coordinator term ended).
+
+        They are forgotten at once: whatever asks next gets a new actor, which
+        loads the aggregate afresh. Commands waiting in the old ones are
+        answered with `ActorStopped`.
+        """
+        entries = list(self.actors.values())
+        self.actors.clear()
+        for entry in entries:
+            entry.scope.cancel()
+        if entries:
+            log.info("stopped %d actor(s)", len(entries))
 
     async def reap_idle(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stop actors nobody asked anything for `idle_after_s`, forever."""

@@ -52,6 +52,12 @@ class UnknownStream(AggregateNotFound):
     code = "UNKNOWN_STREAM"
 
 
+class UnknownGroup(AggregateNotFound):
+    """A heartbeat names a group that does not exist, and its caller may not create it."""
+
+    code = "UNKNOWN_GROUP"
+
+
 class NotEmpty(CoordinationError):
     """A delete refused: the group has live members, or the stream has groups or producers."""
 

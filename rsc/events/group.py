@@ -75,7 +75,7 @@ from rsc.events.model import (
     ReleaseReason,
     Timing,
 )
-from rsc.events.stream import check_id, check_name
+from rsc.events.stream import MAX_CONCURRENCY, MAX_SHARDS, check_client, check_counter, check_id, check_name
 
 #: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.
 FENCED_MEMORY = 1024
@@ -340,8 +340,8 @@ def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
         case ApplyLayout():
             _apply_layout(decision, command)
         case ConfigureGroup():
-            if command.config.max_concurrency < 1:
-                raise InvalidCommand("maxConcurrency must be at least 1")
+            if not 1 <= command.config.max_concurrency <= MAX_CONCURRENCY:
+                raise InvalidCommand(f"maxConcurrency must be between 1 and {MAX_CONCURRENCY}")
             if decision.group.config != command.config:
                 decision.emit(GroupConfigured(command.config))
         case RemoveMember():
@@ -514,10 +514,17 @@ def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
         check_id(hb.incarnation, "incarnation")
     if hb.member_epoch < -1:
         raise InvalidCommand("memberEpoch must be -1 (leave), 0 (join) or a received epoch")
+    check_counter(hb.member_epoch, "memberEpoch")
     if hb.metadata_version < 0:
         raise InvalidCommand("metadataVersion must not be negative")
+    check_counter(hb.metadata_version, "metadataVersion")
     if (hb.owned and min(hb.owned) < 0) or (hb.revoked and min(hb.revoked) < 0):
         raise InvalidCommand("shard indexes are never negative")
+    if (hb.owned and max(hb.owned) >= MAX_SHARDS) or (hb.revoked and max(hb.revoked) >= MAX_SHARDS):
+        raise InvalidCommand(f"shard indexes are below {MAX_SHARDS}")
+    if len(hb.drain_progress) > MAX_SHARDS:
+        raise InvalidCommand(f"drainProgress has at most {MAX_SHARDS} reports")
+    check_client(hb.client)
     for report in hb.drain_progress:
         if report.shard < 0 or report.pending < 0 or (report.lag is not None and report.lag < 0):
             raise InvalidCommand("drainProgress figures are never negative")

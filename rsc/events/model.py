@@ -8,6 +8,7 @@ of milliseconds supplied by the caller; nothing here reads a clock.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,17 @@ DEFAULT_ROUTING = "jump-v1"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 #: Member ids, incarnations and producer ids: 1-256 printable ASCII characters.
 ID_PATTERN = r"^[ -~]{1,256}$"
+#: Free text that is stored and shown (client name and version, pause reasons): no control
+#: characters (C0, DEL, C1), so nothing sent can rewrite a log line or a terminal.
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+#: The longest client name and client version kept.
+MAX_CLIENT_NAME = 128
+MAX_CLIENT_VERSION = 64
+#: The largest epoch or metadata version accepted: JSON's safe integers (2**53 - 1), so
+#: every client language reads them exactly.
+MAX_COUNTER = 2**53 - 1
+#: The largest pending count or lag a member may report (Redis counts in 64 bits).
+MAX_REDIS_COUNT = 2**63 - 1
 
 
 def wire_field(default: Any = attrs.NOTHING, *, enforce: bool = True, **json_schema: Any) -> Any:
@@ -56,6 +68,14 @@ def _validators(schema: Mapping[str, Any]) -> list[Any]:
     if "items" in schema:
         checks.append(v.deep_iterable(v.and_(*_validators(schema["items"]))))
     return checks
+
+
+_TEXT = re.compile(TEXT_PATTERN)
+
+
+def is_plain_text(value: str, max_length: int) -> bool:
+    """At most `max_length` characters, none of them a control character."""
+    return len(value) <= max_length and _TEXT.match(value) is not None
 
 
 class ShardState(enum.Enum):
@@ -173,19 +193,23 @@ class GroupConfig:
 
 @attrs.frozen
 class ClientInfo:
-    """Name and version of the client library a member runs."""
+    """Name and version of the client library a member or producer runs.
 
-    name: str = "unknown"
-    version: str = "unknown"
+    The limits are checked when a heartbeat is decided (`check_client`), not on
+    construction, so a journal written before them still replays.
+    """
+
+    name: str = wire_field("unknown", enforce=False, maxLength=MAX_CLIENT_NAME, pattern=TEXT_PATTERN)
+    version: str = wire_field("unknown", enforce=False, maxLength=MAX_CLIENT_VERSION, pattern=TEXT_PATTERN)
 
 
 @attrs.frozen
 class DrainProgress:
     """A member's report on one DRAINING shard it owns."""
 
-    shard: int = wire_field(minimum=0)
-    pending: int = wire_field(minimum=0)
-    lag: int | None = wire_field(None, minimum=0, nullable=True)
+    shard: int = wire_field(minimum=0, maximum=16_383)
+    pending: int = wire_field(minimum=0, maximum=MAX_REDIS_COUNT)
+    lag: int | None = wire_field(None, minimum=0, maximum=MAX_REDIS_COUNT, nullable=True)
 
 
 @attrs.frozen

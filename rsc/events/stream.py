@@ -58,7 +58,11 @@ from rsc.events.events import (
 )
 from rsc.events.model import (
     ID_PATTERN,
+    MAX_CLIENT_NAME,
+    MAX_CLIENT_VERSION,
+    MAX_COUNTER,
     NAME_PATTERN,
+    ClientInfo,
     Layout,
     PauseState,
     Producer,
@@ -66,6 +70,7 @@ from rsc.events.model import (
     Shard,
     ShardState,
     StartFrom,
+    is_plain_text,
 )
 from rsc.events.placement import place
 
@@ -73,6 +78,8 @@ from rsc.events.placement import place
 MAX_SHARDS = 16_384
 #: The longest pause reason kept.
 MAX_REASON = 200
+#: The most workers one member may be told to run (`maxConcurrency`).
+MAX_CONCURRENCY = 1_024
 _NAME = re.compile(NAME_PATTERN)
 _ID = re.compile(ID_PATTERN)
 
@@ -107,6 +114,24 @@ def check_id(value: str, field: str) -> None:
     """Refuse an id that is not 1-256 printable ASCII characters (`ID_PATTERN`)."""
     if not _ID.match(value):
         raise InvalidCommand(f"{field} must be 1 to 256 printable ASCII characters")
+
+
+def check_client(client: ClientInfo) -> None:
+    """Refuse a client name or version that is too long or holds control characters."""
+    if not is_plain_text(client.name, MAX_CLIENT_NAME):
+        raise InvalidCommand(
+            f"client.name must be at most {MAX_CLIENT_NAME} characters, no control characters"
+        )
+    if not is_plain_text(client.version, MAX_CLIENT_VERSION):
+        raise InvalidCommand(
+            f"client.version must be at most {MAX_CLIENT_VERSION} characters, no control characters"
+        )
+
+
+def check_counter(value: int, field: str) -> None:
+    """Refuse an epoch or version outside JSON's safe integers."""
+    if not -1 <= value <= MAX_COUNTER:
+        raise InvalidCommand(f"{field} must be at most {MAX_COUNTER}")
 
 
 def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
@@ -238,8 +263,10 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
         case PauseProducers():
             if state.paused is not None:
                 return []  # idempotent: the first pause's reason and time stay
-            if not 0 < len(command.reason) <= MAX_REASON:
-                raise InvalidCommand(f"a pause needs a reason of 1-{MAX_REASON} characters")
+            if not (command.reason and is_plain_text(command.reason, MAX_REASON)):
+                raise InvalidCommand(
+                    f"a pause needs a reason of 1-{MAX_REASON} characters, no control characters"
+                )
             return [ProducersPaused(command.reason, command.now_ms)]
         case ResumeProducers():
             return [ProducersResumed(command.now_ms)] if state.paused is not None else []
@@ -256,6 +283,8 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
 
 def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[StreamEvent]:
     check_id(command.producer_id, "producerId")
+    check_client(command.client)
+    check_counter(command.metadata_version, "metadataVersion")
     if command.lease_ttl_ms <= 0:
         raise InvalidCommand("the producer lease must be positive")
     if command.metadata_version < 0:

@@ -18,6 +18,7 @@ from rsc.events.events import GroupEvent, HeartbeatRejected
 from rsc.events.group import GroupState
 from rsc.events.model import (
     ID_PATTERN,
+    MAX_COUNTER,
     MIN_PROTOCOL_VERSION,
     NAME_PATTERN,
     PROTOCOL_VERSION,
@@ -29,6 +30,8 @@ from rsc.events.model import (
     wire_field,
 )
 from rsc.events.stream import StreamState
+
+_SHARD_INDEX = {"minimum": 0, "maximum": 16_383}
 
 
 @attrs.define
@@ -43,10 +46,10 @@ class HeartbeatRequest:
     consumer_group: str = wire_field(enforce=False, pattern=NAME_PATTERN)
     member_id: str = wire_field(enforce=False, pattern=ID_PATTERN)
     incarnation: str = wire_field(enforce=False, pattern=ID_PATTERN)
-    member_epoch: int = wire_field(enforce=False, minimum=-1)
-    metadata_version: int = wire_field(0, enforce=False, minimum=0)
-    owned_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items={"minimum": 0})
-    revoked_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items={"minimum": 0})
+    member_epoch: int = wire_field(enforce=False, minimum=-1, maximum=MAX_COUNTER)
+    metadata_version: int = wire_field(0, enforce=False, minimum=0, maximum=MAX_COUNTER)
+    owned_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items=_SHARD_INDEX)
+    revoked_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items=_SHARD_INDEX)
     drain_progress: tuple[DrainProgress, ...] = ()
     client: ClientInfo = ClientInfo()
 
@@ -152,7 +155,7 @@ class ProducerHeartbeatRequest:
     protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
     stream_prefix: str = wire_field(enforce=False, pattern=NAME_PATTERN)
     producer_id: str = wire_field(enforce=False, pattern=ID_PATTERN)
-    metadata_version: int = wire_field(0, enforce=False, minimum=0)
+    metadata_version: int = wire_field(0, enforce=False, minimum=0, maximum=MAX_COUNTER)
     quiesced: bool = False
     client: ClientInfo = ClientInfo()
     leave: bool = False

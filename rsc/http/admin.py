@@ -7,51 +7,31 @@ mismatch). Every request under `/v1/admin/` is audited, whatever happens.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import hmac
 import logging
 import time
 from typing import Any, TypeVar
 
 import attrs
+import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc.actors.registry import Registry
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownStream
-from rsc.events.model import GroupConfig, ReshardMode, StartFrom, wire_field
-from rsc.events.stream import MAX_REASON, MAX_SHARDS
+from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
+from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
 from rsc.http.app import ApiError, json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
+from rsc.http.auth import AdminAccount, basic_credentials
+from rsc.http.throttle import Blocked, FailureThrottle
 from rsc.http.views import stream_view
 
 log = logging.getLogger("rsc.admin")
 T = TypeVar("T")
-OUTCOMES = ("ok", "denied", "rejected", "error")
-
-
-@attrs.frozen
-class AdminAccount:
-    """The one admin account; compared in constant time."""
-
-    user: str
-    password: str | None = None
-    password_sha256: str | None = None
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.password or self.password_sha256)
-
-    def check(self, user: str, password: str) -> bool:
-        user_ok = hmac.compare_digest(user.encode(), self.user.encode())
-        if self.password_sha256:
-            digest = hashlib.sha256(password.encode()).hexdigest()
-            password_ok = hmac.compare_digest(digest, self.password_sha256.lower())
-        else:
-            password_ok = hmac.compare_digest(password.encode(), (self.password or "").encode())
-        return user_ok and password_ok
+OUTCOMES = ("ok", "denied", "rejected", "error", "throttled")
+__all__ = ["AdminAccount", "add_admin_routes"]
 
 
 @attrs.frozen
@@ -64,12 +44,12 @@ class StreamSpec:
 class PauseRequest:
     """Optional body of `POST .../pause`: why producers are paused (shown in the stream view)."""
 
-    reason: str = wire_field("admin", minLength=1, maxLength=MAX_REASON)
+    reason: str = wire_field("admin", minLength=1, maxLength=MAX_REASON, pattern=TEXT_PATTERN)
 
 
 @attrs.frozen
 class GroupSpec:
-    max_concurrency: int = wire_field(1, minimum=1)
+    max_concurrency: int = wire_field(1, minimum=1, maximum=MAX_CONCURRENCY)
     start_from: StartFrom = StartFrom.EARLIEST
 
 
@@ -77,8 +57,15 @@ class GroupSpec:
 AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit"})
 
 
-def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, audit: AuditLog) -> None:
-    """Register `/v1/admin/...` on `app`."""
+def add_admin_routes(
+    app: QuartTrio,
+    registry: Registry,
+    account: AdminAccount,
+    audit: AuditLog,
+    throttle: FailureThrottle | None = None,
+) -> None:
+    """Register `/v1/admin/...` on `app`; failed logins are limited per address by `throttle`."""
+    throttle = throttle or FailureThrottle()
 
     @app.before_request
     async def authenticate() -> None:
@@ -86,11 +73,22 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
         g.revision = None
         if not request.path.startswith("/v1/admin/"):
             return
-        user, password = _basic_credentials()
-        g.caller = user
+        address = request.remote_addr or "unknown"
+        wait = throttle.retry_after(address, trio.current_time())
+        if wait is not None:
+            g.retry_after = wait
+            raise ApiError(
+                429,
+                "TOO_MANY_FAILURES",
+                f"too many failed admin logins from {address}; retry in {wait:.0f} s",
+                {"retryAfterS": wait},
+            )
+        user, password = basic_credentials(request.headers.get("Authorization", ""))
+        g.caller = caller_name(user, account)
         if not account.enabled:
             raise ApiError(403, "ADMIN_DISABLED", "no admin password is configured (RSC_ADMIN_PASSWORD)")
         if user is None or password is None or not account.check(user, password):
+            throttle.failed(address, trio.current_time())
             raise ApiError(401, "UNAUTHENTICATED", "admin endpoints need HTTP Basic credentials")
 
     @app.after_request
@@ -98,8 +96,29 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
         if request.path.startswith("/v1/admin/"):
             if response.status_code == 401:
                 response.headers["WWW-Authenticate"] = 'Basic realm="rsc admin"'
+            if response.status_code == 429:
+                response.headers["Retry-After"] = f"{g.get('retry_after', 1):.0f}"
+                return response  # counted, and audited once per address and window
             await _audit(audit, response)
         return response
+
+    async def flush_throttled() -> None:
+        for blocked in throttle.expired(trio.current_time()):
+            await _audit_blocked(audit, blocked)
+
+    async def flush_forever() -> None:
+        while True:
+            await trio.sleep(min(throttle.window_s, 5.0))
+            await flush_throttled()
+
+    @app.before_serving
+    async def start_flushing() -> None:
+        app.add_background_task(flush_forever)
+
+    @app.after_serving
+    async def last_flush() -> None:
+        for blocked in throttle.expired(float("inf")):
+            await _audit_blocked(audit, blocked)
 
     _add_stream_routes(app, registry)
     _add_group_routes(app, registry)
@@ -270,21 +289,22 @@ def _check_if_match(revision: int) -> None:
         raise ApiError(412, "PRECONDITION_FAILED", f"the resource is at revision {revision}, not {wanted}")
 
 
-def _basic_credentials() -> tuple[str | None, str | None]:
-    header = request.headers.get("Authorization", "")
-    scheme, _, encoded = header.partition(" ")
-    if scheme.lower() != "basic" or not encoded:
-        return None, None
-    try:
-        user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return None, None
-    return (user, password) if sep else (user, None)
+def caller_name(user: str | None, account: AdminAccount) -> str | None:
+    """What the audit records as the caller: the user if it is the admin account's, else a hash.
+
+    A password typed into the user field must never be stored: an unknown user
+    name is recorded only as `unknown-user:<12 hex of its SHA-256>`.
+    """
+    if user is None or user == account.user:
+        return user
+    return "unknown-user:" + hashlib.sha256(user.encode()).hexdigest()[:12]
 
 
 def _outcome(status: int) -> str:
     if status < 400:
         return "ok"
+    if status == 429:
+        return "throttled"
     if status in (401, 403):
         return "denied"
     return "rejected" if status < 500 else "error"
@@ -307,6 +327,26 @@ async def _audit(audit: AuditLog, response: Response) -> None:
         outcome=_outcome(response.status_code),
         body_sha256=hashlib.sha256(body).hexdigest(),
         revision=getattr(g, "revision", None),
+    )
+    try:
+        await audit.record(entry)
+    except Exception:
+        log.exception("could not write the audit record %s", entry)
+
+
+async def _audit_blocked(audit: AuditLog, blocked: Blocked) -> None:
+    """One record for every admin request an address had refused with 429 in one window."""
+    entry = AuditRecord(
+        time_ms=audit_now_ms(),
+        request_id="",
+        caller=None,
+        remote_address=blocked.address,
+        method="*",
+        path="/v1/admin/",
+        status=429,
+        outcome="throttled",
+        body_sha256=hashlib.sha256(b"").hexdigest(),
+        count=blocked.blocked,
     )
     try:
         await audit.record(entry)

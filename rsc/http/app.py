@@ -24,7 +24,9 @@ from werkzeug.exceptions import HTTPException
 
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
+from rsc.config import Settings
 from rsc.events import codec
+from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.wire import (
@@ -35,6 +37,7 @@ from rsc.events.wire import (
     respond_producer,
 )
 from rsc.http import views
+from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.metrics import Metrics
 
 log = logging.getLogger("rsc.http")
@@ -45,11 +48,16 @@ _STATUS = {
     "UNSUPPORTED_PROTOCOL_VERSION": 400,
     "NOT_FOUND": 404,
     "UNKNOWN_STREAM": 404,
+    "UNKNOWN_GROUP": 404,
     "INCARNATION_MISMATCH": 409,
     "NOT_EMPTY": 409,
     "DELETED": 409,
 }
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+#: How long `/readyz` waits for Redis before saying it is not ready.
+READY_TIMEOUT_S = 1.0
+#: The deepest JSON a body may nest (the deepest valid body nests 5 levels).
+MAX_JSON_DEPTH = 32
 
 
 class ApiError(Exception):
@@ -69,20 +77,53 @@ class HeartbeatBatch:
     heartbeats: tuple[Any, ...]
 
 
-def create_app(registry: Registry, max_body_bytes: int = 1_048_576) -> QuartTrio:
+def create_app(registry: Registry, settings: Settings | None = None) -> QuartTrio:
     """The coordinator's HTTP application over `registry` (admin routes are added by `serve`)."""
+    settings = settings or Settings()
     app = QuartTrio("rsc")
-    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     _add_request_ids_and_errors(app)
     metrics = Metrics(registry)
-    _add_member_routes(app, registry, metrics)
-    _add_operator_routes(app, registry)
+    account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
+    gate = Gate(settings.policy, account, metrics.prometheus)
+    app.extensions["rsc.gate"] = gate
+    _add_gate(app, gate)
+    _add_member_routes(app, registry, metrics, gate, settings.max_batch_items)
+    _add_operator_routes(app, registry, gate)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.prometheus), content_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _add_gate(app: QuartTrio, gate: Gate) -> None:
+    """Authorize what the path alone decides; heartbeats are authorized per stream once parsed."""
+    coarse = {
+        "/v1/heartbeat": Action.MEMBER_HEARTBEAT,
+        "/v1/heartbeats": Action.MEMBER_HEARTBEAT,
+        "/v1/producers/heartbeat": Action.PRODUCER_HEARTBEAT,
+        "/metrics": Action.METRICS,
+    }
+
+    @app.before_request
+    async def authorize() -> None:
+        path = request.path
+        if path in PUBLIC_PATHS or path.startswith("/v1/admin/"):
+            return  # the Admin API authenticates (and audits) on its own
+        action = coarse.get(path)
+        if action is not None:
+            gate.check(action)
+        elif path.startswith("/v1/streams"):
+            parts = path.split("/")  # '', v1, streams, <prefix>, ...
+            prefix = parts[3] if len(parts) > 3 and parts[3] else None
+            if len(parts) == 5 and parts[4] == "routing":
+                gate.check(Action.ROUTING, prefix)
+            else:
+                gate.check(Action.VIEW, prefix)
+        else:
+            gate.principal()  # a bad credential is refused everywhere
 
 
 def _add_request_ids_and_errors(app: QuartTrio) -> None:
@@ -99,6 +140,13 @@ def _add_request_ids_and_errors(app: QuartTrio) -> None:
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
         return error_response(error.status, error.code, error.message, error.details)
+
+    @app.errorhandler(Refused)
+    async def refused_caller(error: Refused) -> Response:
+        response = error_response(error.status, error.code, error.message)
+        if error.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="rsc"'
+        return response
 
     @app.errorhandler(CoordinationError)
     async def refused(error: CoordinationError) -> Response:
@@ -125,14 +173,21 @@ def _add_request_ids_and_errors(app: QuartTrio) -> None:
 
     @app.errorhandler(Exception)
     async def bug(error: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "INTERNAL", "internal error; the request id is in the server log")
+        request_id = getattr(g, "request_id", "")
+        log.exception("unhandled error, request id %s, on %s %r", request_id, request.method, request.path)
+        return error_response(
+            500, "INTERNAL", f"internal error; request id {request_id} is in the server log"
+        )
 
 
-def _add_member_routes(app: QuartTrio, registry: Registry, metrics: Metrics) -> None:
+def _add_member_routes(
+    app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, max_batch_items: int
+) -> None:
     async def heartbeat_of(body: HeartbeatRequest) -> HeartbeatResponse:
+        gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
         command = body.to_command(registry.clock.now_ms())
-        reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command)
+        create = gate.may_create()
+        reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
         return respond(reply.state, command, reply.events)
 
     @app.post("/v1/heartbeat")
@@ -145,58 +200,74 @@ def _add_member_routes(app: QuartTrio, registry: Registry, metrics: Metrics) -> 
     async def producer_heartbeat() -> Response:
         with metrics.heartbeat_seconds.labels("producer").time():
             body = structure(await json_body(), ProducerHeartbeatRequest)
+            gate.check(Action.PRODUCER_HEARTBEAT, body.stream_prefix)
             timing = registry.settings.timing
             command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
-            reply = await registry.ask_stream(body.stream_prefix, command)
+            create = None if gate.may_create() else False
+            reply = await registry.ask_stream(body.stream_prefix, command, create=create)
             return json_response(respond_producer(reply.state, command, timing.heartbeat_interval_ms))
 
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
         with metrics.heartbeat_seconds.labels("batch").time():
-            return await batch_of(structure(await json_body(), HeartbeatBatch))
+            batch = structure(await json_body(), HeartbeatBatch)
+            return await _answer_batch(registry, gate, batch, max_batch_items)
 
-    async def batch_of(batch: HeartbeatBatch) -> Response:
-        """Answer every item; the items of one group go to its actor together, in order."""
-        if not all(isinstance(item, dict) for item in batch.heartbeats):
-            raise ApiError(400, "INVALID_REQUEST", "every item of heartbeats must be a JSON object")
-        results: list[Any] = [None] * len(batch.heartbeats)
-        now_ms = registry.clock.now_ms()
-        by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
-        for index, raw in enumerate(batch.heartbeats):
-            try:
-                body = structure(raw, HeartbeatRequest)
-                command = body.to_command(now_ms)
-            except ApiError as error:
-                results[index] = error_body(error.code, error.message, error.details)
-                continue
-            except CoordinationError as error:
-                results[index] = error_body(error.code, error.message)
-                continue
-            by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
 
-        async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
-            try:
-                replies = await registry.ask_group_many(*key, [command for _, command in items])
-            except CoordinationError as error:
-                for index, _ in items:
-                    results[index] = error_body(error.code, error.message)
-                return
-            for (index, command), reply in zip(items, replies, strict=True):
-                if isinstance(reply, CoordinationError):
-                    results[index] = error_body(reply.code, reply.message)
-                else:
-                    results[index] = codec.wire.unstructure(respond(reply.state, command, reply.events))
-
+async def _answer_batch(
+    registry: Registry, gate: Gate, batch: HeartbeatBatch, max_batch_items: int
+) -> Response:
+    """Answer every item; the items of one group go to its actor together, in order."""
+    if len(batch.heartbeats) > max_batch_items:
+        raise ApiError(
+            413,
+            "BATCH_TOO_LARGE",
+            f"a batch carries at most {max_batch_items} heartbeats (max_batch_items); "
+            "split it into several requests",
+            {"limit": max_batch_items, "items": len(batch.heartbeats)},
+        )
+    if not all(isinstance(item, dict) for item in batch.heartbeats):
+        raise ApiError(400, "INVALID_REQUEST", "every item of heartbeats must be a JSON object")
+    results: list[Any] = [None] * len(batch.heartbeats)
+    now_ms = registry.clock.now_ms()
+    create = gate.may_create()
+    by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
+    for index, raw in enumerate(batch.heartbeats):
         try:
-            async with trio.open_nursery() as nursery:
-                for key, items in by_group.items():
-                    nursery.start_soon(one_group, key, items)
-        except BaseExceptionGroup as group:
-            retry, _ = group.split((StoreError, ActorStopped))
-            if retry is None:
-                raise
-            raise _first(retry) from group  # answered 503: the client retries the whole batch
-        return json_response({"responses": results}, plain=True)
+            body = structure(raw, HeartbeatRequest)
+            gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+            command = body.to_command(now_ms)
+        except (ApiError, Refused) as error:
+            results[index] = error_body(error.code, error.message, getattr(error, "details", None))
+            continue
+        except CoordinationError as error:
+            results[index] = error_body(error.code, error.message)
+            continue
+        by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
+
+    async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
+        try:
+            replies = await registry.ask_group_many(*key, [command for _, command in items], create=create)
+        except CoordinationError as error:
+            for index, _ in items:
+                results[index] = error_body(error.code, error.message)
+            return
+        for (index, command), reply in zip(items, replies, strict=True):
+            if isinstance(reply, CoordinationError):
+                results[index] = error_body(reply.code, reply.message)
+            else:
+                results[index] = codec.wire.unstructure(respond(reply.state, command, reply.events))
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for key, items in by_group.items():
+                nursery.start_soon(one_group, key, items)
+    except BaseExceptionGroup as group:
+        retry, _ = group.split((StoreError, ActorStopped))
+        if retry is None:
+            raise
+        raise _first(retry) from group  # answered 503: the client retries the whole batch
+    return json_response({"responses": results}, plain=True)
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -204,7 +275,7 @@ def _first(group: BaseExceptionGroup[Any]) -> BaseException:
     return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
+def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None:
     @app.get("/v1/streams/<stream_prefix>/routing")
     async def routing(stream_prefix: str) -> Response:
         state = await existing_stream(stream_prefix)
@@ -213,7 +284,10 @@ def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
     @app.get("/v1/streams")
     async def streams() -> Response:
         summaries = []
+        caller = gate.principal()
         for prefix in await registry.stream_prefixes():
+            if gate.policy.protect_views and caller is not None and not caller.covers(prefix):
+                continue  # a monitor sees the streams its credential covers
             state = (await registry.stream(prefix, create=False)).state
             if state is not None:
                 summaries.append(views.stream_summary(state))
@@ -254,18 +328,51 @@ def _add_operator_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if await registry.effects.ping():
-            return json_response({"status": "ready"})
-        return error_response(503, "NOT_READY", "Redis does not answer")
+        with trio.move_on_after(READY_TIMEOUT_S):
+            if await registry.effects.ping():
+                return json_response({"status": "ready"})
+            return error_response(503, "NOT_READY", "Redis refuses connections or fails", {"redis": "down"})
+        return error_response(
+            503, "NOT_READY", f"Redis did not answer PING within {READY_TIMEOUT_S} s", {"redis": "timeout"}
+        )
 
 
 async def json_body() -> Any:
-    """The request body as JSON; 400 if it is not JSON."""
+    """The request body as JSON; 400 if it is not JSON or nests deeper than `MAX_JSON_DEPTH`."""
     data = await request.get_data(as_text=False)
     try:
-        return json.loads(data)
+        value = json.loads(data)
+    except RecursionError:
+        value = None
+        too_deep = True
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from exc
+    else:
+        too_deep = nests_deeper(value, MAX_JSON_DEPTH)
+    if too_deep:
+        raise ApiError(
+            400,
+            "JSON_TOO_DEEP",
+            f"the body nests deeper than {MAX_JSON_DEPTH} levels",
+            {"limit": MAX_JSON_DEPTH},
+        )
+    return value
+
+
+def nests_deeper(value: Any, limit: int) -> bool:
+    """Whether arrays and objects in `value` nest more than `limit` levels (iterative, no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        below: list[Any] = []
+        for item in level:
+            if type(item) is dict:
+                below.extend(v for v in item.values() if type(v) is dict or type(v) is list)
+            elif type(item) is list:
+                below.extend(v for v in item if type(v) is dict or type(v) is list)
+        if not below:
+            return False
+        level = below
+    return True
 
 
 def structure(data: Any, as_type: type[T]) -> T:

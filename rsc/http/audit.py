@@ -36,6 +36,8 @@ class AuditRecord:
     body_sha256: str
     revision: int | None = None
     record_id: str | None = None
+    #: For an aggregated record (outcome `throttled`): how many requests it stands for.
+    count: int | None = None
 
 
 @attrs.frozen

@@ -25,12 +25,14 @@ from rsc.actors.connect import open_redis
 from rsc.actors.effects import RedisEffects
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
-from rsc.config import Settings
+from rsc.config import ConfigError, Settings
 from rsc.events.model import Timing
 from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
 from rsc.http.audit import AuditLog
+from rsc.http.auth import is_loopback_bind
 from rsc.http.openapi import add_openapi_route
+from rsc.http.throttle import FailureThrottle
 
 log = logging.getLogger("rsc.serve")
 
@@ -72,7 +74,11 @@ def registry_settings(settings: Settings) -> RegistrySettings:
 @contextlib.asynccontextmanager
 async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, AuditLog]]:
     """Redis, the store, the registry and the audit log, for as long as the block runs."""
-    async with open_redis(settings.redis_url) as redis:
+    async with open_redis(
+        settings.redis_url,
+        connect_timeout_s=settings.redis_connect_timeout_ms / 1000,
+        command_timeout_s=settings.redis_command_timeout_ms / 1000,
+    ) as redis:
         store, effects = RedisStore(redis), RedisEffects(redis)
         async with open_registry(store, effects, WallClock(), registry_settings(settings)) as registry:
             yield registry, AuditLog(redis)
@@ -85,7 +91,12 @@ async def serve(
     shutdown: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until `shutdown` is set (or SIGTERM/SIGINT when it is None); report the bound URLs."""
+    """Serve until `shutdown` is set (or SIGTERM/SIGINT when it is None); report the bound URLs.
+
+    Raises `Exposed` (before connecting to anything) for a non-loopback bind without
+    credentials, unless `settings.insecure`.
+    """
+    check_exposure(settings, bind)
     async with open_coordinator(settings) as (registry, audit), trio.open_nursery() as nursery:
         config = HypercornConfig()
         config.bind = [bind]
@@ -94,9 +105,12 @@ async def serve(
         trigger = shutdown if shutdown is not None else trio.Event()
         if shutdown is None:
             nursery.start_soon(_stop_on_signals, trigger)
-        app = create_app(registry, settings.max_body_bytes)
+        if settings.certfile is not None:
+            config.certfile, config.keyfile = settings.certfile, settings.keyfile
+        app = create_app(registry, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-        add_admin_routes(app, registry, account, audit)
+        throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
+        add_admin_routes(app, registry, account, audit, throttle)
         add_openapi_route(app)
         urls = await nursery.start(
             lambda task_status: hypercorn_serve(
@@ -109,6 +123,22 @@ async def serve(
         task_status.started(urls)
         await trigger.wait()
         nursery.cancel_scope.cancel()
+
+
+class Exposed(ConfigError):
+    """The coordinator would accept anonymous members and producers from the network."""
+
+
+def check_exposure(settings: Settings, bind: str) -> None:
+    """Protected mode: refuse a non-loopback bind without credentials unless `insecure` says so."""
+    if settings.policy.enforced or settings.insecure or is_loopback_bind(bind):
+        return
+    raise Exposed(
+        f"refusing to listen on {bind}: no credentials are configured, so anyone who can reach "
+        "this address could act as any member or producer. Configure [[credentials]] "
+        "(or RSC_CREDENTIALS), bind to 127.0.0.1, or pass --insecure (RSC_INSECURE=true) "
+        "if a trusted network guards the port"
+    )
 
 
 async def _stop_on_signals(trigger: trio.Event) -> None:

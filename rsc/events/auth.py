@@ -1,0 +1,230 @@
+"""Who may do what: roles, credentials and one pure decision function.
+
+The policy is data. A credential is a named bearer token (stored as its
+SHA-256, never in clear) with roles and the stream prefixes it may touch,
+given as glob patterns (`orders`, `orders-*`, `*`), the way Kafka ACLs name
+topics and groups by literal or prefix. `decide` answers one question:
+may this caller (a credential, the admin, or nobody) do this action on this
+stream? The HTTP layer authenticates and asks; nothing here does I/O.
+
+Roles and what they allow:
+
+* `member`: heartbeats of consumer members (`POST /v1/heartbeat(s)`);
+* `producer`: producer heartbeats and routing metadata;
+* `monitor`: the read-only views and `/metrics` when those are protected;
+* `admin`: the Admin API (HTTP Basic, the one account from config) and,
+  like `monitor`, every view.
+
+Creating a stream or a group by a heartbeat (auto-creation) needs a
+credential with `create = true` on a matching prefix, besides the
+coordinator's `auto_create_streams`.
+
+Protected mode (in the spirit of Redis' `protected-mode`): with no
+credentials configured, anonymous members and producers are accepted only
+from loopback addresses, unless the operator said `insecure`.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+
+class Role(enum.Enum):
+    ADMIN = "admin"
+    MEMBER = "member"
+    PRODUCER = "producer"
+    MONITOR = "monitor"
+
+
+class Action(enum.Enum):
+    """What a request does, as the policy sees it."""
+
+    MEMBER_HEARTBEAT = "member-heartbeat"
+    PRODUCER_HEARTBEAT = "producer-heartbeat"
+    ROUTING = "routing"  # GET /v1/streams/{p}/routing: producers and monitors
+    VIEW = "view"  # GET /v1/streams...
+    METRICS = "metrics"
+    ADMIN = "admin"
+
+
+#: The roles that may perform each action (on a stream their patterns match).
+ROLES_FOR: Mapping[Action, frozenset[Role]] = {
+    Action.MEMBER_HEARTBEAT: frozenset({Role.MEMBER}),
+    Action.PRODUCER_HEARTBEAT: frozenset({Role.PRODUCER}),
+    Action.ROUTING: frozenset({Role.PRODUCER, Role.MONITOR, Role.ADMIN}),
+    Action.VIEW: frozenset({Role.MONITOR, Role.ADMIN}),
+    Action.METRICS: frozenset({Role.MONITOR, Role.ADMIN}),
+    Action.ADMIN: frozenset({Role.ADMIN}),
+}
+
+#: Credential names: shown in logs and metrics, so short and plain.
+CREDENTIAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+#: Stream patterns: the name characters plus the glob `*`, `?` and `[...]`.
+STREAM_PATTERN = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]{1,200}$")
+MIN_TOKEN_LENGTH = 16
+
+
+class PolicyError(ValueError):
+    """The configured credentials are unusable; the message says which and why."""
+
+
+class Verdict(enum.Enum):
+    ALLOW = "allow"
+    UNAUTHENTICATED = "unauthenticated"  # 401: say who you are
+    FORBIDDEN = "forbidden"  # 403: you may not
+    PROTECTED_MODE = "protected-mode"  # 403: anonymous, not from loopback, no credentials configured
+
+
+def token_digest(token: str) -> str:
+    """The hex SHA-256 under which a token is stored and looked up."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@attrs.frozen
+class Credential:
+    """A named bearer token: its digest, roles, the stream patterns it covers, and creation rights."""
+
+    name: str
+    token_sha256: str
+    roles: frozenset[Role]
+    streams: tuple[str, ...] = ("*",)
+    create: bool = False
+
+    def covers(self, stream_prefix: str | None) -> bool:
+        if stream_prefix is None:
+            return True
+        return any(fnmatch.fnmatchcase(stream_prefix, pattern) for pattern in self.streams)
+
+
+#: The admin, authenticated by HTTP Basic (not a bearer credential).
+ADMIN = Credential("admin", "", frozenset({Role.ADMIN}), ("*",), create=True)
+
+
+@attrs.frozen
+class Policy:
+    """Every credential, and which of the read-only surfaces need one."""
+
+    credentials: tuple[Credential, ...] = ()
+    protect_views: bool = False
+    protect_metrics: bool = False
+    #: Accept anonymous members and producers from anywhere when no credential exists.
+    insecure: bool = False
+    by_digest: Mapping[str, Credential] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "by_digest", {c.token_sha256: c for c in self.credentials})
+
+    @property
+    def enforced(self) -> bool:
+        """Whether members and producers must present a credential."""
+        return bool(self.credentials)
+
+    def authenticate(self, token: str) -> Credential | None:
+        """The credential whose token this is, or None.
+
+        The lookup is by the token's SHA-256, so its time does not depend on how
+        much of a stored token a guess matches; the final comparison is constant-time.
+        """
+        digest = token_digest(token)
+        found = self.by_digest.get(digest)
+        if found is None or not hmac.compare_digest(found.token_sha256, digest):
+            return None
+        return found
+
+
+def decide(
+    policy: Policy,
+    caller: Credential | None,
+    action: Action,
+    stream_prefix: str | None = None,
+    *,
+    loopback: bool = True,
+) -> Verdict:
+    """May `caller` (None: anonymous) perform `action` on `stream_prefix`?
+
+    `loopback` says the request came from a loopback address (protected mode).
+    """
+    if caller is None:
+        return _anonymous(policy, action, loopback)
+    if not (caller.roles & ROLES_FOR[action]):
+        return Verdict.FORBIDDEN
+    if not caller.covers(stream_prefix):
+        return Verdict.FORBIDDEN
+    return Verdict.ALLOW
+
+
+def _anonymous(policy: Policy, action: Action, loopback: bool) -> Verdict:
+    if action is Action.ADMIN:
+        return Verdict.UNAUTHENTICATED
+    if action is Action.VIEW:
+        return Verdict.UNAUTHENTICATED if policy.protect_views else Verdict.ALLOW
+    if action is Action.METRICS:
+        return Verdict.UNAUTHENTICATED if policy.protect_metrics else Verdict.ALLOW
+    if policy.enforced:  # members, producers, routing: a credential is required
+        return Verdict.UNAUTHENTICATED
+    return Verdict.ALLOW if loopback or policy.insecure else Verdict.PROTECTED_MODE
+
+
+def may_create(policy: Policy, caller: Credential | None) -> bool:
+    """Whether a heartbeat of `caller` may create the stream or group it names."""
+    if caller is None:
+        return not policy.enforced
+    return caller.create
+
+
+def credential(
+    name: str,
+    roles: Iterable[str],
+    *,
+    token: str | None = None,
+    token_sha256: str | None = None,
+    streams: Iterable[str] = ("*",),
+    create: bool = False,
+) -> Credential:
+    """A validated credential from configuration values; raises `PolicyError`."""
+    if not isinstance(name, str) or not CREDENTIAL_NAME.match(name):
+        raise PolicyError(f"credential name {name!r} must match {CREDENTIAL_NAME.pattern}")
+    if (token is None) == (token_sha256 is None):
+        raise PolicyError(f"credential {name!r}: give exactly one of token and token_sha256")
+    if token is not None:
+        if not isinstance(token, str) or len(token) < MIN_TOKEN_LENGTH or not token.isprintable():
+            raise PolicyError(
+                f"credential {name!r}: a token must be at least {MIN_TOKEN_LENGTH} printable characters"
+            )
+        digest = token_digest(token)
+    else:
+        digest = str(token_sha256).lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise PolicyError(f"credential {name!r}: token_sha256 must be 64 hex digits")
+    try:
+        parsed_roles = frozenset(Role(r) for r in roles)
+    except (ValueError, TypeError) as exc:
+        choices = ", ".join(r.value for r in Role if r is not Role.ADMIN)
+        raise PolicyError(f"credential {name!r}: roles must be some of {choices}") from exc
+    if not parsed_roles or Role.ADMIN in parsed_roles:
+        raise PolicyError(
+            f"credential {name!r}: give roles among member, producer, monitor "
+            "(admin is the Basic Auth account)"
+        )
+    patterns = tuple(streams)
+    if not patterns or not all(isinstance(p, str) and STREAM_PATTERN.match(p) for p in patterns):
+        raise PolicyError(f"credential {name!r}: streams must be non-empty glob patterns of stream names")
+    return Credential(name, digest, parsed_roles, patterns, bool(create))
+
+
+def policy(credentials: Iterable[Credential], **flags: bool) -> Policy:
+    """A policy; raises `PolicyError` on duplicate names or tokens."""
+    listed = tuple(credentials)
+    names = [c.name for c in listed]
+    if len(set(names)) != len(names):
+        raise PolicyError("credential names must be unique")
+    if len({c.token_sha256 for c in listed}) != len(listed):
+        raise PolicyError("two credentials share one token")
+    return Policy(listed, **flags)

@@ -1,0 +1,179 @@
+"""Authentication at the HTTP edge; the decisions are `rsc.events.auth.decide`'s.
+
+Callers present `Authorization: Bearer <token>` (members, producers,
+monitors) or HTTP Basic (the admin). A request that presents a credential
+that does not authenticate is refused with 401 whatever it asks for, so a
+typo never silently falls back to anonymous access. Refusals of member,
+producer and view requests are counted in `rsc_auth_refusals_total`, not
+audited one by one (the Admin API audits its own).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Callable
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter
+from quart import g, request
+
+from rsc.events import auth
+from rsc.events.auth import Action, Credential, Policy, Verdict
+
+#: Paths nobody needs a credential for.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/version", "/openapi.json"})
+
+
+class Refused(Exception):
+    """An authentication or authorization refusal, answered as 401/403 JSON by the app."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@attrs.frozen
+class AdminAccount:
+    """The one admin account (HTTP Basic); compared in constant time."""
+
+    user: str
+    password: str | None = None
+    password_sha256: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.password or self.password_sha256)
+
+    def check(self, user: str, password: str) -> bool:
+        user_ok = hmac.compare_digest(user.encode(), self.user.encode())
+        if self.password_sha256:
+            digest = hashlib.sha256(password.encode()).hexdigest()
+            password_ok = hmac.compare_digest(digest, self.password_sha256.lower())
+        else:
+            password_ok = hmac.compare_digest(password.encode(), (self.password or "").encode())
+        return user_ok and password_ok and self.enabled
+
+
+class Gate:
+    """Authenticates each request once (`g.principal`) and authorizes actions on streams."""
+
+    def __init__(self, policy: Policy, account: AdminAccount, prometheus: CollectorRegistry) -> None:
+        self.policy = policy
+        self.account = account
+        self.refusals = Counter(
+            "rsc_auth_refusals",
+            "Requests refused by authentication or authorization (admin ones are also audited)",
+            ["action", "reason"],
+            registry=prometheus,
+        )
+
+    def principal(self) -> Credential | None:
+        """The authenticated caller of this request (None: anonymous); 401 for a bad credential."""
+        cached = g.get("principal", _UNSET)
+        if cached is not _UNSET:
+            return cached  # type: ignore[no-any-return]
+        found: Credential | None = None
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, value = header.partition(" ")
+            if scheme.lower() == "bearer" and value.strip():
+                found = self.policy.authenticate(value.strip())
+            elif scheme.lower() == "basic":
+                user, password = basic_credentials(header)
+                if user is not None and password is not None and self.account.check(user, password):
+                    found = auth.ADMIN
+            if found is None:
+                g.principal = None
+                raise self._refuse(
+                    Action.VIEW,
+                    "bad-credential",
+                    401,
+                    "UNAUTHENTICATED",
+                    "the credential in Authorization is not valid",
+                )
+        g.principal = found
+        return found
+
+    def check(self, action: Action, stream_prefix: str | None = None) -> Credential | None:
+        """Authorize `action` on `stream_prefix` for this request's caller; raise `Refused`."""
+        caller = self.principal()
+        verdict = auth.decide(self.policy, caller, action, stream_prefix, loopback=_from_loopback())
+        if verdict is Verdict.ALLOW:
+            return caller
+        if verdict is Verdict.UNAUTHENTICATED:
+            raise self._refuse(
+                action,
+                "unauthenticated",
+                401,
+                "UNAUTHENTICATED",
+                f"{action.value} needs a credential (Authorization: Bearer <token>)",
+            )
+        if verdict is Verdict.PROTECTED_MODE:
+            raise self._refuse(
+                action,
+                "protected-mode",
+                403,
+                "PROTECTED_MODE",
+                "no credentials are configured, so members and producers are accepted only from "
+                "loopback addresses; configure credentials (or start with --insecure)",
+            )
+        name = caller.name if caller is not None else "anonymous"
+        where = f" on stream {stream_prefix!r}" if stream_prefix is not None else ""
+        raise self._refuse(
+            action, "forbidden", 403, "FORBIDDEN", f"credential {name!r} may not {action.value}{where}"
+        )
+
+    def may_create(self) -> bool:
+        """Whether this request's caller may create streams and groups by heartbeat."""
+        return auth.may_create(self.policy, self.principal())
+
+    def _refuse(self, action: Action, reason: str, status: int, code: str, message: str) -> Refused:
+        self.refusals.labels(action.value, reason).inc()
+        return Refused(status, code, message)
+
+
+_UNSET = object()
+
+
+def _from_loopback() -> bool:
+    address = request.remote_addr
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return address.startswith("unix")
+
+
+def basic_credentials(header: str) -> tuple[str | None, str | None]:
+    """User and password from an HTTP Basic `Authorization` header value."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        return None, None
+    try:
+        user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    return (user, password) if sep else (user, None)
+
+
+def is_loopback_bind(bind: str) -> bool:
+    """Whether `HOST:PORT` (or `[v6]:PORT`, `unix:path`) listens only on loopback."""
+    if bind.startswith("unix:"):
+        return True
+    host = bind.rsplit(":", 1)[0] if ":" in bind else bind
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+ActionOf = Callable[[], tuple[Action, str | None] | None]
