@@ -279,7 +279,20 @@ def serve(
 @click.option(
     "--stop-timeout", default=30.0, show_default=True, type=float, help="Seconds to let in-flight work end."
 )
-def worker(target: str, coordinator_url: str | None, redis_url: str | None, stop_timeout: float) -> None:
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="File holding the member credential (default: the RSC_TOKEN variable).",
+)
+@click.option("--ca-bundle", help="CA file for an https:// coordinator (default: RSC_CA_BUNDLE).")
+def worker(
+    target: str,
+    coordinator_url: str | None,
+    redis_url: str | None,
+    stop_timeout: float,
+    token_file: str | None,
+    ca_bundle: str | None,
+) -> None:
     """Run the listeners of TARGET (`module:app`) until SIGINT/SIGTERM, then leave gracefully."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
@@ -297,6 +310,11 @@ def worker(target: str, coordinator_url: str | None, redis_url: str | None, stop
         app.coordinator_url = coordinator_url
     if redis_url:
         app.redis_url = redis_url
+    if token_file:
+        with open(token_file) as file:
+            app.token = file.read().strip()
+    if ca_bundle:
+        app.ca_bundle = ca_bundle
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

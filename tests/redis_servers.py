@@ -40,21 +40,23 @@ def free_port(cluster_bus: bool = False) -> int:
     raise RuntimeError("no free port found")
 
 
-def _wait_ping(port: int, timeout: float = 10.0) -> None:
+def _wait_ping(port: int, timeout: float = 10.0, password: str | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as client:
+        with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port, password=password) as client:
             if client.ping():
                 return
         time.sleep(0.05)
     raise RuntimeError(f"redis-server on port {port} did not answer")
 
 
-def _start(port: int, workdir: Path, *extra: str) -> subprocess.Popen[bytes]:
+def _start(port: int, workdir: Path, *extra: str, password: str | None = None) -> subprocess.Popen[bytes]:
     args = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     args += ["--dir", str(workdir), *extra]
+    if password is not None:
+        args += ["--requirepass", password]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_ping(port)
+    _wait_ping(port, password=password)
     return process
 
 
@@ -69,15 +71,22 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.contextmanager
-def standalone() -> Iterator[str]:
-    """Yield the URL of a private standalone redis-server."""
+def standalone(password: str | None = None) -> Iterator[str]:
+    """Yield the URL of a private standalone redis-server (with `requirepass` if `password`)."""
     with tempfile.TemporaryDirectory(prefix="rsc-redis-") as workdir:
         port = free_port()
-        process = _start(port, Path(workdir))
+        process = _start(port, Path(workdir), password=password)
         try:
-            yield f"redis://127.0.0.1:{port}"
+            auth = f":{password}@" if password else ""
+            yield f"redis://{auth}127.0.0.1:{port}"
         finally:
             _stop([process])
+
+
+def server_pid(url: str) -> int:
+    """The pid of the redis-server behind `url` (to SIGSTOP/SIGCONT it)."""
+    with redis.Redis.from_url(url) as client:
+        return int(client.info("server")["process_id"])
 
 
 @contextlib.contextmanager

@@ -10,7 +10,9 @@
 `<pod ip>/<listener name>/<index>` (the pod IP from `POD_IP`, else this
 host's address); all members of the process heartbeat together through
 `POST /v1/heartbeats`. The coordinator URL and Redis URL come from the
-arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`.
+arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`; the member
+credential and the CA bundle of an `https://` coordinator from the
+arguments, else `RSC_TOKEN` / `RSC_CA_BUNDLE`.
 """
 
 from __future__ import annotations
@@ -63,9 +65,14 @@ class App:
         redis_url: str | None = None,
         *,
         member_settings: MemberSettings | None = None,
+        token: str | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
         self.coordinator_url = coordinator_url
         self.redis_url = redis_url
+        #: The member credential (default: RSC_TOKEN) and CA bundle (default: RSC_CA_BUNDLE).
+        self.token = token
+        self.ca_bundle = ca_bundle
         self.member_settings = member_settings or MemberSettings()
         self.listeners: list[Listener] = []
         self.members: list[Member] = []
@@ -106,7 +113,7 @@ class App:
         redis_url = self.redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
         ip = pod_ip()
         async with (
-            Coordinator(coordinator_url) as coordinator,
+            Coordinator(coordinator_url, token=self.token, ca_bundle=self.ca_bundle) as coordinator,
             open_redis(redis_url) as redis,
             trio.open_nursery() as services,
         ):

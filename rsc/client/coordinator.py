@@ -9,7 +9,9 @@ not own an aggregate may redirect to the one that does).
 
 from __future__ import annotations
 
+import os
 import random
+import ssl
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +30,24 @@ from rsc.events.wire import (
 
 T = TypeVar("T")
 RETRYABLE = frozenset({502, 503, 504})
+#: Where a client finds its credential and CA bundle when none is given.
+TOKEN_ENV = "RSC_TOKEN"
+CA_BUNDLE_ENV = "RSC_CA_BUNDLE"
+
+
+def http_options(token: str | None, ca_bundle: str | None) -> dict[str, Any]:
+    """httpx client options: `Authorization: Bearer` and the CA bundle for `https://` coordinators.
+
+    Each falls back to its environment variable (`RSC_TOKEN`, `RSC_CA_BUNDLE`).
+    """
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    ca_bundle = ca_bundle if ca_bundle is not None else os.environ.get(CA_BUNDLE_ENV) or None
+    options: dict[str, Any] = {}
+    if token:
+        options["headers"] = {"Authorization": f"Bearer {token}"}
+    if ca_bundle:
+        options["verify"] = ssl.create_default_context(cafile=ca_bundle)
+    return options
 
 
 @attrs.frozen
@@ -42,7 +62,11 @@ class Backoff:
 
 
 class Coordinator:
-    """Talks to one coordinator base URL; use as an async context manager or call `aclose`."""
+    """Talks to one coordinator base URL; use as an async context manager or call `aclose`.
+
+    `token` is the bearer credential sent with every request and `ca_bundle` the CA
+    file that checks an `https://` coordinator (defaults: `RSC_TOKEN`, `RSC_CA_BUNDLE`).
+    """
 
     def __init__(
         self,
@@ -53,12 +77,18 @@ class Coordinator:
         backoff: Backoff = Backoff(),
         transport: httpx.AsyncBaseTransport | None = None,
         rng: random.Random | None = None,
+        token: str | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
         self.retries = retries
         self.backoff = backoff
         self.rng = rng or random.Random()
         self.http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, follow_redirects=True, transport=transport
+            base_url=base_url,
+            timeout=timeout_s,
+            follow_redirects=True,
+            transport=transport,
+            **http_options(token, ca_bundle),
         )
 
     async def __aenter__(self) -> Coordinator:

@@ -28,7 +28,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
-from rsc.client.coordinator import Backoff, Retry, answer, structure
+from rsc.client.coordinator import Backoff, Retry, answer, http_options, structure
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
@@ -62,7 +62,8 @@ REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 
 
 class SyncCoordinator:
-    """The blocking twin of `Coordinator` for producers: the same retries and error mapping."""
+    """The blocking twin of `Coordinator` for producers: the same retries, error mapping and
+    credentials (`token`, `ca_bundle`; defaults `RSC_TOKEN`, `RSC_CA_BUNDLE`)."""
 
     def __init__(
         self,
@@ -73,12 +74,18 @@ class SyncCoordinator:
         backoff: Backoff | None = None,
         transport: httpx.BaseTransport | None = None,
         rng: random.Random | None = None,
+        token: str | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
         self.retries = retries
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
         self.http = httpx.Client(
-            base_url=base_url, timeout=timeout_s, follow_redirects=True, transport=transport
+            base_url=base_url,
+            timeout=timeout_s,
+            follow_redirects=True,
+            transport=transport,
+            **http_options(token, ca_bundle),
         )
 
     def __enter__(self) -> SyncCoordinator:

@@ -151,11 +151,10 @@ def decide(
 
     `loopback` says the request came from a loopback address (protected mode).
     """
-    if caller is None:
-        return _anonymous(policy, action, loopback)
-    if not (caller.roles & ROLES_FOR[action]):
-        return Verdict.FORBIDDEN
-    if not caller.covers(stream_prefix):
+    anonymous = _anonymous(policy, action, loopback)
+    if caller is None or anonymous is Verdict.ALLOW:
+        return anonymous  # a credential never allows less than none would
+    if not (caller.roles & ROLES_FOR[action]) or not caller.covers(stream_prefix):
         return Verdict.FORBIDDEN
     return Verdict.ALLOW
 

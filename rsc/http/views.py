@@ -104,8 +104,10 @@ class StreamSummary:
 
 @attrs.frozen
 class MemberView:
+    """One member as operators see it. Never its incarnation: that, with the member id,
+    is what drives the member, so a view must not hand it out."""
+
     member_id: str
-    incarnation: str
     member_epoch: int
     state: MemberState
     lease_left_ms: int
@@ -235,7 +237,6 @@ def group_view(state: GroupState, now_ms: int) -> GroupView:
     members = tuple(
         MemberView(
             member_id=m.member_id,
-            incarnation=m.incarnation,
             member_epoch=m.member_epoch,
             state=state.member_state(m),
             lease_left_ms=max(0, state.leases.get(m.member_id, 0) - now_ms),

@@ -1,0 +1,270 @@
+"""Authentication, authorization and bounded input over a real socket (`serve`, real Redis)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from rsc.config import Settings
+from rsc.events.auth import credential
+from rsc.http.serve import Exposed, serve
+from tests.httpkit import FAST, hb, serve_on
+
+MEMBER_TOKEN = "member-token-0123456789"
+CREATOR_TOKEN = "creator-token-0123456789"
+PRODUCER_TOKEN = "producer-token-0123456789"
+MONITOR_TOKEN = "monitor-token-0123456789"
+ADMIN = ("admin", "s3cret")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def secured(redis_url: str, **extra: Any) -> Settings:
+    credentials = (
+        credential("workers", ["member"], token=MEMBER_TOKEN, streams=["sec-*"]),
+        credential("bootstrap", ["member", "producer"], token=CREATOR_TOKEN, streams=["sec-*"], create=True),
+        credential("shop", ["producer"], token=PRODUCER_TOKEN, streams=["sec-*"]),
+        credential("grafana", ["monitor"], token=MONITOR_TOKEN, streams=["sec-a*"]),
+    )
+    return attrs.evolve(FAST, redis_url=redis_url, admin_password="s3cret", credentials=credentials, **extra)
+
+
+@pytest.fixture
+def stream(prefix: str) -> str:
+    return f"sec-{prefix}"
+
+
+@pytest.fixture
+async def client(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve_on(secured(standalone_url)) as http:
+        yield http
+
+
+async def refusals(client: httpx.AsyncClient, action: str, reason: str) -> float:
+    text = (await client.get("/metrics")).text
+    found = re.search(
+        rf'^rsc_auth_refusals_total{{action="{action}",reason="{reason}"}} (\S+)$', text, re.MULTILINE
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_members_and_producers_need_a_credential(client: httpx.AsyncClient, stream: str) -> None:
+    before = await refusals(client, "member-heartbeat", "unauthenticated")
+    response = await client.post("/v1/heartbeat", json=hb(stream, "a", 0))
+    assert response.status_code == 401
+    assert response.json()["error"] == "UNAUTHENTICATED"
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert await refusals(client, "member-heartbeat", "unauthenticated") == before + 1
+    body = {"protocolVersion": 1, "streamPrefix": stream, "producerId": "p1"}
+    assert (await client.post("/v1/producers/heartbeat", json=body)).status_code == 401
+    batch = {"heartbeats": [hb(stream, "a", 0)]}
+    assert (await client.post("/v1/heartbeats", json=batch)).status_code == 401
+    wrong = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer("not-a-token-at-all"))
+    assert wrong.status_code == 401
+    # A bad credential is refused even where none is needed: a typo never falls back to anonymous.
+    assert (await client.get("/v1/streams", headers=bearer("not-a-token-at-all"))).status_code == 401
+    assert (await client.get("/healthz", headers=bearer("not-a-token-at-all"))).status_code == 200
+
+
+async def test_creation_needs_a_credential_that_may_create(client: httpx.AsyncClient, stream: str) -> None:
+    refused = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer(MEMBER_TOKEN))
+    assert refused.status_code == 404
+    assert refused.json()["error"] == "UNKNOWN_STREAM"
+    assert (await client.get(f"/v1/streams/{stream}")).status_code == 404  # nothing was created
+    put = await client.put(f"/v1/admin/streams/{stream}", json={"shardCount": 2}, auth=ADMIN)
+    assert put.status_code == 200
+    no_group = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer(MEMBER_TOKEN))
+    assert no_group.status_code == 404
+    assert no_group.json()["error"] == "UNKNOWN_GROUP"
+    created = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer(CREATOR_TOKEN))
+    assert created.status_code == 200, created.text
+    joined = await client.post("/v1/heartbeat", json=hb(stream, "b", 0), headers=bearer(MEMBER_TOKEN))
+    assert joined.status_code == 200, joined.text
+    assert joined.json()["status"] in ("OK", "REVOKE_PENDING")
+    producer = {"protocolVersion": 1, "streamPrefix": stream, "producerId": "p1"}
+    ok = await client.post("/v1/producers/heartbeat", json=producer, headers=bearer(PRODUCER_TOKEN))
+    assert ok.status_code == 200, ok.text
+    other = {**producer, "streamPrefix": f"{stream}-new"}
+    missing = await client.post("/v1/producers/heartbeat", json=other, headers=bearer(PRODUCER_TOKEN))
+    assert missing.status_code == 404
+
+
+async def test_roles_and_stream_patterns(client: httpx.AsyncClient, stream: str) -> None:
+    outside = await client.post("/v1/heartbeat", json=hb("other", "a", 0), headers=bearer(CREATOR_TOKEN))
+    assert outside.status_code == 403
+    assert outside.json()["error"] == "FORBIDDEN"
+    producer = {"protocolVersion": 1, "streamPrefix": stream, "producerId": "p1"}
+    as_member = await client.post("/v1/producers/heartbeat", json=producer, headers=bearer(MEMBER_TOKEN))
+    assert as_member.status_code == 403
+    as_producer = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer(PRODUCER_TOKEN))
+    assert as_producer.status_code == 403
+    as_monitor = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer(MONITOR_TOKEN))
+    assert as_monitor.status_code == 403
+    assert await refusals(client, "member-heartbeat", "forbidden") >= 2
+
+
+async def test_a_batch_is_authorized_item_by_item(client: httpx.AsyncClient, stream: str) -> None:
+    batch = {"heartbeats": [hb(stream, "a", 0), hb("elsewhere", "b", 0)]}
+    response = await client.post("/v1/heartbeats", json=batch, headers=bearer(CREATOR_TOKEN))
+    assert response.status_code == 200
+    first, second = response.json()["responses"]
+    assert first["status"] == "OK"
+    assert second["error"] == "FORBIDDEN"
+
+
+async def test_views_never_show_the_incarnation(client: httpx.AsyncClient, stream: str) -> None:
+    joined = await client.post(
+        "/v1/heartbeat", json=hb(stream, "a", 0, incarnation="secret-inc"), headers=bearer(CREATOR_TOKEN)
+    )
+    assert joined.status_code == 200
+    view = await client.get(f"/v1/streams/{stream}/groups/billing")
+    assert view.status_code == 200
+    assert view.json()["members"][0]["memberId"] == "a"
+    assert "secret-inc" not in view.text
+    assert "incarnation" not in view.json()["members"][0]
+
+
+async def test_protected_views_and_metrics(standalone_url: str, prefix: str) -> None:
+    settings = secured(standalone_url, protect_views=True, protect_metrics=True)
+    async with serve_on(settings) as client:
+        for name in (f"sec-a{prefix}", f"sec-b{prefix}"):
+            put = await client.put(f"/v1/admin/streams/{name}", json={"shardCount": 1}, auth=ADMIN)
+            assert put.status_code == 200
+        assert (await client.get("/v1/streams")).status_code == 401
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get(f"/v1/streams/sec-a{prefix}")).status_code == 401
+        monitor = bearer(MONITOR_TOKEN)
+        seen = {
+            s["streamPrefix"] for s in (await client.get("/v1/streams", headers=monitor)).json()["streams"]
+        }
+        assert f"sec-a{prefix}" in seen
+        assert f"sec-b{prefix}" not in seen  # outside the monitor's patterns
+        assert (await client.get(f"/v1/streams/sec-a{prefix}", headers=monitor)).status_code == 200
+        assert (await client.get(f"/v1/streams/sec-b{prefix}", headers=monitor)).status_code == 403
+        assert (await client.get("/metrics", headers=monitor)).status_code == 200
+        assert (await client.get("/metrics", auth=ADMIN)).status_code == 200
+        assert (await client.get(f"/v1/streams/sec-b{prefix}", auth=ADMIN)).status_code == 200
+        assert (
+            await client.get(f"/v1/streams/sec-b{prefix}", headers=bearer(MEMBER_TOKEN))
+        ).status_code == 403
+        for public in ("/healthz", "/readyz", "/v1/version", "/openapi.json"):
+            assert (await client.get(public)).status_code == 200, public
+
+
+async def test_a_non_loopback_bind_without_credentials_is_refused(standalone_url: str) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url)
+    with pytest.raises(Exposed, match="--insecure"):
+        await serve(settings, "0.0.0.0:0")
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:  # --insecure: the operator said a network guards it
+        insecure = attrs.evolve(settings, insecure=True)
+        urls = await nursery.start(
+            lambda task_status: serve(insecure, "0.0.0.0:0", shutdown=shutdown, task_status=task_status)
+        )
+        assert urls
+        shutdown.set()
+
+
+# --- bounded input ---------------------------------------------------------------
+
+
+@pytest.fixture
+async def open_client(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret", max_batch_items=20)
+    async with serve_on(settings) as http:
+        yield http
+
+
+async def test_batches_are_capped(open_client: httpx.AsyncClient, prefix: str) -> None:
+    batch = {"heartbeats": [hb(prefix, f"m{i}", 0) for i in range(21)]}
+    response = await open_client.post("/v1/heartbeats", json=batch)
+    assert response.status_code == 413
+    assert response.json()["error"] == "BATCH_TOO_LARGE"
+    assert response.json()["details"]["limit"] == 20
+    assert (await open_client.get(f"/v1/streams/{prefix}")).status_code == 404  # nothing done
+    batch["heartbeats"].pop()
+    assert (await open_client.post("/v1/heartbeats", json=batch)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [
+        ("/v1/heartbeat", "POST"),
+        ("/v1/heartbeats", "POST"),
+        ("/v1/producers/heartbeat", "POST"),
+        ("/v1/admin/streams/deep", "PUT"),
+        ("/v1/admin/streams/deep/groups/g", "PUT"),
+        ("/v1/admin/streams/deep/pause", "POST"),
+    ],
+)
+async def test_deep_json_is_a_400_on_every_body(
+    open_client: httpx.AsyncClient, path: str, method: str
+) -> None:
+    for depth in (40, 950, 5_000):
+        body = "[" * depth + "]" * depth
+        response = await open_client.request(
+            method, path, content=body, auth=ADMIN, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, (depth, response.text)
+        assert response.json()["error"] == "JSON_TOO_DEEP"
+        wrapped = '{"heartbeats": [' + "[" * depth + "]" * depth + "]}"
+        response = await open_client.request(
+            method, path, content=wrapped, auth=ADMIN, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, (depth, response.text)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"client": {"name": "x" * 129, "version": "1"}}, "client.name"),
+        ({"client": {"name": "ok", "version": "v" * 65}}, "client.version"),
+        ({"client": {"name": "evil\x1b[2J", "version": "1"}}, "client.name"),
+        ({"client": {"name": "line\nbreak", "version": "1"}}, "client.name"),
+        ({"memberEpoch": 10**30}, "memberEpoch"),
+        ({"metadataVersion": 2**53}, "metadataVersion"),
+        ({"ownedShards": [16_384]}, "shard"),
+    ],
+)
+async def test_stored_fields_are_bounded(
+    open_client: httpx.AsyncClient, prefix: str, extra: dict[str, Any], field: str
+) -> None:
+    body = {**hb(prefix, "a", 0), **extra}
+    response = await open_client.post("/v1/heartbeat", json=body)
+    assert response.status_code == 400, response.text
+    assert field in response.text
+    producer = {"protocolVersion": 1, "streamPrefix": prefix, "producerId": "p", **extra}
+    if "client" in extra or "metadataVersion" in extra:
+        response = await open_client.post("/v1/producers/heartbeat", json=producer)
+        assert response.status_code == 400, response.text
+
+
+async def test_unicode_client_names_within_limits_are_kept(
+    open_client: httpx.AsyncClient, prefix: str
+) -> None:
+    body = {**hb(prefix, "a", 0), "client": {"name": "клиент-日本", "version": "1.0"}}
+    assert (await open_client.post("/v1/heartbeat", json=body)).status_code == 200
+    view = (await open_client.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert view["members"][0]["client"] == {"name": "клиент-日本", "version": "1.0"}
+
+
+async def test_admin_numbers_and_reasons_are_bounded(open_client: httpx.AsyncClient, prefix: str) -> None:
+    path = f"/v1/admin/streams/{prefix}"
+    assert (await open_client.put(path, json={"shardCount": 1}, auth=ADMIN)).status_code == 200
+    for value in (10**30, 1_025, 0):
+        response = await open_client.put(f"{path}/groups/g", json={"maxConcurrency": value}, auth=ADMIN)
+        assert response.status_code == 400, value
+    assert (
+        await open_client.put(f"{path}/groups/g", json={"maxConcurrency": 1_024}, auth=ADMIN)
+    ).status_code == 200
+    bad = await open_client.post(f"{path}/pause", json={"reason": "deploy\r\nFAKE LOG LINE"}, auth=ADMIN)
+    assert bad.status_code == 400
+    assert (await open_client.post(f"{path}/pause", json={"reason": "deploy"}, auth=ADMIN)).status_code == 200
