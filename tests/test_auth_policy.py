@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rsc.config import ConfigError, load
@@ -99,10 +101,8 @@ def test_unusable_credentials_are_refused(kwargs: dict[str, object], message: st
         credential(name, roles, **kwargs)  # type: ignore[arg-type]
 
 
-def test_credentials_from_toml_and_environment(tmp_path: object) -> None:
-    from pathlib import Path
-
-    path = Path(str(tmp_path)) / "rsc.toml"
+def test_credentials_from_toml_and_environment(tmp_path: Path) -> None:
+    path = tmp_path / "rsc.toml"
     path.write_text(
         '[[credentials]]\nname = "workers"\ntoken = "0123456789abcdef"\nroles = ["member"]\n'
         'streams = ["orders-*"]\n'
@@ -114,8 +114,8 @@ def test_credentials_from_toml_and_environment(tmp_path: object) -> None:
     assert load(environ=env).credentials[0].roles == frozenset({auth.Role.PRODUCER})
     with pytest.raises(ConfigError, match="unknown keys"):
         load(environ={"RSC_CREDENTIALS": '[{"name": "p", "tokn": "x", "roles": ["producer"]}]'})
+    twice = '{"name": "%s", "token": "fedcba9876543210", "roles": ["producer"]}'
     with pytest.raises(ConfigError, match="share one token"):
-        twice = '{"name": "%s", "token": "fedcba9876543210", "roles": ["producer"]}'
         load(environ={"RSC_CREDENTIALS": f"[{twice % 'a'}, {twice % 'b'}]"})
     with pytest.raises(ConfigError, match="JSON"):
         load(environ={"RSC_CREDENTIALS": "workers:member"})
