@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
 
 from rsc.actors.connect import open_redis
-from rsc.actors.errors import ConcurrencyConflict
+from rsc.actors.errors import ConcurrencyConflict, Fenced
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
-from rsc.actors.store import MemoryStore, Store
+from rsc.actors.store import FenceToken, MemoryStore, Store
+
+#: Makes another writer on the same data, with its own fence-token provider.
+Writers = Callable[[FenceToken | None], Store]
 
 
 @pytest.fixture(params=["memory", "standalone", "cluster"])
@@ -22,6 +25,20 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     url = request.getfixturevalue(f"{request.param}_url")
     async with open_redis(url) as client:
         yield RedisStore(client, retention=20)
+
+
+@pytest.fixture(params=["memory", "standalone", "cluster"])
+async def writers(request: pytest.FixtureRequest) -> AsyncIterator[Writers]:
+    if request.param == "memory":
+        yield MemoryStore(retention=20).fenced_by
+        return
+    url = request.getfixturevalue(f"{request.param}_url")
+    async with open_redis(url) as client:
+        yield lambda fence_token: RedisStore(client, retention=20, fence_token=fence_token)
+
+
+def token(value: int) -> FenceToken:
+    return lambda: value
 
 
 def events(*numbers: int) -> list[tuple[str, str]]:
@@ -117,3 +134,84 @@ async def test_aggregates_do_not_share_revisions(store: Store, prefix: str) -> N
     await store.append(AggregateId(prefix, "b"), 0, events(1))
     await store.append(AggregateId(prefix), 0, events(1))
     assert (await store.load(AggregateId(prefix, "a"))).revision == 1
+
+
+# --- fencing ------------------------------------------------------------------
+
+
+async def test_a_deposed_token_cannot_append_once_the_new_one_has_only_loaded(
+    writers: Writers, prefix: str
+) -> None:
+    agg = AggregateId(prefix, "g")
+    old, new = writers(token(1)), writers(token(2))
+    await old.append(agg, 0, events(1))
+    loaded = await new.load(agg)  # the new term reads: from now on the old one is fenced
+    with pytest.raises(Fenced) as info:
+        await old.append(agg, loaded.revision, events(2))
+    assert (info.value.fence, info.value.token) == (2, 1)
+    with pytest.raises(Fenced):
+        await old.load(agg)
+    assert [e.data for e in (await new.load(agg)).events] == ['{"n":1}']
+    await new.append(agg, 1, events(3))
+    assert (await new.load(agg)).revision == 2
+
+
+async def test_the_fence_is_checked_before_the_revision(writers: Writers, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    old, new = writers(token(1)), writers(token(2))
+    await old.append(agg, 0, events(1))
+    await new.append(agg, 1, events(2))
+    with pytest.raises(Fenced):
+        await old.append(agg, 1, events(3))  # stale revision too: the fence says more
+    with pytest.raises(Fenced):
+        await old.append(agg, 2, events(3))  # right revision, old token
+    assert (await new.load(agg)).revision == 2
+
+
+async def test_the_same_or_a_higher_token_writes_and_raises_the_fence(writers: Writers, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    first, same, higher = writers(token(5)), writers(token(5)), writers(token(9))
+    await first.append(agg, 0, events(1))
+    await same.append(agg, 1, events(2))
+    await higher.append(agg, 2, events(3))
+    with pytest.raises(Fenced) as info:
+        await first.append(agg, 3, events(4))
+    assert info.value.fence == 9
+
+
+async def test_loading_an_aggregate_that_does_not_exist_fences_nothing(writers: Writers, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+    assert (await writers(token(7)).load(agg)).revision == 0
+    await writers(None).append(agg, 0, events(1))  # token 0 still writes: no fence was raised
+    with pytest.raises(ConcurrencyConflict):
+        await writers(token(7)).append(agg, 0, events(2))  # a new aggregate is fenced by its revision
+
+
+async def test_an_unfenced_reader_reads_a_fenced_aggregate_but_cannot_write_it(
+    writers: Writers, prefix: str
+) -> None:
+    agg = AggregateId(prefix, "g")
+    await writers(token(3)).append(agg, 0, events(1, 2))
+    reader = writers(None)  # as `rsc journal`
+    assert (await reader.load(agg)).revision == 2
+    assert len(await reader.read(agg)) == 2
+    with pytest.raises(Fenced):
+        await reader.append(agg, 2, events(3))
+    await writers(token(3)).append(agg, 2, events(3))  # the reader raised no fence
+
+
+async def test_a_writer_without_a_term_neither_loads_nor_appends(writers: Writers, prefix: str) -> None:
+    agg = AggregateId(prefix, "g")
+
+    def no_term() -> int:
+        raise Fenced("no active term")
+
+    await writers(token(1)).append(agg, 0, events(1))
+    standby = writers(no_term)
+    with pytest.raises(Fenced):
+        await standby.load(agg)
+    with pytest.raises(Fenced):
+        await standby.append(agg, 1, events(2))
+    with pytest.raises(Fenced):
+        await standby.load(AggregateId(prefix, "new"))
+    assert (await writers(token(1)).load(agg)).revision == 1

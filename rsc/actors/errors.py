@@ -24,5 +24,19 @@ class UnsupportedSchema(StoreError):
     """A snapshot was written by a metadata schema this server cannot read."""
 
 
+class Fenced(StoreError):
+    """A newer coordinator term has taken over the aggregate, or this process holds no term.
+
+    The writer must stop: `fence` is the token stored with the aggregate (None
+    when this process simply holds no active term), `token` the writer's.
+    Nothing was written.
+    """
+
+    def __init__(self, message: str, fence: int | None = None, token: int | None = None) -> None:
+        super().__init__(message)
+        self.fence = fence
+        self.token = token
+
+
 class ActorStopped(Exception):
     """The actor stopped (shutdown or idle) before it could answer: ask again."""

@@ -3,10 +3,14 @@
 Keys (metadata schema v1, one hash tag per aggregate, so also on a cluster):
 
 * `rsc:v1:{<tag>}:snapshot`: hash `revision`, `lastId`, `schemaVersion`,
-  and from the latest checkpoint `state`, `stateRevision`, `stateId`;
+  `fence` (the highest coordinator token that wrote or loaded it), and from
+  the latest checkpoint `state`, `stateRevision`, `stateId`;
 * `rsc:v1:{<tag>}:journal`: stream of entries `kind`, `rev`, `data`;
 * `rsc:v1:{<tag>}:checkpoints`: list of `"<entry id> <revision>"` of the
   checkpoints still in the journal, oldest first.
+
+The fence lives in the snapshot hash, not next to the coordinator lease,
+because on a cluster only keys of one slot can be checked in one script.
 """
 
 from __future__ import annotations
@@ -15,25 +19,31 @@ from collections.abc import Sequence
 from typing import Any
 
 from rsc.actors.connect import redis_errors
-from rsc.actors.errors import ConcurrencyConflict, UnsupportedSchema
+from rsc.actors.errors import ConcurrencyConflict, Fenced, UnsupportedSchema
 from rsc.actors.keys import SCHEMA_VERSION, AggregateId
-from rsc.actors.store import CHECKPOINT, Appended, JournalEntry, Loaded
+from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded
 
 # KEYS: snapshot, journal, checkpoints
-# ARGV: expected revision, schema version, retention, n, n x (kind, data), checkpoint state or ''
+# ARGV: expected revision, schema version, retention, fence token, n, n x (kind, data),
+#       checkpoint state or ''
 APPEND = """
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local token = tonumber(ARGV[4])
+if fence > token then
+  return {'fenced', fence}
+end
 local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
 if current ~= tonumber(ARGV[1]) then
   return {'conflict', current}
 end
-local n = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
 local rev = current
 local id = redis.call('HGET', KEYS[1], 'lastId') or ''
 for i = 0, n - 1 do
   rev = rev + 1
-  id = redis.call('XADD', KEYS[2], '*', 'kind', ARGV[5 + 2 * i], 'rev', rev, 'data', ARGV[6 + 2 * i])
+  id = redis.call('XADD', KEYS[2], '*', 'kind', ARGV[6 + 2 * i], 'rev', rev, 'data', ARGV[7 + 2 * i])
 end
-local state = ARGV[5 + 2 * n]
+local state = ARGV[6 + 2 * n]
 if state ~= '' then
   id = redis.call('XADD', KEYS[2], '*', 'kind', 'Checkpoint', 'rev', rev, 'data', state)
   redis.call('RPUSH', KEYS[3], id .. ' ' .. rev)
@@ -52,22 +62,44 @@ if state ~= '' then
   end
 end
 redis.call('HSET', KEYS[1], 'revision', rev, 'lastId', id, 'schemaVersion', ARGV[2])
+if token > fence then
+  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
+end
 return {'ok', rev, id}
+"""
+
+# Before loading: raise the fence of an existing aggregate to the loader's token.
+# KEYS: snapshot; ARGV: fence token
+RAISE_FENCE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'absent', 0}
+end
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+if fence > tonumber(ARGV[1]) then
+  return {'fenced', fence}
+end
+redis.call('HSET', KEYS[1], 'fence', ARGV[1])
+return {'ok', fence}
 """
 
 
 class RedisStore:
     """The `Store` port on Redis (standalone or cluster) through coredis."""
 
-    def __init__(self, redis: Any, retention: int = 10_000) -> None:
+    def __init__(self, redis: Any, retention: int = 10_000, fence_token: FenceToken | None = None) -> None:
         self.redis = redis
         self.retention = retention
+        #: The current token of this coordinator's term (None: an unfenced reader, as `rsc journal`).
+        self.fence_token = fence_token
         self._append = redis.register_script(APPEND)
+        self._raise_fence = redis.register_script(RAISE_FENCE)
 
     async def load(self, aggregate: AggregateId) -> Loaded:
+        if self.fence_token is not None:
+            await self._fence(aggregate, self.fence_token())
         with redis_errors(f"loading {aggregate}"):
             snapshot = await self.redis.hgetall(aggregate.snapshot_key)
-            if not snapshot:
+            if "revision" not in snapshot:
                 return Loaded(0, None, None, ())
             schema = int(snapshot.get("schemaVersion", 0))
             if schema != SCHEMA_VERSION:
@@ -92,16 +124,26 @@ class RedisStore:
         events: Sequence[tuple[str, str]],
         checkpoint: str | None = None,
     ) -> Appended:
-        args: list[str | int] = [expected_revision, SCHEMA_VERSION, self.retention, len(events)]
+        token = self.fence_token() if self.fence_token is not None else 0
+        args: list[str | int] = [expected_revision, SCHEMA_VERSION, self.retention, token, len(events)]
         for kind, data in events:
             args += [kind, data]
         args.append(checkpoint or "")
         keys = [aggregate.snapshot_key, aggregate.journal_key, aggregate.checkpoints_key]
         with redis_errors(f"appending to {aggregate}"):
             result = await self._append(keys=keys, args=args)
+        if result[0] == "fenced":
+            raise _fenced(aggregate, int(result[1]), token)
         if result[0] == "conflict":
             raise ConcurrencyConflict(expected_revision, int(result[1]))
         return Appended(int(result[1]), str(result[2]))
+
+    async def _fence(self, aggregate: AggregateId, token: int) -> None:
+        """Raise the aggregate's fence to `token` (if it exists); `Fenced` if it is higher already."""
+        with redis_errors(f"fencing {aggregate}"):
+            result = await self._raise_fence(keys=[aggregate.snapshot_key], args=[token])
+        if result[0] == "fenced":
+            raise _fenced(aggregate, int(result[1]), token)
 
     async def read(
         self, aggregate: AggregateId, start: str = "-", end: str = "+", count: int | None = None
@@ -109,6 +151,11 @@ class RedisStore:
         with redis_errors(f"reading {aggregate}"):
             entries = await self.redis.xrange(aggregate.journal_key, start, end, count=count)
         return [_entry(e) for e in entries]
+
+
+def _fenced(aggregate: AggregateId, fence: int, token: int) -> Fenced:
+    message = f"{aggregate}: a newer coordinator term (token {fence}) owns it; ours is {token}"
+    return Fenced(message, fence, token)
 
 
 def _entry(raw: Any) -> JournalEntry:

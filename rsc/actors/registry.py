@@ -283,8 +283,8 @@ class Registry:
             raise ActorStopped(f"{aggregate_id} was stopped while starting")
 
     def stop(self, aggregate_id: AggregateId) -> None:
-        """Stop one actor (it is started again, recovered, on next use)."""
-        entry = self.actors.get(aggregate_id)
+        """Stop one actor; it is forgotten at once, so the next use starts (and recovers) a new one."""
+        entry = self.actors.pop(aggregate_id, None)
         if entry is not None:
             entry.scope.cancel()
 

@@ -8,21 +8,35 @@ also replaces the snapshot state and may trim the journal, always keeping it
 replayable from its oldest entry (which is then a checkpoint). The revision
 counts events, not checkpoints.
 
+Fencing: a store may be given a fence-token provider (the current token of
+this coordinator's term, see `rsc.actors.leadership`). Each aggregate keeps
+the highest token that wrote or loaded it (its *fence*). `append` refuses
+with `Fenced` when the fence is above the writer's token, and otherwise
+raises the fence to it, atomically with the revision check; `load` of an
+existing aggregate first raises the fence the same way, so a deposed
+coordinator cannot append after the new one has read. A store without a
+provider writes as token 0 (refused on any fenced aggregate) and never
+raises a fence on load, so tools that only read (`rsc journal`) change
+nothing.
+
 `MemoryStore` is a faithful in-process implementation for tests of pure
 actor logic; the same contract tests run against it and `RedisStore`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
 
-from rsc.actors.errors import ConcurrencyConflict
+from rsc.actors.errors import ConcurrencyConflict, Fenced
 from rsc.actors.keys import AggregateId
 
 CHECKPOINT = "Checkpoint"
+#: The current fence token of this writer; raises `Fenced` when it holds none.
+FenceToken = Callable[[], int]
 
 
 @attrs.frozen
@@ -55,7 +69,11 @@ class Appended:
 
 class Store(Protocol):
     async def load(self, aggregate: AggregateId) -> Loaded:
-        """The aggregate's latest checkpoint and every event after it (revision 0: new)."""
+        """The aggregate's latest checkpoint and every event after it (revision 0: new).
+
+        With a fence-token provider, first raises the aggregate's fence to the
+        token (`Fenced` if it is already higher).
+        """
         ...
 
     async def append(
@@ -65,7 +83,12 @@ class Store(Protocol):
         events: Sequence[tuple[str, str]],
         checkpoint: str | None = None,
     ) -> Appended:
-        """Append `(kind, data)` events (and a checkpoint) atomically; raise `ConcurrencyConflict`."""
+        """Append `(kind, data)` events (and a checkpoint) atomically.
+
+        Raises `Fenced` (a newer term owns the aggregate) before
+        `ConcurrencyConflict` (another writer moved the revision); either way
+        nothing is written.
+        """
         ...
 
     async def read(
@@ -80,21 +103,42 @@ class _MemoryAggregate:
     entries: list[JournalEntry] = attrs.field(factory=list)
     revision: int = 0
     checkpoints: list[JournalEntry] = attrs.field(factory=list)
+    fence: int = 0
 
 
 class MemoryStore:
-    """A `Store` kept in a dict, with the same trimming rule as the Redis one."""
+    """A `Store` kept in a dict, with the same trimming and fencing rules as the Redis one."""
 
-    def __init__(self, retention: int = 10_000) -> None:
+    def __init__(self, retention: int = 10_000, fence_token: FenceToken | None = None) -> None:
         self.retention = retention
+        self.fence_token = fence_token
         self.aggregates: dict[AggregateId, _MemoryAggregate] = {}
-        self.sequence = 0
         self.appends = 0
+        self._ids = itertools.count(1)
+
+    def fenced_by(self, fence_token: FenceToken | None) -> MemoryStore:
+        """Another writer on the same data (as a second coordinator on one Redis), with its own token."""
+        other = MemoryStore(self.retention, fence_token)
+        other.aggregates = self.aggregates
+        other._ids = self._ids
+        return other
+
+    def _token(self) -> int:
+        return self.fence_token() if self.fence_token is not None else 0
+
+    @staticmethod
+    def _raise_fence(aggregate: AggregateId, agg: _MemoryAggregate, token: int) -> None:
+        if agg.fence > token:
+            raise Fenced(f"{aggregate}: fenced by token {agg.fence} (writer's {token})", agg.fence, token)
+        agg.fence = token
 
     async def load(self, aggregate: AggregateId) -> Loaded:
+        token = self._token()  # no term, no load (a provider raises `Fenced`)
         agg = self.aggregates.get(aggregate)
         if agg is None:
             return Loaded(0, None, None, ())
+        if self.fence_token is not None:
+            self._raise_fence(aggregate, agg, token)
         checkpoint = agg.checkpoints[-1] if agg.checkpoints else None
         after = agg.entries.index(checkpoint) + 1 if checkpoint else 0
         events = tuple(e for e in agg.entries[after:] if not e.is_checkpoint)
@@ -108,7 +152,9 @@ class MemoryStore:
         events: Sequence[tuple[str, str]],
         checkpoint: str | None = None,
     ) -> Appended:
+        token = self._token()
         agg = self.aggregates.setdefault(aggregate, _MemoryAggregate())
+        self._raise_fence(aggregate, agg, token)
         if agg.revision != expected_revision:
             raise ConcurrencyConflict(expected_revision, agg.revision)
         self.appends += 1
@@ -140,8 +186,7 @@ class MemoryStore:
         return entries[:count] if count is not None else entries
 
     def _next_id(self) -> str:
-        self.sequence += 1
-        return f"{self.sequence}-0"
+        return f"{next(self._ids)}-0"
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
