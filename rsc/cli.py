@@ -265,8 +265,18 @@ def serve(
     with serving.embedded_redis(settings) as effective:
         try:
             trio.run(run, effective)
-        except (StoreUnavailable, RedisRefused) as exc:
+        except (StoreUnavailable, RedisRefused, config_module.ConfigError) as exc:
             raise click.ClickException(str(exc)) from exc
+        except BaseExceptionGroup as group:  # the same, raised inside the server's nurseries
+            fatal, _ = group.split((StoreUnavailable, RedisRefused, config_module.ConfigError))
+            if fatal is None:
+                raise
+            raise click.ClickException(str(_leaf(fatal))) from group
+
+
+def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 # --- rsc worker --------------------------------------------------------------
@@ -274,7 +284,11 @@ def serve(
 
 @main.command()
 @click.argument("target")
-@click.option("--coordinator", "coordinator_url", help="Coordinator URL (default: RSC_COORDINATOR_URL).")
+@click.option(
+    "--coordinator",
+    "coordinator_url",
+    help="Coordinator URL, or several comma-separated (active and standbys; default: RSC_COORDINATOR_URL).",
+)
 @click.option("--redis", "redis_url", help="Redis URL of the data plane (default: RSC_REDIS_URL).")
 @click.option(
     "--stop-timeout", default=30.0, show_default=True, type=float, help="Seconds to let in-flight work end."

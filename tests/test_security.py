@@ -268,3 +268,77 @@ async def test_admin_numbers_and_reasons_are_bounded(open_client: httpx.AsyncCli
     bad = await open_client.post(f"{path}/pause", json={"reason": "deploy\r\nFAKE LOG LINE"}, auth=ADMIN)
     assert bad.status_code == 400
     assert (await open_client.post(f"{path}/pause", json={"reason": "deploy"}, auth=ADMIN)).status_code == 200
+
+
+# --- admin logins, audit, bugs ----------------------------------------------------
+
+
+async def audit_records(client: httpx.AsyncClient, **filters: str) -> list[dict[str, Any]]:
+    response = await client.get("/v1/admin/audit", params=filters, auth=ADMIN)
+    assert response.status_code == 200, response.text
+    records: list[dict[str, Any]] = response.json()["records"]
+    return records
+
+
+async def test_failed_admin_logins_are_throttled_and_audited_once(standalone_url: str) -> None:
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        admin_password="s3cret",
+        admin_auth_max_failures=3,
+        admin_auth_window_s=1,
+    )
+    async with serve_on(settings) as client:
+        path = "/v1/admin/audit"
+        before = len(await audit_records(client, outcome="throttled", limit="1000"))
+        for _ in range(3):
+            assert (await client.get(path, auth=("admin", "guess"))).status_code == 401
+        for _ in range(20):
+            blocked = await client.get(path, auth=("admin", "guess"))
+            assert blocked.status_code == 429
+            assert blocked.json()["error"] == "TOO_MANY_FAILURES"
+            assert 1 <= int(blocked.headers["Retry-After"]) <= 1
+        # While blocked, even the right password waits: guessing on would otherwise go on.
+        assert (await client.get(path, auth=ADMIN)).status_code == 429
+        with trio.fail_after(15):  # the window ends; one aggregated record is written
+            while (await client.get(path, auth=ADMIN)).status_code == 429:
+                await trio.sleep(0.2)
+            while len(throttled := await audit_records(client, outcome="throttled", limit="1000")) == before:
+                await trio.sleep(0.2)
+        assert len(throttled) == before + 1
+        assert throttled[0]["count"] >= 21  # and the polls above that were still refused
+        assert throttled[0]["status"] == 429
+        denied = await audit_records(client, outcome="denied", limit="1000")
+        assert sum(1 for r in denied if r["caller"] == "admin") >= 3
+
+
+async def test_an_unexpected_error_is_a_500_whose_request_id_is_logged(
+    standalone_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rsc.actors.clock import WallClock
+    from rsc.actors.connect import open_redis
+    from rsc.actors.effects import RedisEffects
+    from rsc.actors.redis_store import RedisStore
+    from rsc.actors.registry import RegistrySettings, open_registry
+    from rsc.http.app import create_app
+
+    async with (
+        open_redis(standalone_url) as redis,
+        open_registry(RedisStore(redis), RedisEffects(redis), WallClock(), RegistrySettings()) as registry,
+    ):
+        app = create_app(registry)
+
+        @app.get("/boom")
+        async def boom() -> str:
+            raise RuntimeError("a bug")
+
+        response = await app.test_client().get("/boom", headers={"X-Request-Id": "req-4242"})
+        assert response.status_code == 500
+        body = await response.get_json()
+        assert body["error"] == "INTERNAL"
+        assert body["requestId"] == "req-4242"
+        assert "req-4242" in body["message"]
+        logged = [r for r in caplog.records if "req-4242" in r.getMessage()]
+        assert len(logged) == 1
+        assert logged[0].exc_info is not None  # one traceback, with the id
+        assert sum(1 for r in caplog.records if r.exc_info) == 1

@@ -1,0 +1,128 @@
+"""Credentials end to end: `rsc worker`, the trio and sync producers and curl, on a secured coordinator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import redis
+import trio
+
+from rsc.client.coordinator import Coordinator
+from rsc.client.errors import CoordinatorRejected
+from rsc.client.producer import open_producer
+from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.connect import open_redis
+from rsc.events.auth import credential
+from tests.httpkit import FAST, serve_on
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMBER_TOKEN = "e2e-member-token-0123456789"
+PRODUCER_TOKEN = "e2e-producer-token-0123456789"
+ADMIN = ("admin", "s3cret")
+
+
+def start_worker(
+    base: str, redis_url: str, stream: str, tmp_path: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    token_file = tmp_path / "token"
+    token_file.write_text(MEMBER_TOKEN + "\n")
+    env = {
+        **os.environ,
+        "POD_IP": "10.9.0.1",
+        "RSC_TEST_STREAM": stream,
+        "RSC_TEST_RESULTS": f"{stream}:results",
+        "RSC_REDIS_URL": redis_url,
+    }
+    env.pop("RSC_TOKEN", None)
+    command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base]
+    command += ["--token-file", str(token_file)]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def test_worker_producers_and_curl_with_credentials(
+    standalone_url: str, prefix: str, sync_redis: redis.Redis, tmp_path: Path
+) -> None:
+    stream = f"e2e-{prefix}"
+    credentials = (
+        credential("workers", ["member"], token=MEMBER_TOKEN, streams=["e2e-*"]),
+        credential("shop", ["producer"], token=PRODUCER_TOKEN, streams=["e2e-*"]),
+    )
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        admin_password="s3cret",
+        credentials=credentials,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+    )
+    async with serve_on(settings) as http:
+        base = str(http.base_url).rstrip("/")
+        assert (await http.put(f"/v1/admin/streams/{stream}", json={"shardCount": 2}, auth=ADMIN)).is_success
+        assert (await http.put(f"/v1/admin/streams/{stream}/groups/billing", json={}, auth=ADMIN)).is_success
+
+        # rsc worker, its credential from a file (RSC_TOKEN works the same way)
+        log_path = tmp_path / "worker.log"
+        worker = start_worker(base, standalone_url, stream, tmp_path, log_path)
+        try:
+            with trio.fail_after(30):
+                while True:
+                    view = (await http.get(f"/v1/streams/{stream}/groups/billing")).json()
+                    if view["members"] and view["members"][0]["state"] == "STABLE":
+                        break
+                    await trio.sleep(0.1)
+
+            # the trio producer
+            async with (
+                Coordinator(base, token=PRODUCER_TOKEN) as coordinator,
+                open_redis(standalone_url) as r,
+                open_producer(coordinator, r, stream, "shop/trio") as producer,
+            ):
+                for n in range(20):
+                    await producer.publish({"n": f"t{n}"}, key=f"k{n}")
+
+            # the synchronous producer
+            def publish_sync() -> None:
+                with (
+                    SyncCoordinator(base, token=PRODUCER_TOKEN) as sync_coordinator,
+                    SyncProducer(sync_coordinator, sync_redis, stream, "shop/sync") as sync_producer,
+                ):
+                    for n in range(20):
+                        sync_producer.publish({"n": f"s{n}"}, key=f"k{n}")
+
+            await trio.to_thread.run_sync(publish_sync)
+
+            with trio.fail_after(30):
+                while sync_redis.llen(f"{stream}:results") < 40:
+                    await trio.sleep(0.1)
+            assert sync_redis.llen(f"{stream}:results") == 40
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        assert worker.returncode == 0, log_path.read_text()
+
+        # a producer without its credential is refused at once, not retried
+        async with Coordinator(base, retries=0) as anonymous:
+            with pytest.raises(CoordinatorRejected, match="UNAUTHENTICATED"):
+                await anonymous.routing(stream)
+
+        # curl (as a child process, without blocking the server running in this thread)
+        async def curl(*extra: str) -> str:
+            url = f"{base}/v1/streams/{stream}/routing"
+            result = await trio.run_process(
+                ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *extra, url], capture_stdout=True
+            )
+            return result.stdout.decode()
+
+        assert await curl() == "401"
+        assert await curl("-H", f"Authorization: Bearer {PRODUCER_TOKEN}") == "200"
+        assert await curl("-H", f"Authorization: Bearer {MEMBER_TOKEN}") == "403"
+
+        metrics = (await http.get("/metrics")).text
+        assert 'rsc_auth_refusals_total{action="routing",reason="unauthenticated"}' in metrics

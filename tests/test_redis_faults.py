@@ -1,0 +1,116 @@
+"""The coordinator when its Redis hangs or refuses it: bounded answers, one-line start-up errors."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import httpx
+import trio
+
+from tests import redis_servers
+from tests.httpkit import FAST, hb, serve_on
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process is frozen (SIGSTOP) inside the block, and thawed after, whatever happens."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+async def test_a_hung_redis_gives_quick_503s_and_not_ready(prefix: str) -> None:
+    with redis_servers.standalone() as url:
+        settings = attrs.evolve(
+            FAST, redis_url=url, redis_command_timeout_ms=500, redis_connect_timeout_ms=500
+        )
+        async with serve_on(settings) as client:
+            joined = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))
+            assert joined.status_code == 200
+            with stopped(redis_servers.server_pid(url)):
+                started = trio.current_time()
+                ready = await client.get("/readyz")
+                assert ready.status_code == 503
+                assert ready.json()["details"] == {"redis": "timeout"}
+                assert trio.current_time() - started < 3
+                started = trio.current_time()
+                write = await client.post("/v1/heartbeat", json=hb(prefix, "b", 0))  # a join writes
+                assert write.status_code == 503, write.text
+                assert write.json()["error"] == "UNAVAILABLE"
+                assert trio.current_time() - started < 5
+                assert (await client.get("/healthz")).status_code == 200  # alive, just not ready
+            with trio.fail_after(20):  # Redis is back: so is the coordinator
+                while (await client.get("/readyz")).status_code != 200:
+                    await trio.sleep(0.1)
+                while (
+                    rejoin := await client.post("/v1/heartbeat", json=hb(prefix, "b", 0))
+                ).status_code != 200:
+                    await trio.sleep(0.1)
+            assert rejoin.json()["status"] in ("OK", "REVOKE_PENDING")
+
+
+def run_serve(tmp_path: Path, redis_url: str, *extra: str, timeout: float = 30) -> tuple[int, str]:
+    """`rsc serve` as a child process that is expected to stop by itself: exit code and output."""
+    port = redis_servers.free_port()
+    env = {**os.environ, "RSC_REDIS_URL": redis_url}
+    command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}", *extra]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_a_wrong_redis_password_is_one_line_without_the_password(tmp_path: Path) -> None:
+    with redis_servers.standalone(password="right-pass") as url:
+        wrong = url.replace("right-pass", "wrong-pass")
+        code, output = run_serve(tmp_path, wrong)
+    assert code == 1
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert "refused" in lines[0]
+    assert "wrong-pass" not in output
+
+
+def test_the_startup_line_hides_the_redis_password(tmp_path: Path) -> None:
+    with redis_servers.standalone(password="hidden-pass") as url:
+        port = redis_servers.free_port()
+        env = {**os.environ, "RSC_REDIS_URL": url}
+        log_path = tmp_path / "serve.log"
+        command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 30
+                while "listening on" not in log_path.read_text():
+                    assert process.poll() is None, log_path.read_text()
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+                assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+            finally:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=20)
+        text = log_path.read_text()
+        assert "hidden-pass" not in text
+        assert ":***@127.0.0.1" in text
+
+
+def test_an_exposed_bind_without_credentials_is_refused_in_one_line(
+    tmp_path: Path, standalone_url: str
+) -> None:
+    port = redis_servers.free_port()
+    env = {**os.environ, "RSC_REDIS_URL": standalone_url}
+    command = [sys.executable, "-m", "rsc", "serve", "--bind", f"0.0.0.0:{port}"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "--insecure" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
