@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -342,3 +343,27 @@ async def test_an_unexpected_error_is_a_500_whose_request_id_is_logged(
         assert len(logged) == 1
         assert logged[0].exc_info is not None  # one traceback, with the id
         assert sum(1 for r in caplog.records if r.exc_info) == 1
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"streamPrefix": "orders\n"},
+        {"consumerGroup": "billing\n"},
+        {"memberId": "m\n"},
+        {"incarnation": "i\n"},
+        {"client": {"name": "name\n", "version": "1"}},
+        {"client": {"name": "lone \ud800 surrogate", "version": "1"}},
+    ],
+)
+async def test_a_trailing_newline_is_not_a_name(
+    open_client: httpx.AsyncClient, extra: dict[str, Any]
+) -> None:
+    """Python's `$` matches before a final newline: every pattern check must match the whole value."""
+    body = json.dumps({**hb("nl", "a", 0), **extra})  # ASCII escapes: a lone surrogate gets through
+    response = await open_client.post(
+        "/v1/heartbeat", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    producer = {"protocolVersion": 1, "streamPrefix": "nl", "producerId": "p\n"}
+    assert (await open_client.post("/v1/producers/heartbeat", json=producer)).status_code == 400

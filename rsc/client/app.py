@@ -10,7 +10,8 @@
 `<pod ip>/<listener name>/<index>` (the pod IP from `POD_IP`, else this
 host's address); all members of the process heartbeat together through
 `POST /v1/heartbeats`. The coordinator URL and Redis URL come from the
-arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`; the member
+arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`; several
+coordinators (active and standby) are a list or one comma-separated string; the member
 credential and the CA bundle of an `https://` coordinator from the
 arguments, else `RSC_TOKEN` / `RSC_CA_BUNDLE`.
 """
@@ -22,19 +23,22 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
 
 from rsc.client.batching import BatchingTransport
-from rsc.client.coordinator import Coordinator
+from rsc.client.coordinator import Coordinator, coordinator_urls
 from rsc.client.member import Member, MemberSettings
 from rsc.client.poller import Handler, Poller, PollerSettings
 from rsc.connect import DEFAULT_REDIS_URL, open_redis
 
 log = logging.getLogger("rsc.client.app")
 DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
+#: The request timeout with several coordinators: a stalled one (paused, partitioned) is left
+#: for the next well within a member's lease (the single-URL default is 5 s).
+FAILOVER_TIMEOUT_S = 2.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 
@@ -61,7 +65,7 @@ def pod_ip() -> str:
 class App:
     def __init__(
         self,
-        coordinator_url: str | None = None,
+        coordinator_url: str | Sequence[str] | None = None,
         redis_url: str | None = None,
         *,
         member_settings: MemberSettings | None = None,
@@ -94,7 +98,7 @@ class App:
 
         def register(handler: Handler) -> Handler:
             listener_name = name or handler.__name__.replace("_", "-")
-            if not _NAME.match(listener_name):
+            if not _NAME.fullmatch(listener_name):
                 raise ValueError(f"listener name {listener_name!r}: letters, digits, '.', '_', ':', '-'")
             settings = poller or PollerSettings()
             self.listeners.append(Listener(listener_name, stream, group, concurrency, handler, settings))
@@ -113,7 +117,12 @@ class App:
         redis_url = self.redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
         ip = pod_ip()
         async with (
-            Coordinator(coordinator_url, token=self.token, ca_bundle=self.ca_bundle) as coordinator,
+            Coordinator(
+                coordinator_url,
+                timeout_s=_timeout_s(coordinator_url),
+                token=self.token,
+                ca_bundle=self.ca_bundle,
+            ) as coordinator,
             open_redis(redis_url) as redis,
             trio.open_nursery() as services,
         ):
@@ -156,3 +165,7 @@ class App:
         self.pollers.append(poller)
         self.members.append(member)
         log.info("member %s joins %s/%s", member_id, listener.stream, listener.group)
+
+
+def _timeout_s(coordinator_url: str | Sequence[str]) -> float:
+    return FAILOVER_TIMEOUT_S if len(coordinator_urls(coordinator_url)) > 1 else 5.0

@@ -188,7 +188,7 @@ def credential(
     create: bool = False,
 ) -> Credential:
     """A validated credential from configuration values; raises `PolicyError`."""
-    if not isinstance(name, str) or not CREDENTIAL_NAME.match(name):
+    if not isinstance(name, str) or not CREDENTIAL_NAME.fullmatch(name):
         raise PolicyError(f"credential name {name!r} must match {CREDENTIAL_NAME.pattern}")
     if (token is None) == (token_sha256 is None):
         raise PolicyError(f"credential {name!r}: give exactly one of token and token_sha256")
@@ -213,7 +213,7 @@ def credential(
             "(admin is the Basic Auth account)"
         )
     patterns = tuple(streams)
-    if not patterns or not all(isinstance(p, str) and STREAM_PATTERN.match(p) for p in patterns):
+    if not patterns or not all(isinstance(p, str) and STREAM_PATTERN.fullmatch(p) for p in patterns):
         raise PolicyError(f"credential {name!r}: streams must be non-empty glob patterns of stream names")
     return Credential(name, digest, parsed_roles, patterns, bool(create))
 

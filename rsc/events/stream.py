@@ -106,13 +106,13 @@ class StreamState:
 
 def check_name(value: str, field: str) -> None:
     """Refuse names that would make awkward Redis keys (braces, spaces, empty)."""
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise InvalidCommand(f"{field} must be 1-200 characters of letters, digits, '.', '_', ':' or '-'")
 
 
 def check_id(value: str, field: str) -> None:
     """Refuse an id that is not 1-256 printable ASCII characters (`ID_PATTERN`)."""
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         raise InvalidCommand(f"{field} must be 1 to 256 printable ASCII characters")
 
 

@@ -130,7 +130,7 @@ def _add_request_ids_and_errors(app: QuartTrio) -> None:
     @app.before_request
     async def assign_request_id() -> None:
         given = request.headers.get("X-Request-Id", "")
-        g.request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        g.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
     @app.after_request
     async def echo_request_id(response: Response) -> Response:
@@ -340,10 +340,14 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
 async def json_body() -> Any:
     """The request body as JSON; 400 if it is not JSON or nests deeper than `MAX_JSON_DEPTH`."""
     data = await request.get_data(as_text=False)
+    return parse_json(data if isinstance(data, bytes) else data.encode())
+
+
+def parse_json(data: bytes | str) -> Any:
+    """`data` as JSON; `ApiError` (400) if it is not JSON or nests deeper than `MAX_JSON_DEPTH`."""
     try:
-        value = json.loads(data)
+        value = json.loads(data, parse_constant=_no_constant)
     except RecursionError:
-        value = None
         too_deep = True
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from exc
@@ -357,6 +361,10 @@ async def json_body() -> Any:
             {"limit": MAX_JSON_DEPTH},
         )
     return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
 def nests_deeper(value: Any, limit: int) -> bool:
