@@ -32,6 +32,9 @@ they come from requests and the Admin API.
     streams = ["billing-*", "orders"]         # glob patterns of stream prefixes
     create = false                            # may heartbeats create streams and groups?
     max_body_bytes = 1048576                  # RSC_MAX_BODY_BYTES
+    keep_alive_timeout_ms = 5000              # RSC_KEEP_ALIVE_TIMEOUT_MS: idle connections close
+    body_timeout_ms = 60000                   # RSC_BODY_TIMEOUT_MS: a body arrives (else 408)
+    max_connections = 1000                    # RSC_MAX_CONNECTIONS: more are answered 503
 """
 
 from __future__ import annotations
@@ -78,6 +81,12 @@ class Settings:
     keyfile: str | None = None
     credentials: tuple[auth.Credential, ...] = ()
     max_body_bytes: int = 1_048_576
+    #: Connection limits (rsc.http.server): an idle connection closes after the keep-alive
+    #: timeout (also the longest a request head may take), a request body must arrive
+    #: within the body timeout (408), and connections beyond the maximum get 503.
+    keep_alive_timeout_ms: int = 5_000
+    body_timeout_ms: int = 60_000
+    max_connections: int = 1_000
 
     @property
     def redis_url_configured(self) -> bool:
@@ -208,6 +217,9 @@ def validate(settings: Settings) -> None:
         raise ConfigError("default_shard_count must be between 1 and 16384")
     if settings.max_body_bytes < 1_024:
         raise ConfigError("max_body_bytes must be at least 1024")
+    for name in ("keep_alive_timeout_ms", "body_timeout_ms", "max_connections"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be positive")
     if not 1 <= settings.max_batch_items <= 100_000:
         raise ConfigError("max_batch_items must be between 1 and 100000")
     for name in ("redis_connect_timeout_ms", "redis_command_timeout_ms"):

@@ -75,3 +75,13 @@ def test_the_service_process_freezes_start_up_objects_and_collects_in_larger_ste
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_connection_limits_from_the_environment_and_refused_when_not_positive() -> None:
+    names = ("keep_alive_timeout_ms", "body_timeout_ms", "max_connections")
+    assert [getattr(Settings(), name) for name in names] == [5_000, 60_000, 1_000]
+    settings = load(None, environ={f"RSC_{name.upper()}": "250" for name in names})
+    assert [getattr(settings, name) for name in names] == [250, 250, 250]
+    for name in names:
+        with pytest.raises(ConfigError, match=f"{name} must be positive"):
+            load(None, environ={f"RSC_{name.upper()}": "0"})

@@ -16,8 +16,6 @@ from urllib.parse import urlparse
 
 import attrs
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
@@ -32,6 +30,7 @@ from rsc.http.app import create_app
 from rsc.http.audit import AuditLog
 from rsc.http.auth import is_loopback_bind
 from rsc.http.openapi import add_openapi_route
+from rsc.http.server import Limits, hypercorn_config, serve_http
 from rsc.http.throttle import FailureThrottle
 
 log = logging.getLogger("rsc.serve")
@@ -98,10 +97,8 @@ async def serve(
     """
     check_exposure(settings, bind)
     async with open_coordinator(settings) as (registry, audit), trio.open_nursery() as nursery:
-        config = HypercornConfig()
-        config.bind = [bind]
-        config.accesslog = None
-        config.errorlog = logging.getLogger("hypercorn.error")
+        limits = Limits.from_settings(settings)
+        config = hypercorn_config(bind, limits)
         trigger = shutdown if shutdown is not None else trio.Event()
         if shutdown is None:
             nursery.start_soon(_stop_on_signals, trigger)
@@ -113,9 +110,10 @@ async def serve(
         add_admin_routes(app, registry, account, audit, throttle)
         add_openapi_route(app)
         urls = await nursery.start(
-            lambda task_status: hypercorn_serve(
+            lambda task_status: serve_http(
                 app,
                 config,
+                limits,
                 shutdown_trigger=trigger.wait,
                 task_status=task_status,
             )
