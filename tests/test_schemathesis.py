@@ -43,6 +43,7 @@ def server(standalone_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         **os.environ,
         "RSC_REDIS_URL": standalone_url,
         "RSC_ADMIN_PASSWORD": "s3cret",
+        "RSC_ADMIN_AUTH_MAX_FAILURES": "1000000",  # its negative cases send wrong credentials by design
         "RSC_HEARTBEAT_INTERVAL_MS": "100",
         "RSC_MEMBER_LEASE_TTL_MS": "10000",
     }

@@ -88,7 +88,8 @@ def add_admin_routes(
         if not account.enabled:
             raise ApiError(403, "ADMIN_DISABLED", "no admin password is configured (RSC_ADMIN_PASSWORD)")
         if user is None or password is None or not account.check(user, password):
-            throttle.failed(address, trio.current_time())
+            if user is not None:  # a wrong guess, not a client that sent no credentials
+                throttle.failed(address, trio.current_time())
             raise ApiError(401, "UNAUTHENTICATED", "admin endpoints need HTTP Basic credentials")
 
     @app.after_request

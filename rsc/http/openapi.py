@@ -30,6 +30,7 @@ from rsc.events.wire import (
 from rsc.http import views
 from rsc.http.admin import GroupSpec, PauseRequest, StreamSpec
 from rsc.http.audit import AuditRecord
+from rsc.http.auth import PUBLIC_PATHS
 
 
 @attrs.frozen
@@ -246,14 +247,32 @@ def _field_schema(field: Any, tp: Any, components: dict[str, Any]) -> dict[str, 
     """The schema of one attrs field: its type's, with the field's `wire_field` constraints."""
     schema = schema_of(tp, components)
     for key, value in field.metadata.get("json_schema", {}).items():
-        schema[key] = {**schema[key], **value} if key == "items" else value
+        if key == "items":
+            schema[key] = {**schema[key], **value}
+        else:
+            schema[key] = whole_value(value) if key == "pattern" else value
     return schema
+
+
+def whole_value(pattern: str) -> str:
+    """`pattern` anchored at the very end in every regex dialect.
+
+    The server matches the whole value (`re.fullmatch`); in a JSON Schema (ECMAScript)
+    `$` already means the end, but generators that read it as Python's `$` also
+    allow a trailing newline. `(?![\\s\\S])` (nothing follows) means the same everywhere.
+    """
+    return pattern + r"(?![\s\S])" if pattern.endswith("$") else pattern
 
 
 def _parameters(route: Route) -> list[dict[str, Any]]:
     names = [p.strip("{}") for p in route.path.split("/") if p.startswith("{")]
     params = [
-        {"name": p, "in": "path", "required": True, "schema": {"type": "string", "pattern": NAME_PATTERN}}
+        {
+            "name": p,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string", "pattern": whole_value(NAME_PATTERN)},
+        }
         for p in names
     ]
     return params + [{"in": "query", **q} for q in route.query]
@@ -284,6 +303,13 @@ def document() -> dict[str, Any]:
         operation["responses"]["503"] = {"description": "Redis unavailable; retry", **error}
         if route.admin:
             operation["security"] = [{"basic": []}]
+        elif route.path not in PUBLIC_PATHS:
+            # Bearer credentials (members, producers, monitors); the admin's Basic for views;
+            # anonymous where the server's configuration allows it (docs/operations.md, Security).
+            schemes: list[dict[str, list[str]]] = [{"bearer": []}]
+            if route.method == "get":
+                schemes.append({"basic": []})
+            operation["security"] = [*schemes, {}]
         paths.setdefault(route.path, {})[route.method] = operation
     return {
         "openapi": "3.1.0",
@@ -291,7 +317,10 @@ def document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"basic": {"type": "http", "scheme": "basic"}},
+            "securitySchemes": {
+                "basic": {"type": "http", "scheme": "basic"},
+                "bearer": {"type": "http", "scheme": "bearer"},
+            },
         },
     }
 
