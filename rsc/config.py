@@ -35,6 +35,8 @@ they come from requests and the Admin API.
     keep_alive_timeout_ms = 5000              # RSC_KEEP_ALIVE_TIMEOUT_MS: idle connections close
     body_timeout_ms = 60000                   # RSC_BODY_TIMEOUT_MS: a body arrives (else 408)
     max_connections = 1000                    # RSC_MAX_CONNECTIONS: more are answered 503
+    coordinator_lease_ttl_ms = 4000           # RSC_COORDINATOR_LEASE_TTL_MS: one active coordinator
+    advertise_url = "http://10.0.0.5:8080"    # RSC_ADVERTISE_URL: what standbys tell clients
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -87,6 +90,11 @@ class Settings:
     keep_alive_timeout_ms: int = 5_000
     body_timeout_ms: int = 60_000
     max_connections: int = 1_000
+    #: High availability: the lease that makes one coordinator per Redis active (the
+    #: others are standbys), and the URL the active one tells standbys to name to clients
+    #: (default: the address it listens on, unless that is a wildcard).
+    coordinator_lease_ttl_ms: int = 4_000
+    advertise_url: str | None = None
 
     @property
     def redis_url_configured(self) -> bool:
@@ -229,3 +237,18 @@ def validate(settings: Settings) -> None:
         raise ConfigError("admin_auth_max_failures and admin_auth_window_s must be positive")
     if (settings.certfile is None) != (settings.keyfile is None):
         raise ConfigError("certfile and keyfile go together: give both or neither")
+    _validate_high_availability(settings)
+
+
+def _validate_high_availability(settings: Settings) -> None:
+    if settings.coordinator_lease_ttl_ms < 100:
+        raise ConfigError("coordinator_lease_ttl_ms must be at least 100")
+    if 2 * settings.coordinator_lease_ttl_ms > settings.member_lease_ttl_ms:
+        raise ConfigError(
+            f"coordinator_lease_ttl_ms ({settings.coordinator_lease_ttl_ms}) must be at most half of "
+            f"member_lease_ttl_ms ({settings.member_lease_ttl_ms}), so that members outlive a "
+            "coordinator failover within their lease"
+        )
+    url = urlsplit(settings.advertise_url or "")
+    if settings.advertise_url is not None and (url.scheme not in ("http", "https") or not url.hostname):
+        raise ConfigError(f"advertise_url: {settings.advertise_url!r} is not an http:// or https:// URL")

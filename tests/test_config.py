@@ -44,6 +44,9 @@ def test_empty_environment_variables_count_as_unset() -> None:
         ({"RSC_TICK_INTERVAL_MS": "abc"}, "tick_interval_ms"),
         ({"RSC_AUTO_CREATE_STREAMS": "maybe"}, "true or false"),
         ({"RSC_DEFAULT_SHARD_COUNT": "0"}, "default_shard_count"),
+        ({"RSC_COORDINATOR_LEASE_TTL_MS": "6000"}, "at most half of member_lease_ttl_ms"),
+        ({"RSC_COORDINATOR_LEASE_TTL_MS": "50"}, "coordinator_lease_ttl_ms must be at least 100"),
+        ({"RSC_ADVERTISE_URL": "10.0.0.5:8080"}, "advertise_url"),
     ],
 )
 def test_nonsense_is_refused_with_a_clear_message(environ: dict[str, str], message: str) -> None:

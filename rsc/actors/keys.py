@@ -16,6 +16,10 @@ SCHEMA_VERSION = 1
 PREFIX = f"rsc:v{SCHEMA_VERSION}"
 #: The set of every stream prefix the coordinator has created.
 STREAMS_KEY = f"{PREFIX}:streams"
+#: The coordinator lease (JSON holder, token, url; expires) and the counter its tokens come
+#: from. One hash tag, so that one script changes both on a cluster.
+COORDINATOR_LEASE_KEY = f"{PREFIX}:{{coordinator}}:lease"
+COORDINATOR_TOKEN_KEY = f"{PREFIX}:{{coordinator}}:token"
 
 
 @attrs.frozen
@@ -48,4 +52,12 @@ class AggregateId:
 
 
 # The owner-token key is part of the wire contract (clients' ack scripts use it).
-__all__ = ["PREFIX", "SCHEMA_VERSION", "STREAMS_KEY", "AggregateId", "owner_key"]
+__all__ = [
+    "COORDINATOR_LEASE_KEY",
+    "COORDINATOR_TOKEN_KEY",
+    "PREFIX",
+    "SCHEMA_VERSION",
+    "STREAMS_KEY",
+    "AggregateId",
+    "owner_key",
+]

@@ -2,7 +2,14 @@
 
 Transport failures and 502/503/504 answers are retried with exponential
 backoff and full jitter, up to `retries` more attempts; every other 4xx/5xx
-is raised at once. Whatever goes wrong leaves here as `CoordinatorUnavailable`
+is raised at once.
+
+Several coordinators (an active one and standbys, see docs/operations.md)
+are given as a list or one comma-separated string. The client stays on one
+URL until a transport failure or a 503 (a standby answers 503 STANDBY),
+then moves: to the active coordinator the standby named, if it is listed,
+else to the next URL. Each call tries every URL at least once, and waits
+(backoff) only before trying a URL again. Whatever goes wrong leaves here as `CoordinatorUnavailable`
 or `CoordinatorRejected`. Redirects are followed (a coordinator that does
 not own an aggregate may redirect to the one that does).
 """
@@ -12,7 +19,7 @@ from __future__ import annotations
 import os
 import random
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -61,8 +68,59 @@ class Backoff:
         return rng.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
 
 
+def coordinator_urls(base_url: str | Sequence[str]) -> tuple[str, ...]:
+    """Every coordinator URL: a list, or one string with commas between URLs (trailing `/` dropped)."""
+    parts = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+    urls = tuple(part.strip().rstrip("/") for part in parts if part.strip())
+    if not urls:
+        raise ValueError("no coordinator URL given")
+    return urls
+
+
+class Failover:
+    """The coordinator URLs a client knows and the one it uses now (shared by all its calls)."""
+
+    def __init__(self, base_url: str | Sequence[str]) -> None:
+        self.urls = coordinator_urls(base_url)
+        self.current = 0
+
+    @property
+    def url(self) -> str:
+        return self.urls[self.current]
+
+    def attempts(self, retries: int, backoff: Backoff, rng: random.Random) -> Iterator[tuple[float, int]]:
+        """For each attempt of one call: seconds to wait first, and which URL (index) to use.
+
+        At least one attempt per URL; the wait is 0 for a URL not yet tried in this call.
+        """
+        tried: set[int] = set()
+        waits = 0
+        for _ in range(max(retries + 1, len(self.urls))):
+            index = self.current
+            wait = 0.0
+            if index in tried:
+                wait = backoff.delay(waits, rng)
+                waits += 1
+            tried.add(index)
+            yield wait, index
+
+    def failed(self, index: int, rejection: CoordinatorRejected | None = None) -> None:
+        """The URL at `index` failed (transport error or 503): move on, unless another call already did."""
+        if index != self.current or len(self.urls) == 1:
+            return
+        details = rejection.details if rejection is not None else None
+        active = details.get("active") if isinstance(details, dict) else None
+        named = active.rstrip("/") if isinstance(active, str) else None
+        if named in self.urls and named != self.urls[index]:
+            self.current = self.urls.index(named)
+        else:
+            self.current = (index + 1) % len(self.urls)
+
+
 class Coordinator:
-    """Talks to one coordinator base URL; use as an async context manager or call `aclose`.
+    """Talks to the coordinator (one base URL, or several: see the module docstring).
+
+    Use as an async context manager or call `aclose`.
 
     `token` is the bearer credential sent with every request and `ca_bundle` the CA
     file that checks an `https://` coordinator (defaults: `RSC_TOKEN`, `RSC_CA_BUNDLE`).
@@ -70,7 +128,7 @@ class Coordinator:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         timeout_s: float = 5.0,
         retries: int = 3,
@@ -83,8 +141,9 @@ class Coordinator:
         self.retries = retries
         self.backoff = backoff
         self.rng = rng or random.Random()
+        self.failover = Failover(base_url)
         self.http = httpx.AsyncClient(
-            base_url=base_url,
+            base_url=self.failover.urls[0],
             timeout=timeout_s,
             follow_redirects=True,
             transport=transport,
@@ -143,20 +202,28 @@ class Coordinator:
     async def _post(self, path: str, body: Any) -> Any:
         return await self._send("POST", path, body)
 
+    @property
+    def base_url(self) -> str:
+        """The coordinator URL in use now."""
+        return self.failover.url
+
     async def _send(self, method: str, path: str, body: Any) -> Any:
         last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await trio.sleep(self.backoff.delay(attempt - 1, self.rng))
+        for wait, index in self.failover.attempts(self.retries, self.backoff, self.rng):
+            if wait:
+                await trio.sleep(wait)
             try:
-                response = await self.http.request(method, path, json=body)
+                response = await self.http.request(method, self.failover.urls[index] + path, json=body)
             except httpx.HTTPError as exc:  # connect, read, timeouts, protocol errors
                 last = exc
+                self.failover.failed(index)
                 continue
             try:
                 return answer(method, path, response)
             except Retry as retry:
                 last = retry.rejection
+                if retry.rejection.status == 503:
+                    self.failover.failed(index, retry.rejection)
         raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
 
 

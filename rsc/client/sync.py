@@ -28,7 +28,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
-from rsc.client.coordinator import Backoff, Retry, answer, http_options, structure
+from rsc.client.coordinator import Backoff, Failover, Retry, answer, http_options, structure
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
@@ -67,7 +67,7 @@ class SyncCoordinator:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         timeout_s: float = 5.0,
         retries: int = 3,
@@ -80,8 +80,10 @@ class SyncCoordinator:
         self.retries = retries
         self.backoff = backoff or Backoff()
         self.rng = rng or random.Random()
+        #: Several coordinators: the same failover as `Coordinator` (a list or "url1,url2").
+        self.failover = Failover(base_url)
         self.http = httpx.Client(
-            base_url=base_url,
+            base_url=self.failover.urls[0],
             timeout=timeout_s,
             follow_redirects=True,
             transport=transport,
@@ -108,18 +110,21 @@ class SyncCoordinator:
 
     def _send(self, method: str, path: str, body: Any) -> Any:
         last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff.delay(attempt - 1, self.rng))
+        for wait, index in self.failover.attempts(self.retries, self.backoff, self.rng):
+            if wait:
+                time.sleep(wait)
             try:
-                response = self.http.request(method, path, json=body)
+                response = self.http.request(method, self.failover.urls[index] + path, json=body)
             except httpx.HTTPError as exc:
                 last = exc
+                self.failover.failed(index)
                 continue
             try:
                 return answer(method, path, response)
             except Retry as retry:
                 last = retry.rejection
+                if retry.rejection.status == 503:
+                    self.failover.failed(index, retry.rejection)
         raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
 
 

@@ -21,6 +21,7 @@ from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
 from rsc.actors.connect import open_redis
 from rsc.actors.effects import RedisEffects
+from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.config import ConfigError, Settings
@@ -31,6 +32,7 @@ from rsc.http.audit import AuditLog
 from rsc.http.auth import is_loopback_bind
 from rsc.http.openapi import add_openapi_route
 from rsc.http.server import Limits, hypercorn_config, serve_http
+from rsc.http.standby import add_standby_gate, default_advertise_url
 from rsc.http.throttle import FailureThrottle
 
 log = logging.getLogger("rsc.serve")
@@ -71,16 +73,34 @@ def registry_settings(settings: Settings) -> RegistrySettings:
 
 
 @contextlib.asynccontextmanager
-async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, AuditLog]]:
-    """Redis, the store, the registry and the audit log, for as long as the block runs."""
+async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, AuditLog, Leadership]]:
+    """Redis, the coordinator lease, the store, the registry and the audit log, while the block runs.
+
+    Actors run only while this process holds the lease (see `rsc.actors.leadership`):
+    the store writes with the term's fencing token, every actor is stopped the moment a
+    term ends, and the actors of a new term load their aggregates afresh (which raises
+    their fences and restarts member leases in full). On the way out, once every actor
+    has stopped, the lease is released so that a standby takes over at once.
+    """
     async with open_redis(
         settings.redis_url,
         connect_timeout_s=settings.redis_connect_timeout_ms / 1000,
         command_timeout_s=settings.redis_command_timeout_ms / 1000,
     ) as redis:
-        store, effects = RedisStore(redis), RedisEffects(redis)
-        async with open_registry(store, effects, WallClock(), registry_settings(settings)) as registry:
-            yield registry, AuditLog(redis)
+        leadership = Leadership(
+            RedisLease(redis), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
+        )
+        store, effects = RedisStore(redis, fence_token=leadership.token), RedisEffects(redis)
+        actors = registry_settings(settings)
+        try:
+            async with trio.open_nursery() as terms:
+                async with open_registry(store, effects, WallClock(), actors) as registry:
+                    await terms.start(leadership.run, registry.stop_all)
+                    yield registry, AuditLog(redis), leadership
+                terms.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await leadership.release()
 
 
 async def serve(
@@ -96,7 +116,7 @@ async def serve(
     credentials, unless `settings.insecure`.
     """
     check_exposure(settings, bind)
-    async with open_coordinator(settings) as (registry, audit), trio.open_nursery() as nursery:
+    async with open_coordinator(settings) as (registry, audit, leadership), trio.open_nursery() as nursery:
         limits = Limits.from_settings(settings)
         config = hypercorn_config(bind, limits)
         trigger = shutdown if shutdown is not None else trio.Event()
@@ -109,6 +129,7 @@ async def serve(
         throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
         add_admin_routes(app, registry, account, audit, throttle)
         add_openapi_route(app)
+        add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
         urls = await nursery.start(
             lambda task_status: serve_http(
                 app,
@@ -118,6 +139,8 @@ async def serve(
                 task_status=task_status,
             )
         )
+        if leadership.advertise_url is None:
+            leadership.advertise_url = default_advertise_url(urls)
         task_status.started(urls)
         await trigger.wait()
         nursery.cancel_scope.cancel()

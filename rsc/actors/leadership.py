@@ -1,0 +1,364 @@
+"""The coordinator lease: one active coordinator per Redis; the others are hot standbys.
+
+The rules this module keeps:
+
+* The lease is one key, `rsc:v1:{coordinator}:lease`: JSON `{"holder",
+  "token", "url"}` that expires `ttl` after it was last taken or renewed.
+  Only Lua scripts that compare holder and token take, renew or delete it.
+* Every acquisition takes a new token from `INCR rsc:v1:{coordinator}:token`:
+  tokens only grow and every term has its own. The token fences the journal
+  (`rsc.actors.store`): a deposed coordinator's appends are refused.
+* A term is *active* until its deadline: the send time of the last
+  successful renewal (or of the acquisition) + ttl - safety margin, on
+  trio's clock. Redis keeps the key until ttl after it *received* that
+  renewal, which is later: so the holder stops acting as active before
+  anyone else can take the lease. This needs no agreement between clocks,
+  only that they run at about the same rate (the margin, a fifth of ttl).
+* `active`, `term` and `token()` read the clock each time they are asked,
+  so a process resumed after a pause (SIGSTOP, a frozen VM, a long GC)
+  finds its term over before any of its tasks acts on it.
+* The holder renews every ttl/3 and retries a failed renewal soon, until
+  the deadline. When the deadline passes, or a renewal finds the lease
+  gone, the term ends: `run` calls `on_term_end` (stop every actor) and goes
+  back to standby, trying to acquire again.
+* A standby tries again when the lease it saw would expire (at most every
+  ttl/4), so a takeover after a crash comes within about one ttl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from rsc.actors.connect import redis_errors
+from rsc.actors.errors import Fenced, StoreUnavailable
+from rsc.actors.keys import COORDINATOR_LEASE_KEY, COORDINATOR_TOKEN_KEY
+
+log = logging.getLogger("rsc.leadership")
+
+#: The holder stops acting as active this fraction of the ttl before its lease can end.
+SAFETY_MARGIN = 0.2
+#: How often the holder renews, per ttl.
+RENEWALS_PER_TTL = 3
+#: A standby looks at least this often per ttl (the lease may have been released).
+LOOKS_PER_TTL = 4
+
+
+@attrs.frozen
+class LeaseHolder:
+    """What the lease key says: who holds it, with which token, where clients reach it."""
+
+    holder: str
+    token: int
+    url: str | None = None
+
+
+@attrs.frozen
+class Acquired:
+    token: int
+
+
+@attrs.frozen
+class Held:
+    """Another coordinator holds the lease, for at most `remaining_s` more unless it renews."""
+
+    by: LeaseHolder
+    remaining_s: float
+
+
+class LeaseBackend(Protocol):
+    """Where the lease lives: Redis (`RedisLease`), or memory for tests (`MemoryLease`)."""
+
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
+        """Take the lease with a new token, unless another holder has it (then `Held`)."""
+        ...
+
+    async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
+        """Extend the lease by ttl from now; False when it is no longer this holder's with this token."""
+        ...
+
+    async def release(self, holder: str, token: int) -> None:
+        """Delete the lease if it is still this holder's with this token."""
+        ...
+
+    async def current(self) -> LeaseHolder | None:
+        """Who holds the lease now (None: nobody)."""
+        ...
+
+
+# KEYS: lease, token counter; ARGV: holder, url ('' for none), ttl ms
+ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if current and cjson.decode(current).holder ~= ARGV[1] then
+  return {'held', current, redis.call('PTTL', KEYS[1])}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], cjson.encode({holder = ARGV[1], token = token, url = ARGV[2]}), 'PX', ARGV[3])
+return {'acquired', token}
+"""
+
+# KEYS: lease; ARGV: holder, token, url, ttl ms
+RENEW = """
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local lease = cjson.decode(current)
+if lease.holder ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
+local renewed = cjson.encode({holder = ARGV[1], token = lease.token, url = ARGV[3]})
+redis.call('SET', KEYS[1], renewed, 'PX', ARGV[4])
+return 1
+"""
+
+# KEYS: lease; ARGV: holder, token
+RELEASE = """
+local current = redis.call('GET', KEYS[1])
+if not current then return 0 end
+local lease = cjson.decode(current)
+if lease.holder ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+def lease_holder(raw: str) -> LeaseHolder:
+    """The lease key's JSON as a `LeaseHolder`."""
+    data = json.loads(raw)
+    return LeaseHolder(str(data["holder"]), int(data["token"]), str(data.get("url") or "") or None)
+
+
+class RedisLease:
+    """The lease on Redis (standalone or cluster: both keys share the `{coordinator}` tag)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._acquire = redis.register_script(ACQUIRE)
+        self._renew = redis.register_script(RENEW)
+        self._release = redis.register_script(RELEASE)
+
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
+        keys = [COORDINATOR_LEASE_KEY, COORDINATOR_TOKEN_KEY]
+        with redis_errors("acquiring the coordinator lease"):
+            result = await self._acquire(keys=keys, args=[holder, url or "", ttl_ms])
+        if result[0] == "acquired":
+            return Acquired(int(result[1]))
+        return Held(lease_holder(result[1]), max(0, int(result[2])) / 1000)
+
+    async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
+        with redis_errors("renewing the coordinator lease"):
+            result = await self._renew(keys=[COORDINATOR_LEASE_KEY], args=[holder, token, url or "", ttl_ms])
+        return bool(result)
+
+    async def release(self, holder: str, token: int) -> None:
+        with redis_errors("releasing the coordinator lease"):
+            await self._release(keys=[COORDINATOR_LEASE_KEY], args=[holder, token])
+
+    async def current(self) -> LeaseHolder | None:
+        with redis_errors("reading the coordinator lease"):
+            raw = await self.redis.get(COORDINATOR_LEASE_KEY)
+        return None if raw is None else lease_holder(raw)
+
+
+class MemoryLease:
+    """The lease in memory, expiring on trio's clock: a faithful fake for tests under MockClock."""
+
+    def __init__(self) -> None:
+        self.lease: LeaseHolder | None = None
+        self.expires_at = 0.0
+        self.counter = 0
+
+    def _live(self) -> LeaseHolder | None:
+        if self.lease is not None and trio.current_time() >= self.expires_at:
+            self.lease = None
+        return self.lease
+
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
+        await trio.lowlevel.checkpoint()
+        live = self._live()
+        if live is not None and live.holder != holder:
+            return Held(live, self.expires_at - trio.current_time())
+        self.counter += 1
+        self.lease = LeaseHolder(holder, self.counter, url)
+        self.expires_at = trio.current_time() + ttl_ms / 1000
+        return Acquired(self.counter)
+
+    async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
+        await trio.lowlevel.checkpoint()
+        live = self._live()
+        if live is None or (live.holder, live.token) != (holder, token):
+            return False
+        self.lease = LeaseHolder(holder, token, url)
+        self.expires_at = trio.current_time() + ttl_ms / 1000
+        return True
+
+    async def release(self, holder: str, token: int) -> None:
+        await trio.lowlevel.checkpoint()
+        live = self._live()
+        if live is not None and (live.holder, live.token) == (holder, token):
+            self.lease = None
+
+    async def current(self) -> LeaseHolder | None:
+        await trio.lowlevel.checkpoint()
+        return self._live()
+
+
+@attrs.define
+class Term:
+    """One tenure as the active coordinator."""
+
+    token: int
+    #: When it began (trio's clock): the send time of the acquisition.
+    started_at: float
+    #: Moves forward with each renewal; past it, this process is not active.
+    deadline: float
+
+
+def default_holder_id() -> str:
+    """Names this process in the lease: host, pid and a random part (two per process are possible)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+class Leadership:
+    """This process's side of the lease: `run` it; ask `active` / `token()` before acting."""
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        ttl_ms: int = 4_000,
+        *,
+        holder_id: str | None = None,
+        advertise_url: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.ttl_ms = ttl_ms
+        self.ttl_s = ttl_ms / 1000
+        self.holder_id = holder_id or default_holder_id()
+        #: What the lease tells standbys (and they tell clients): where this coordinator answers.
+        self.advertise_url = advertise_url
+        #: The active coordinator's URL as last seen in the lease (None: unknown).
+        self.active_url: str | None = None
+        #: How many terms this process has held.
+        self.terms = 0
+        self._term: Term | None = None
+        self._last_token: int | None = None
+
+    # --- asking -----------------------------------------------------------
+
+    @property
+    def margin_s(self) -> float:
+        return self.ttl_s * SAFETY_MARGIN
+
+    @property
+    def term(self) -> Term | None:
+        """The active term, if its deadline has not passed (read from the clock now)."""
+        term = self._term
+        if term is None or trio.current_time() >= term.deadline:
+            return None
+        return term
+
+    @property
+    def active(self) -> bool:
+        return self.term is not None
+
+    def token(self) -> int:
+        """The active term's fencing token; raises `Fenced` when this process holds no active term."""
+        term = self.term
+        if term is None:
+            raise Fenced("this coordinator holds no active term (it is a standby)")
+        return term.token
+
+    def active_elsewhere(self) -> str | None:
+        """The URL of the coordinator that holds the lease, when it is not this one (as last seen)."""
+        if self.active or self.active_url == self.advertise_url:
+            return None
+        return self.active_url
+
+    # --- running ----------------------------------------------------------
+
+    async def run(
+        self,
+        on_term_end: Callable[[], None] = lambda: None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Hold terms for as long as it runs: standby, active, standby... forever.
+
+        One acquisition is tried before `task_status.started()`, so a
+        coordinator that finds the lease free is active when it starts.
+        `on_term_end` is called (synchronously) as soon as a term ends.
+        """
+        outcome = await self._attempt()
+        task_status.started()
+        while True:
+            while not isinstance(outcome, Term):
+                await trio.sleep(outcome)
+                outcome = await self._attempt()
+            try:
+                await self._hold(outcome)
+            finally:
+                self._term = None
+                self.active_url = None
+                on_term_end()
+            outcome = 0.0
+
+    async def release(self) -> None:
+        """Give the lease up (on the way out, every actor stopped): a standby takes over at once."""
+        self._term = None
+        if self._last_token is None:
+            return
+        try:
+            await self.backend.release(self.holder_id, self._last_token)
+        except StoreUnavailable as exc:
+            log.warning("could not release the coordinator lease (it expires by itself): %s", exc)
+        else:
+            log.info("released the coordinator lease (token %d)", self._last_token)
+
+    async def _attempt(self) -> Term | float:
+        """Try to acquire once: the new term, or how long to wait before trying again."""
+        sent = trio.current_time()
+        try:
+            outcome = await self.backend.acquire(self.holder_id, self.advertise_url, self.ttl_ms)
+        except StoreUnavailable as exc:
+            log.warning("standby: cannot reach the coordinator lease: %s", exc)
+            return self.ttl_s / LOOKS_PER_TTL
+        if isinstance(outcome, Held):
+            if outcome.by.url != self.active_url:
+                log.info("standby: %s (%s) is active", outcome.by.holder, outcome.by.url or "no url")
+            self.active_url = outcome.by.url
+            return min(outcome.remaining_s + 0.005, self.ttl_s / LOOKS_PER_TTL)
+        term = Term(outcome.token, sent, sent + self.ttl_s - self.margin_s)
+        self._term = term
+        self._last_token = term.token
+        self.active_url = self.advertise_url
+        self.terms += 1
+        log.warning("active: took the coordinator lease with token %d", term.token)
+        return term
+
+    async def _hold(self, term: Term) -> None:
+        """Renew until the lease is lost or the deadline passes; then return."""
+        every = self.ttl_s / RENEWALS_PER_TTL
+        next_renewal = term.started_at + every
+        with trio.move_on_at(term.deadline) as scope:
+            while True:
+                await trio.sleep_until(next_renewal)
+                sent = trio.current_time()
+                try:
+                    kept = await self.backend.renew(
+                        self.holder_id, term.token, self.advertise_url, self.ttl_ms
+                    )
+                except StoreUnavailable as exc:
+                    log.warning("renewing the coordinator lease failed: %s", exc)
+                    next_renewal = trio.current_time() + every / 4
+                    continue
+                if not kept:
+                    log.warning("standby: the coordinator lease (token %d) was lost", term.token)
+                    return
+                term.deadline = sent + self.ttl_s - self.margin_s
+                scope.deadline = term.deadline
+                next_renewal = sent + every
+        log.warning("standby: no renewal of the coordinator lease (token %d) succeeded in time", term.token)

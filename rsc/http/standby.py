@@ -1,0 +1,80 @@
+"""The standby gate: a coordinator that does not hold the lease answers 503 STANDBY.
+
+Only the active coordinator (`rsc.actors.leadership`) runs actors. A standby
+answers every request with 503 and
+
+    {"error": "STANDBY", "message": ..., "requestId": ...,
+     "details": {"active": "<the active coordinator's advertised URL, or null>"}}
+
+and a `Retry-After` header, except `GET /healthz`, `/metrics`, `/v1/version`
+and `/openapi.json`, which describe the process itself. `/readyz` is not
+among them: a standby is not ready, so a load balancer sends traffic to the
+active one. A standby does not forward requests: clients list every
+coordinator and move to the next one on a 503 or a failed connection, which
+costs one round trip and keeps a standby free of proxying and of its
+failure modes (`rsc.client.coordinator`).
+
+The gate checks twice, on the clock each time: when the request arrives,
+and again when its response leaves. The first keeps a standby from asking
+anything of actors. The second covers a request that started in an active
+term whose deadline passed before its answer was made: the actors are
+stopped at the deadline, but a process resumed after a pause (SIGSTOP, a
+frozen VM) may run a waiting handler before the task that stops them. An
+answer that goes out was therefore made before the deadline, from state
+that no other coordinator could have changed yet: a new one acquires the
+lease only after it expires in Redis, which is later than the deadline.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+
+from rsc.actors.leadership import Leadership
+from rsc.http.app import error_response
+
+#: What a standby still answers itself (GET only): facts about the process, not the coordination.
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/v1/version", "/openapi.json"})
+#: Seconds a client should wait before asking this coordinator again.
+RETRY_AFTER_S = 1
+
+
+def add_standby_gate(app: QuartTrio, leadership: Leadership) -> None:
+    """Answer 503 STANDBY while `leadership` is not active (register it after every other hook)."""
+
+    @app.before_request
+    async def standby_gate() -> Response | None:
+        if leadership.active or _open():
+            return None
+        g.standby_answered = True
+        return standby_response(leadership)
+
+    @app.after_request
+    async def standby_at_answer(response: Response) -> Response:
+        if leadership.active or _open() or getattr(g, "standby_answered", False):
+            return response
+        return standby_response(leadership)
+
+
+def standby_response(leadership: Leadership) -> Response:
+    """The 503 STANDBY answer, naming the active coordinator when it is known."""
+    active = leadership.active_elsewhere()
+    where = f"; the active coordinator is {active}" if active else ""
+    response = error_response(503, "STANDBY", f"this coordinator is a standby{where}", {"active": active})
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+def _open() -> bool:
+    return request.method in ("GET", "HEAD") and request.path in OPEN_PATHS
+
+
+def default_advertise_url(urls: list[str]) -> str | None:
+    """The first bound URL a client elsewhere could use (not a wildcard address), if any."""
+    for url in urls:
+        host = urlsplit(url).hostname or ""
+        if host not in ("0.0.0.0", "::", ""):
+            return url
+    return None
