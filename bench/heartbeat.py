@@ -7,7 +7,10 @@ them from this process with httpx on trio over loopback:
 * raw ASGI: POST of a small JSON body answered with a small JSON body;
 * single heartbeats: steady members (each echoes its epoch), one per request;
 * batched heartbeats: 100 members per `POST /v1/heartbeats`;
-* latency under light load (2 connections).
+* latency under light load (2 connections);
+* single and batched heartbeats again on a second coordinator with
+  credentials configured (each request carries `Authorization: Bearer`),
+  to show what authentication costs.
 
 The load generator shares the machine's cores with the servers, so absolute
 figures are a floor; the ratio single / raw is the figure to watch.
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests import redis_servers
 
 RESULTS = Path(__file__).parent / "results" / "heartbeat.json"
+TOKEN = "bench-member-token-0123456789"
 RAW_APP = """
 import json
 async def app(scope, receive, send):
@@ -101,6 +105,8 @@ WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = io.open(os.getenv("RSC_BENCH_BODY")):read("*a")
+local token = os.getenv("RSC_BENCH_TOKEN") or ""
+if token ~= "" then wrk.headers["Authorization"] = "Bearer " .. token end
 local pause = tonumber(os.getenv("RSC_BENCH_DELAY_MS") or "0")
 if pause > 0 then
   -- random pauses (mean `pause`) keep the connections from firing in step
@@ -117,6 +123,7 @@ def wrk(
     workdir: Path,
     delay_ms: int = 0,
     threads: int = 2,
+    token: str = "",
 ) -> dict[str, Any]:
     """Drive `url` with wrk POSTing `body`; requests/s and latency percentiles.
 
@@ -137,7 +144,12 @@ def wrk(
         str(script),
         url,
     ]
-    env = {**os.environ, "RSC_BENCH_BODY": str(body_file), "RSC_BENCH_DELAY_MS": str(delay_ms)}
+    env = {
+        **os.environ,
+        "RSC_BENCH_BODY": str(body_file),
+        "RSC_BENCH_DELAY_MS": str(delay_ms),
+        "RSC_BENCH_TOKEN": token,
+    }
     out = subprocess.run(args, capture_output=True, text=True, check=True, env=env).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -173,10 +185,11 @@ def server_p99(before: dict[float, float], after: dict[float, float]) -> float |
     return None
 
 
-def join(rsc_url: str, members: list[str], stream: str) -> list[dict[str, Any]]:
+def join(rsc_url: str, members: list[str], stream: str, token: str = "") -> list[dict[str, Any]]:
     """Join `members` and heartbeat once more; return their steady heartbeats."""
     steady = []
-    with httpx.Client(base_url=rsc_url, timeout=30) as client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=rsc_url, timeout=30, headers=headers) as client:
         for member in members:
             epoch = client.post("/v1/heartbeat", json=heartbeat(member, 0, stream)).json()["memberEpoch"]
             epoch = client.post("/v1/heartbeat", json=heartbeat(member, epoch, stream)).json()["memberEpoch"]
@@ -184,14 +197,19 @@ def join(rsc_url: str, members: list[str], stream: str) -> list[dict[str, Any]]:
     return steady
 
 
-def run(args: argparse.Namespace, raw_url: str, rsc_url: str, workdir: Path) -> dict[str, Any]:
+def run(args: argparse.Namespace, raw_url: str, rsc_url: str, auth_url: str, workdir: Path) -> dict[str, Any]:
     one = join(rsc_url, ["10.8.0.1/bench/0"], "bench")[0]
     hundred = join(rsc_url, [f"10.9.0.{i}/bench/0" for i in range(100)], "bench-batch")
+    auth_one = join(auth_url, ["10.8.0.1/bench/0"], "bench", TOKEN)[0]
+    auth_hundred = join(auth_url, [f"10.9.0.{i}/bench/0" for i in range(100)], "bench-batch", TOKEN)
     c = args.concurrency
+    batch, auth_batch = {"heartbeats": hundred}, {"heartbeats": auth_hundred}
     results = {
         "raw": wrk(raw_url + "/", one, args.seconds, c, workdir),
         "single": wrk(rsc_url + "/v1/heartbeat", one, args.seconds, c, workdir),
-        "batch": wrk(rsc_url + "/v1/heartbeats", {"heartbeats": hundred}, args.seconds, c, workdir),
+        "singleAuth": wrk(auth_url + "/v1/heartbeat", auth_one, args.seconds, c, workdir, token=TOKEN),
+        "batch": wrk(rsc_url + "/v1/heartbeats", batch, args.seconds, c, workdir),
+        "batchAuth": wrk(auth_url + "/v1/heartbeats", auth_batch, args.seconds, c, workdir, token=TOKEN),
     }
     # Half the maximum single rate, paced: 16 connections, each pausing between requests.
     half = results["single"]["requestsPerSecond"] / 2
@@ -202,7 +220,8 @@ def run(args: argparse.Namespace, raw_url: str, rsc_url: str, workdir: Path) -> 
     )
     results["singleHalfRate"]["targetRequestsPerSecond"] = round(half)
     results["singleHalfRate"]["serverP99MsAtMost"] = server_p99(before, server_buckets(rsc_url))
-    results["batch"]["memberHeartbeatsPerSecond"] = results["batch"]["requestsPerSecond"] * 100
+    for key in ("batch", "batchAuth"):
+        results[key]["memberHeartbeatsPerSecond"] = results[key]["requestsPerSecond"] * 100
     return results
 
 
@@ -213,6 +232,7 @@ def main() -> None:
     args = parser.parse_args()
     raw_port = redis_servers.free_port()
     rsc_port = redis_servers.free_port()
+    auth_port = redis_servers.free_port()
     with redis_servers.standalone() as redis_url, tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "rawapp.py").write_text(RAW_APP)
         raw_cmd = [
@@ -226,15 +246,26 @@ def main() -> None:
             "rawapp:app",
         ]
         rsc_cmd = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{rsc_port}"]
+        auth_cmd = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{auth_port}"]
         raw_url, rsc_url = f"http://127.0.0.1:{raw_port}", f"http://127.0.0.1:{rsc_port}"
+        auth_url = f"http://127.0.0.1:{auth_port}"
         env_raw = {"PYTHONPATH": tmp}
         env_rsc = {
             "RSC_REDIS_URL": redis_url,
             "RSC_HEARTBEAT_INTERVAL_MS": "3000",
             "RSC_MEMBER_LEASE_TTL_MS": "60000",
         }
-        with process(raw_cmd, env_raw, raw_url + "/"), process(rsc_cmd, env_rsc, rsc_url + "/healthz"):
-            results = run(args, raw_url, rsc_url, Path(tmp))
+        credentials = [{"name": "bench", "token": TOKEN, "roles": ["member"], "create": True}]
+        env_auth = {**env_rsc, "RSC_CREDENTIALS": json.dumps(credentials)}
+        # The second coordinator has its own Redis: one active coordinator per Redis.
+        with (
+            process(raw_cmd, env_raw, raw_url + "/"),
+            process(rsc_cmd, env_rsc, rsc_url + "/healthz"),
+            redis_servers.standalone() as auth_redis,
+        ):
+            env_auth["RSC_REDIS_URL"] = auth_redis
+            with process(auth_cmd, env_auth, auth_url + "/healthz"):
+                results = run(args, raw_url, rsc_url, auth_url, Path(tmp))
     ratio = results["single"]["requestsPerSecond"] / results["raw"]["requestsPerSecond"]
     capacity = results["batch"]["memberHeartbeatsPerSecond"] * 3
     print(f"{args.concurrency} requests in flight, {args.seconds:g} s each\n")
@@ -244,13 +275,18 @@ def main() -> None:
     for name, key in [
         ("raw hypercorn-trio ASGI", "raw"),
         ("single heartbeats", "single"),
+        ("single, with a bearer credential", "singleAuth"),
         ("batched heartbeats (100/request)", "batch"),
+        ("batched, with a bearer credential", "batchAuth"),
         ("single, paced at half the max rate", "singleHalfRate"),
     ]:
         r = results[key]
         per = r.get("memberHeartbeatsPerSecond", r["requestsPerSecond"] if key != "raw" else "-")
         print(f"{name:<34} {r['requestsPerSecond']:>8} {per:>12} {r['p50Ms']:>8} {r['p99Ms']:>8}")
     print(f"\nsingle / raw ASGI: {ratio:.0%} (target >= 60%)")
+    single_auth = results["singleAuth"]["requestsPerSecond"] / results["single"]["requestsPerSecond"]
+    batch_auth = results["batchAuth"]["requestsPerSecond"] / results["batch"]["requestsPerSecond"]
+    print(f"with credentials / without: single {single_auth:.0%}, batched {batch_auth:.0%} (target >= 90%)")
     print(f"batched: {results['batch']['memberHeartbeatsPerSecond']} member-heartbeats/s (target >= 20,000)")
     print(f"members one coordinator carries at a 3 s interval (batched): about {capacity:,}")
     half = results["singleHalfRate"]
@@ -267,6 +303,7 @@ def main() -> None:
         "seconds": args.seconds,
         "results": results,
         "singleToRawRatio": round(ratio, 3),
+        "authToPlainRatio": {"single": round(single_auth, 3), "batch": round(batch_auth, 3)},
         "membersAt3sInterval": capacity,
     }
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")

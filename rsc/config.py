@@ -62,10 +62,10 @@ class ConfigError(ValueError):
 
 @attrs.frozen
 class Settings:
-    redis_url: str = DEFAULT_REDIS_URL
+    redis_url: str = attrs.field(default=DEFAULT_REDIS_URL, repr=redacted)
     admin_user: str = "admin"
-    admin_password: str | None = None
-    admin_password_sha256: str | None = None
+    admin_password: str | None = attrs.field(default=None, repr=False)  # never in a log line
+    admin_password_sha256: str | None = attrs.field(default=None, repr=False)
     heartbeat_interval_ms: int = 3_000
     member_lease_ttl_ms: int = 10_000
     tick_interval_ms: int = 1_000

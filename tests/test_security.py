@@ -367,3 +367,12 @@ async def test_a_trailing_newline_is_not_a_name(
     assert response.status_code == 400, response.text
     producer = {"protocolVersion": 1, "streamPrefix": "nl", "producerId": "p\n"}
     assert (await open_client.post("/v1/producers/heartbeat", json=producer)).status_code == 400
+
+
+def test_settings_never_show_secrets() -> None:
+    """A Settings object that ends up in a log line or a traceback shows no password."""
+    settings = Settings(redis_url="redis://user:redis-secret@db:6379/0", admin_password="admin-secret")
+    text = repr(settings) + str(settings)
+    assert "redis-secret" not in text
+    assert "admin-secret" not in text
+    assert "redis://user:***@db:6379/0" in text
