@@ -57,6 +57,13 @@ async def test_a_hung_redis_gives_quick_503s_and_not_ready(prefix: str) -> None:
                 ).status_code != 200:
                     await trio.sleep(0.1)
             assert rejoin.json()["status"] in ("OK", "REVOKE_PENDING")
+            # The member that was there before the hang (shorter than its lease) is still a member.
+            epoch = joined.json()["memberEpoch"]
+            owned = joined.json()["assignment"]["assigned"]
+            steady = await client.post("/v1/heartbeat", json=hb(prefix, "a", epoch, ownedShards=owned))
+            assert steady.status_code == 200
+            assert steady.json()["status"] in ("OK", "REVOKE_PENDING")
+            assert steady.json()["memberEpoch"] >= epoch
 
 
 def run_serve(tmp_path: Path, redis_url: str, *extra: str, timeout: float = 30) -> tuple[int, str]:
