@@ -12,10 +12,11 @@ import trio
 
 from rsc.actors.connect import open_redis
 from rsc.client.app import App, pod_ip
-from rsc.client.coordinator import Backoff, Coordinator
+from rsc.client.coordinator import Backoff, Coordinator, Failover, coordinator_urls
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
 from rsc.client.member import Member, MemberSettings
 from rsc.client.poller import Message
+from rsc.client.sync import SyncCoordinator
 from rsc.events.model import HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest
 from tests.clientkit import Recorder
@@ -189,3 +190,80 @@ async def test_members_not_involved_keep_consuming_while_another_joins(
         times = [t for t, s in handled if s == shard and t >= joined_at - 0.5]
         gaps = [b - a for a, b in itertools.pairwise(times)]
         assert max(gaps) < 0.5, f"shard {shard} paused {max(gaps):.2f} s while another member joined"
+
+
+# --- several coordinators: an active one and standbys ------------------------------
+
+
+class Counting(httpx.AsyncBaseTransport):
+    """A real transport that remembers the address of every request it sends."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.sent: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(f"{request.url.scheme}://{request.url.netloc.decode()}")
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_coordinator_urls_are_a_list_or_comma_separated() -> None:
+    assert coordinator_urls("http://a:1, http://b:2/ ,") == ("http://a:1", "http://b:2")
+    assert coordinator_urls(["http://a:1/"]) == ("http://a:1",)
+    with pytest.raises(ValueError, match="no coordinator URL"):
+        coordinator_urls(" , ")
+
+
+def test_failover_moves_to_the_named_active_or_the_next_and_waits_only_before_a_retry() -> None:
+    failover = Failover("http://a:1,http://b:2,http://c:3")
+    rejection = CoordinatorRejected(503, "STANDBY", "standby", details={"active": "http://c:3/"})
+    failover.failed(0, rejection)
+    assert failover.url == "http://c:3"  # named and listed: straight there
+    failover.failed(2, CoordinatorRejected(503, "STANDBY", "standby", details={"active": "http://x:9"}))
+    assert failover.url == "http://a:1"  # named but not listed: the next one
+    failover.failed(2)
+    assert failover.url == "http://a:1"  # another call already moved on
+    plan = failover.attempts(retries=0, backoff=Backoff(1.0, 1.0), rng=__import__("random").Random(0))
+    wait, index = next(plan)
+    assert (wait, index) == (0.0, 0)
+    failover.failed(index)
+    assert next(plan) == (0.0, 1)  # a URL not tried yet in this call: no wait
+    failover.failed(1)
+    failover.failed(2)
+    assert len(list(plan)) == 1  # at least one attempt per URL, then done (retries=0)
+
+
+async def test_a_client_skips_a_dead_coordinator_and_a_standby(
+    base_url: str, standalone_url: str, prefix: str
+) -> None:
+    active = base_url.rstrip("/")
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url)) as standby_http:
+        standby = str(standby_http.base_url).rstrip("/")
+        refused = await standby_http.post("/v1/heartbeat", json={})
+        assert refused.status_code == 503
+        assert refused.json()["details"] == {"active": active}
+        transport = Counting()
+        async with Coordinator([standby, dead, active], transport=transport, retries=0) as coordinator:
+            ok = await coordinator.heartbeat(HeartbeatRequest(1, prefix, "billing", "a", "i", 0))
+            assert ok.status is HeartbeatStatus.OK
+            assert transport.sent == [standby, active]  # the standby named the active one
+            assert coordinator.base_url == active
+            await coordinator.heartbeat(HeartbeatRequest(1, prefix, "billing", "a", "i", ok.member_epoch))
+            assert transport.sent[-1] == active  # and it stays there
+        async with Coordinator(f"{dead},{active}", backoff=Backoff(0.01, 0.02)) as coordinator:
+            await coordinator.heartbeat(HeartbeatRequest(1, prefix, "billing", "b", "i", 0))
+            assert coordinator.base_url == active
+
+        def sync_routing() -> dict[str, object]:
+            with SyncCoordinator(f"{standby}, {dead}, {active}", retries=0) as sync:
+                return sync.routing(prefix)
+
+        routing = await trio.to_thread.run_sync(sync_routing)
+        assert routing["streamPrefix"] == prefix
+    async with Coordinator([dead, standby], retries=1, backoff=Backoff(0.01, 0.02)) as nobody:
+        with pytest.raises(CoordinatorUnavailable):
+            await nobody.heartbeat(HeartbeatRequest(1, prefix, "billing", "c", "i", 0))

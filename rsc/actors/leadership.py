@@ -306,6 +306,18 @@ class Leadership:
                 on_term_end()
             outcome = 0.0
 
+    async def advertise(self, url: str | None) -> None:
+        """Set the URL standbys name to clients; holding the lease, write it there at once."""
+        self.advertise_url = url
+        term = self.term
+        if term is None or url is None:
+            return
+        self.active_url = url
+        try:  # only the URL changes: the key lives longer, this process's deadline does not move
+            await self.backend.renew(self.holder_id, term.token, url, self.ttl_ms)
+        except StoreUnavailable as exc:
+            log.warning("could not advertise %s in the coordinator lease yet: %s", url, exc)
+
     async def release(self) -> None:
         """Give the lease up (on the way out, every actor stopped): a standby takes over at once."""
         self._term = None

@@ -140,7 +140,7 @@ async def serve(
             )
         )
         if leadership.advertise_url is None:
-            leadership.advertise_url = default_advertise_url(urls)
+            await leadership.advertise(default_advertise_url(urls))
         task_status.started(urls)
         await trigger.wait()
         nursery.cancel_scope.cancel()
