@@ -34,8 +34,9 @@ import trio.testing
 
 from rsc import journal
 from rsc.actors.connect import RedisClient, open_redis
+from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import Fenced, StoreUnavailable
-from rsc.actors.keys import COORDINATOR_LEASE_KEY
+from rsc.actors.keys import COORDINATOR_LEASE_KEY, owner_key
 from rsc.actors.leadership import (
     Acquired,
     Held,
@@ -49,6 +50,7 @@ from rsc.actors.redis_store import RedisStore
 from rsc.client.coordinator import Backoff, Coordinator
 from rsc.client.member import Member
 from rsc.config import Settings
+from rsc.events.wire import OwnerToken
 from rsc.http.serve import serve
 from tests import redis_servers
 from tests.clientkit import Recorder
@@ -293,6 +295,24 @@ async def test_redis_lease_acquire_renew_expire_release(lease_redis: RedisClient
     assert again.token > second.token
     await lease.release("b", again.token)
     assert (await lease.current()) is None
+
+
+async def test_data_plane_effects_are_written_only_in_an_active_term(
+    lease_redis: RedisClient, prefix: str
+) -> None:
+    lease = MemoryLease()
+    leadership = leader(lease, "a")
+    effects = RedisEffects(lease_redis, fence_token=leadership.token)
+    shard = f"{prefix}:{{{prefix}:0}}"
+    token = OwnerToken("10.0.0.1/w/0", "inc", 1)
+    with pytest.raises(Fenced):  # a standby (no term yet)
+        await effects.set_owners("billing", {shard: token})
+    assert await lease_redis.hget(owner_key(shard), "billing") is None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(leadership.run)
+        await effects.set_owners("billing", {shard: token})
+        assert await effects.owners("billing", [shard]) == {shard: token}
+        nursery.cancel_scope.cancel()
 
 
 # --- two coordinators in one process ---------------------------------------------------

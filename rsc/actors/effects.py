@@ -9,13 +9,16 @@ its effect is repaired by running the effect again on recovery:
   installed to, and is absent when no one holds it.
 
 `RedisEffects` does this on Redis; `MemoryEffects` is the fake used by the
-time-driven actor tests.
+time-driven actor tests. Given the coordinator's fence-token provider,
+`RedisEffects` writes only while this process holds an active term (it
+raises `Fenced` otherwise), so an actor of a deposed coordinator resumed
+after a pause does not rewrite owner tokens after its deadline.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -146,18 +149,26 @@ def token_text(token: OwnerToken) -> str:
 class RedisEffects:
     """`Effects` on Redis through coredis; one call per shard key (each in its own slot)."""
 
-    def __init__(self, redis: RedisClient) -> None:
+    def __init__(self, redis: RedisClient, fence_token: Callable[[], int] | None = None) -> None:
         self.redis = redis
+        #: Raises `Fenced` when this coordinator holds no active term (None: always write).
+        self.fence_token = fence_token
         self._ensure_stream = redis.register_script(ENSURE_STREAM)
         self._clear_owner = redis.register_script(CLEAR_OWNER)
         self._ensure_group = redis.register_script(ENSURE_GROUP)
         self._destroy_group = redis.register_script(DESTROY_GROUP)
 
     async def register_stream(self, stream_prefix: str) -> None:
+        self._in_term()
         await _guard(self.redis.sadd(STREAMS_KEY, [stream_prefix]))
 
     async def unregister_stream(self, stream_prefix: str) -> None:
+        self._in_term()
         await _guard(self.redis.srem(STREAMS_KEY, [stream_prefix]))
+
+    def _in_term(self) -> None:
+        if self.fence_token is not None:
+            self.fence_token()
 
     async def delete_streams(self, shard_keys: Iterable[str]) -> None:
         for chunk in _chunks(shard_keys):
@@ -259,6 +270,7 @@ class RedisEffects:
     @contextlib.asynccontextmanager
     async def _pipeline(self) -> AsyncIterator[Any]:
         """One round trip per node for many single-key commands (they run when the block exits)."""
+        self._in_term()
         with redis_errors("side effect"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 yield pipe

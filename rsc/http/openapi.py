@@ -300,7 +300,10 @@ def document() -> dict[str, Any]:
         operation["responses"][route.status] = ok
         error = {"content": {"application/json": {"schema": schema_of(ErrorBody, components)}}}
         operation["responses"]["4XX"] = {"description": "Refused (see `error`)", **error}
-        operation["responses"]["503"] = {"description": "Redis unavailable; retry", **error}
+        operation["responses"]["503"] = {
+            "description": "Redis unavailable, or this coordinator is a standby (`STANDBY`); retry",
+            **error,
+        }
         if route.admin:
             operation["security"] = [{"basic": []}]
         elif route.path not in PUBLIC_PATHS:

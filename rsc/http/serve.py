@@ -90,7 +90,8 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
         leadership = Leadership(
             RedisLease(redis), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
         )
-        store, effects = RedisStore(redis, fence_token=leadership.token), RedisEffects(redis)
+        store = RedisStore(redis, fence_token=leadership.token)
+        effects = RedisEffects(redis, fence_token=leadership.token)
         actors = registry_settings(settings)
         try:
             async with trio.open_nursery() as terms:
