@@ -716,6 +716,24 @@ def takeover_report(members: list[RawMember], faulted: float, url: str) -> tuple
     return first - faulted, max(gaps)
 
 
+@attrs.define
+class Stale:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    status: int = 0
+    error: str | None = None
+
+
+async def stale_heartbeat(
+    http: httpx.AsyncClient, url: str, member: RawMember, *, task_status: trio.TaskStatus[Stale]
+) -> None:
+    """Send `member`'s next heartbeat to `url` and wait long for its answer (the server is paused)."""
+    stale = Stale()
+    task_status.started(stale)
+    response = await http.post(f"{url}/v1/heartbeat", json=member.request(), timeout=30)
+    stale.status, stale.error = response.status_code, response.json().get("error")
+    stale.done.set()
+
+
 @pytest.mark.parametrize("fault", ["kill -9", "SIGSTOP"])
 async def test_two_serve_processes_hand_over_without_double_ownership(
     fault: str, prefix: str, tmp_path: Path
@@ -742,6 +760,8 @@ async def test_two_serve_processes_hand_over_without_double_ownership(
                             a.process.kill()
                         else:
                             a.process.send_signal(signal.SIGSTOP)
+                            # a steady heartbeat that waits in a's socket until it resumes
+                            stale = await nursery.start(stale_heartbeat, http, a.url, members[1])
                         ready = await wait_ready(http, b.url) - faulted
                         resumed = float("inf")
                         if fault == "SIGSTOP":
@@ -749,6 +769,9 @@ async def test_two_serve_processes_hand_over_without_double_ownership(
                             resumed = trio.current_time()
                             a.process.send_signal(signal.SIGCONT)
                             await standby_answer(http, a.url, b.url)  # it knows it is deposed
+                            with trio.fail_after(5):
+                                await stale.done.wait()
+                            assert (stale.status, stale.error) == (503, "STANDBY")
                         await trio.sleep(1.0)
                         await settle(members)
                         until = trio.current_time()
