@@ -134,6 +134,9 @@ def load(path: str | Path | None = None, environ: Mapping[str, str] | None = Non
         if environ.get(env, "") != "":  # an empty variable counts as unset
             values[name] = environ[env]
     settings = Settings(**{name: _coerce(name, value) for name, value in values.items()})
+    if "coordinator_lease_ttl_ms" not in values:  # unset: what fits the member lease
+        fitting = min(settings.coordinator_lease_ttl_ms, settings.member_lease_ttl_ms // 2)
+        settings = attrs.evolve(settings, coordinator_lease_ttl_ms=fitting)
     validate(settings)
     return settings
 

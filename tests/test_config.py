@@ -88,3 +88,11 @@ def test_connection_limits_from_the_environment_and_refused_when_not_positive() 
     for name in names:
         with pytest.raises(ConfigError, match=f"{name} must be positive"):
             load(None, environ={f"RSC_{name.upper()}": "0"})
+
+
+def test_the_coordinator_lease_fits_a_short_member_lease_unless_given() -> None:
+    short = {"RSC_MEMBER_LEASE_TTL_MS": "6000", "RSC_HEARTBEAT_INTERVAL_MS": "2000"}
+    assert load(environ=short).coordinator_lease_ttl_ms == 3_000
+    assert load(environ={}).coordinator_lease_ttl_ms == 4_000
+    with pytest.raises(ConfigError, match="half"):
+        load(environ={**short, "RSC_COORDINATOR_LEASE_TTL_MS": "4000"})
