@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
+import pytest
 import trio
 
 from rsc.http.serve import serve
@@ -35,8 +39,8 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 @contextlib.asynccontextmanager
-async def running(redis_url: str, **settings: int) -> AsyncIterator[int]:
-    """`rsc.http.serve.serve` on a free port; yields the port."""
+async def running(redis_url: str, tls: ssl.SSLContext | None = None, **settings: Any) -> AsyncIterator[int]:
+    """`rsc.http.serve.serve` on a free port; yields the port. `tls`: how clients reach it by HTTPS."""
     config = attrs.evolve(FAST, redis_url=redis_url, max_body_bytes=LIMIT, **settings)
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -44,16 +48,16 @@ async def running(redis_url: str, **settings: int) -> AsyncIterator[int]:
             lambda task_status: serve(config, f"{HOST}:0", shutdown=shutdown, task_status=task_status)
         )
         port = int(urls[0].rsplit(":", 1)[1])
-        await active(port)
+        await active(port, tls)
         yield port
         shutdown.set()
 
 
-async def active(port: int) -> None:
+async def active(port: int, tls: ssl.SSLContext | None = None) -> None:
     """Wait until the server holds the coordinator lease (a standby answers most requests 503)."""
     with trio.fail_after(10):
         while True:
-            async with connect(port) as conn:
+            async with connect(port, tls) as conn:
                 await conn.send(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
                 if (await conn.response())[0] == 200:
                     return
@@ -63,12 +67,18 @@ async def active(port: int) -> None:
 class Conn:
     """A raw client connection with a receive buffer."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]) -> None:
         self.stream = stream
         self.buffer = b""
 
     async def send(self, data: bytes) -> None:
         await self.stream.send_all(data)
+
+    async def half_close(self) -> None:
+        """shutdown(SHUT_WR) of the TCP connection (under TLS too, as a client may do)."""
+        transport = self.stream.transport_stream if isinstance(self.stream, trio.SSLStream) else self.stream
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await transport.send_eof()
 
     async def _more(self) -> bool:
         try:
@@ -101,24 +111,31 @@ class Conn:
 
 
 @contextlib.asynccontextmanager
-async def connect(port: int) -> AsyncIterator[Conn]:
-    async with await trio.open_tcp_stream(HOST, port) as stream:
-        yield Conn(stream)
+async def connect(port: int, tls: ssl.SSLContext | None = None) -> AsyncIterator[Conn]:
+    if tls is None:
+        async with await trio.open_tcp_stream(HOST, port) as stream:
+            yield Conn(stream)
+    else:
+        async with await trio.open_ssl_over_tcp_stream(
+            HOST, port, ssl_context=tls, https_compatible=True
+        ) as secure:
+            yield Conn(secure)
 
 
-async def healthy(port: int) -> None:
-    async with connect(port) as conn:
+async def healthy(port: int, tls: ssl.SSLContext | None = None) -> None:
+    async with connect(port, tls) as conn:
         await conn.send(HEALTHZ)
         status, _, body = await conn.response()
     assert (status, body) == (200, b'{"status":"ok"}')
 
 
-async def announce_send_one_byte_and_half_close(port: int, head: bytes) -> bytes:
+async def announce_send_one_byte_and_half_close(
+    port: int, head: bytes, tls: ssl.SSLContext | None = None
+) -> bytes:
     """The crash trigger: a body announced, one byte of it, then shutdown(SHUT_WR)."""
-    async with connect(port) as conn:
+    async with connect(port, tls) as conn:
         await conn.send(head + b"{")
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await conn.stream.send_eof()
+        await conn.half_close()
         return await conn.until_closed()
 
 
@@ -164,8 +181,7 @@ async def test_the_408_of_the_body_timeout_racing_with_the_peer_closing(standalo
             async with connect(port) as conn:
                 await conn.send(WITHIN + b"{")
                 await trio.sleep(delay)  # around the 0.2 s body timeout
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await conn.stream.send_eof()
+                await conn.half_close()
                 answer = await conn.until_closed()
                 assert answer[:12] in (b"HTTP/1.1 408", b"HTTP/1.1 400", b""), answer
 
@@ -268,6 +284,43 @@ async def test_connections_beyond_max_connections_get_503_and_the_others_are_unh
                     if (await conn.response())[0] == 200:
                         break
                 await trio.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key, made with openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", "key.pem", "-out", "cert.pem"],
+        cwd=d, check=True, capture_output=True,
+    )  # fmt: skip
+    return str(d / "cert.pem"), str(d / "key.pem")
+
+
+async def test_the_same_over_tls(standalone_url: str, tls_files: tuple[str, str]) -> None:
+    cert, key = tls_files
+    tls = ssl.create_default_context(cafile=cert)
+    settings: dict[str, Any] = {"certfile": cert, "keyfile": key, "keep_alive_timeout_ms": 300}
+    async with running(standalone_url, tls, **settings) as port:
+        answers: list[bytes] = []
+
+        async def one() -> None:
+            answers.append(await announce_send_one_byte_and_half_close(port, OVER, tls))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+                nursery.start_soon(one)
+        assert all(a.startswith(b"HTTP/1.1 413 ") for a in answers), {a[:20] for a in answers}
+        async with connect(port, tls) as conn:  # idle after a response: closed
+            await conn.send(HEALTHZ)
+            assert (await conn.response())[0] == 200
+            assert await conn.until_closed(timeout=3) == b""
+        async with connect(port) as conn:  # a TLS handshake that never starts: closed too
+            assert await conn.until_closed(timeout=3) == b""
+        await healthy(port, tls)
 
 
 # --- rsc serve as a process --------------------------------------------------------
