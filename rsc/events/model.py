@@ -25,9 +25,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 #: Member ids, incarnations and producer ids: 1-256 printable ASCII characters.
 ID_PATTERN = r"^[ -~]{1,256}$"
 #: Free text that is stored and shown (client name and version, pause reasons): no control
-#: characters (C0, DEL, C1), so nothing sent can rewrite a log line or a terminal, and no
-#: lone surrogates (they cannot be encoded as UTF-8 for Redis).
-TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\ud800-\udfff]*$"
+#: characters (C0, DEL, C1), so nothing sent can rewrite a log line or a terminal. (Lone
+#: surrogates, which cannot be encoded as UTF-8 for Redis, never get this far: the HTTP
+#: layer refuses a body that holds one in any string.)
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: The longest client name and client version kept.
 MAX_CLIENT_NAME = 128
 MAX_CLIENT_VERSION = 64
@@ -76,7 +78,7 @@ _TEXT = re.compile(TEXT_PATTERN)
 
 def is_plain_text(value: str, max_length: int) -> bool:
     """At most `max_length` characters, none of them a control character."""
-    return len(value) <= max_length and _TEXT.fullmatch(value) is not None
+    return len(value) <= max_length and _TEXT.fullmatch(value) is not None and not _SURROGATE.search(value)
 
 
 class ShardState(enum.Enum):

@@ -344,7 +344,10 @@ async def json_body() -> Any:
 
 
 def parse_json(data: bytes | str) -> Any:
-    """`data` as JSON; `ApiError` (400) if it is not JSON or nests deeper than `MAX_JSON_DEPTH`."""
+    """`data` as JSON; `ApiError` (400) if it is not JSON, nests deeper than `MAX_JSON_DEPTH`
+    or holds a lone surrogate."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
     try:
         value = json.loads(data, parse_constant=_no_constant)
     except RecursionError:
@@ -353,6 +356,10 @@ def parse_json(data: bytes | str) -> Any:
         raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from exc
     else:
         too_deep = nests_deeper(value, MAX_JSON_DEPTH)
+        if not too_deep and _SURROGATE_ESCAPE.search(data) and _lone_surrogate(value):
+            raise ApiError(
+                400, "MALFORMED_JSON", "a string holds a lone surrogate (\\ud800-\\udfff), which is not text"
+            )
     if too_deep:
         raise ApiError(
             400,
@@ -361,6 +368,31 @@ def parse_json(data: bytes | str) -> Any:
             {"limit": MAX_JSON_DEPTH},
         )
     return value
+
+
+#: A JSON escape of a surrogate; only bodies with one need the full check below.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) in `value` holds a surrogate that pairs with nothing.
+
+    Such a string cannot be encoded as UTF-8: stored in Redis or a log it would fail there.
+    (A valid pair decodes to one character, so any surrogate left is a lone one.)
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _no_constant(name: str) -> Any:

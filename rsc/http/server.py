@@ -483,7 +483,7 @@ class _H11Protocol(H11Protocol):
     async def _refuse_body(self, request: h11.Request, length: int) -> None:
         """413 without reading the body (and so without `100 Continue`), then close."""
         given = dict(request.headers).get(b"x-request-id", b"").decode("latin1")
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         message = f"the body ({length} bytes) exceeds max_body_bytes ({self.limits.max_body_bytes})"
         body = _error_json("BODY_TOO_LARGE", message, request_id)
         headers = [
