@@ -15,6 +15,7 @@ import attrs
 import httpx
 import trio
 
+from rsc.http.serve import serve
 from tests import redis_servers
 from tests.httpkit import FAST, hb, serve_on
 
@@ -121,3 +122,28 @@ def test_an_exposed_bind_without_credentials_is_refused_in_one_line(
     assert "Traceback" not in result.stderr
     assert "--insecure" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+async def test_a_request_in_flight_at_shutdown_is_still_answered(prefix: str) -> None:
+    """SIGTERM is graceful: the server stops accepting, answers what it is working on, then stops."""
+    with redis_servers.standalone() as url:
+        settings = attrs.evolve(FAST, redis_url=url, redis_command_timeout_ms=1_000)
+        shutdown = trio.Event()
+        answers: list[int] = []
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(
+                lambda task_status: serve(settings, "127.0.0.1:0", shutdown=shutdown, task_status=task_status)
+            )
+            async with httpx.AsyncClient(base_url=urls[0], timeout=10) as client:
+
+                async def slow_join() -> None:  # waits for the frozen Redis, then gets its 503
+                    answers.append((await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))).status_code)
+
+                with stopped(redis_servers.server_pid(url)):
+                    nursery.start_soon(slow_join)
+                    await trio.sleep(0.3)  # the request is in flight
+                    shutdown.set()
+                    with trio.fail_after(10):
+                        while not answers:
+                            await trio.sleep(0.05)
+        assert answers == [503]

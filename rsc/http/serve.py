@@ -131,19 +131,23 @@ async def serve(
         add_admin_routes(app, registry, account, audit, throttle)
         add_openapi_route(app)
         add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
-        urls = await nursery.start(
-            lambda task_status: serve_http(
-                app,
-                config,
-                limits,
-                shutdown_trigger=trigger.wait,
-                task_status=task_status,
-            )
-        )
+        stopped = trio.Event()
+
+        async def http(task_status: trio.TaskStatus[list[str]]) -> None:
+            try:
+                await serve_http(app, config, limits, shutdown_trigger=trigger.wait, task_status=task_status)
+            finally:
+                stopped.set()
+
+        urls = await nursery.start(http)
         if leadership.advertise_url is None:
             await leadership.advertise(default_advertise_url(urls))
         task_status.started(urls)
         await trigger.wait()
+        # Graceful: no new connections, requests in flight answered (within the server's
+        # graceful timeout), and only then the actors and the lease go.
+        with trio.move_on_after(config.graceful_timeout + 1):
+            await stopped.wait()
         nursery.cancel_scope.cancel()
 
 
