@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -376,3 +377,15 @@ def test_settings_never_show_secrets() -> None:
     assert "redis-secret" not in text
     assert "admin-secret" not in text
     assert "redis://user:***@db:6379/0" in text
+
+
+@pytest.mark.parametrize(
+    "name", ["encoded-surrogate.json", "utf16-lone-surrogate.json", "lone-surrogate.json", "nan.json"]
+)
+async def test_what_is_not_text_is_not_json(open_client: httpx.AsyncClient, name: str) -> None:
+    """A surrogate, encoded in UTF-8, escaped, or in UTF-16, can never reach Redis or a log."""
+    body = (Path(__file__).parent / "corpus" / name).read_bytes()
+    for path in ("/v1/heartbeat", "/v1/producers/heartbeat"):
+        response = await open_client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (name, path, response.text)
+        assert response.json()["error"] == "MALFORMED_JSON"

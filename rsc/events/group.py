@@ -509,9 +509,10 @@ def _refresh_target(decision: _Decision, now_ms: int) -> None:
 
 
 def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
-    if ids:
+    if ids:  # a join (or a new incarnation): what is stored then is checked then
         check_id(hb.member_id, "memberId")
         check_id(hb.incarnation, "incarnation")
+        check_client(hb.client)
     if hb.member_epoch < -1:
         raise InvalidCommand("memberEpoch must be -1 (leave), 0 (join) or a received epoch")
     check_counter(hb.member_epoch, "memberEpoch")
@@ -524,7 +525,6 @@ def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
         raise InvalidCommand(f"shard indexes are below {MAX_SHARDS}")
     if len(hb.drain_progress) > MAX_SHARDS:
         raise InvalidCommand(f"drainProgress has at most {MAX_SHARDS} reports")
-    check_client(hb.client)
     for report in hb.drain_progress:
         if report.shard < 0 or report.pending < 0 or (report.lag is not None and report.lag < 0):
             raise InvalidCommand("drainProgress figures are never negative")

@@ -69,10 +69,10 @@ def add_admin_routes(
 
     @app.before_request
     async def authenticate() -> None:
-        g.caller = None
-        g.revision = None
         if not request.path.startswith("/v1/admin/"):
             return
+        g.caller = None
+        g.revision = None
         address = request.remote_addr or "unknown"
         wait = throttle.retry_after(address, trio.current_time())
         if wait is not None:

@@ -82,12 +82,11 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     settings = settings or Settings()
     app = QuartTrio("rsc")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    _add_request_ids_and_errors(app)
     metrics = Metrics(registry)
     account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
     gate = Gate(settings.policy, account, metrics.prometheus)
     app.extensions["rsc.gate"] = gate
-    _add_gate(app, gate)
+    _add_request_ids_and_errors(app, gate)
     _add_member_routes(app, registry, metrics, gate, settings.max_batch_items)
     _add_operator_routes(app, registry, gate)
 
@@ -98,39 +97,39 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     return app
 
 
-def _add_gate(app: QuartTrio, gate: Gate) -> None:
+#: Paths whose action the path alone decides (a single heartbeat is authorized once its
+#: stream is known, which is the check that matters; a batch is refused as a whole first).
+_COARSE = {
+    "/v1/heartbeats": Action.MEMBER_HEARTBEAT,
+    "/metrics": Action.METRICS,
+}
+
+
+def _authorize(gate: Gate) -> None:
     """Authorize what the path alone decides; heartbeats are authorized per stream once parsed."""
-    coarse = {
-        "/v1/heartbeat": Action.MEMBER_HEARTBEAT,
-        "/v1/heartbeats": Action.MEMBER_HEARTBEAT,
-        "/v1/producers/heartbeat": Action.PRODUCER_HEARTBEAT,
-        "/metrics": Action.METRICS,
-    }
-
-    @app.before_request
-    async def authorize() -> None:
-        path = request.path
-        if path in PUBLIC_PATHS or path.startswith("/v1/admin/"):
-            return  # the Admin API authenticates (and audits) on its own
-        action = coarse.get(path)
-        if action is not None:
-            gate.check(action)
-        elif path.startswith("/v1/streams"):
-            parts = path.split("/")  # '', v1, streams, <prefix>, ...
-            prefix = parts[3] if len(parts) > 3 and parts[3] else None
-            if len(parts) == 5 and parts[4] == "routing":
-                gate.check(Action.ROUTING, prefix)
-            else:
-                gate.check(Action.VIEW, prefix)
+    path = request.path
+    if path in PUBLIC_PATHS or path.startswith("/v1/admin/"):
+        return  # the Admin API authenticates (and audits) on its own
+    action = _COARSE.get(path)
+    if action is not None:
+        gate.check(action)
+    elif path.startswith("/v1/streams"):
+        parts = path.split("/")  # '', v1, streams, <prefix>, ...
+        prefix = parts[3] if len(parts) > 3 and parts[3] else None
+        if len(parts) == 5 and parts[4] == "routing":
+            gate.check(Action.ROUTING, prefix)
         else:
-            gate.principal()  # a bad credential is refused everywhere
+            gate.check(Action.VIEW, prefix)
+    else:
+        gate.principal()  # a bad credential is refused everywhere
 
 
-def _add_request_ids_and_errors(app: QuartTrio) -> None:
+def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
     @app.before_request
-    async def assign_request_id() -> None:
+    async def assign_request_id_and_authorize() -> None:  # one hook: each costs per request
         given = request.headers.get("X-Request-Id", "")
         g.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        _authorize(gate)
 
     @app.after_request
     async def echo_request_id(response: Response) -> Response:
@@ -232,10 +231,13 @@ async def _answer_batch(
     now_ms = registry.clock.now_ms()
     create = gate.may_create()
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
+    allowed: set[str] = set()  # the streams already authorized in this batch
     for index, raw in enumerate(batch.heartbeats):
         try:
             body = structure(raw, HeartbeatRequest)
-            gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+            if body.stream_prefix not in allowed:
+                gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+                allowed.add(body.stream_prefix)
             command = body.to_command(now_ms)
         except (ApiError, Refused) as error:
             results[index] = error_body(error.code, error.message, getattr(error, "details", None))
@@ -346,17 +348,19 @@ async def json_body() -> Any:
 def parse_json(data: bytes | str) -> Any:
     """`data` as JSON; `ApiError` (400) if it is not JSON, nests deeper than `MAX_JSON_DEPTH`
     or holds a lone surrogate."""
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogatepass")
     try:
-        value = json.loads(data, parse_constant=_no_constant)
+        # Strict decoding (json.loads would let encoded surrogates through): not text, not JSON.
+        text = data if isinstance(data, str) else data.decode(json.detect_encoding(data))
+        value = _DECODER.decode(text)
     except RecursionError:
         too_deep = True
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from exc
-    else:
-        too_deep = nests_deeper(value, MAX_JSON_DEPTH)
-        if not too_deep and _SURROGATE_ESCAPE.search(data) and _lone_surrogate(value):
+    else:  # no deeper than it has brackets: most bodies need no walk
+        brackets = text.count("[") + text.count("{")
+        too_deep = brackets > MAX_JSON_DEPTH and nests_deeper(value, MAX_JSON_DEPTH)
+        escaped = _SURROGATE_ESCAPE.search(text) or (text is data and _SURROGATE.search(text))
+        if not too_deep and escaped and _lone_surrogate(value):
             raise ApiError(
                 400, "MALFORMED_JSON", "a string holds a lone surrogate (\\ud800-\\udfff), which is not text"
             )
@@ -371,7 +375,7 @@ def parse_json(data: bytes | str) -> Any:
 
 
 #: A JSON escape of a surrogate; only bodies with one need the full check below.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -399,16 +403,22 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
+#: One decoder for every body (`json.loads` with an option builds a new one per call).
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def nests_deeper(value: Any, limit: int) -> bool:
     """Whether arrays and objects in `value` nest more than `limit` levels (iterative, no recursion)."""
+    if type(value) is not dict and type(value) is not list:
+        return False
     level: list[Any] = [value]
     for _ in range(limit):
-        below: list[Any] = []
-        for item in level:
-            if type(item) is dict:
-                below.extend(v for v in item.values() if type(v) is dict or type(v) is list)
-            elif type(item) is list:
-                below.extend(v for v in item if type(v) is dict or type(v) is list)
+        below = [
+            v
+            for item in level
+            for v in (item.values() if type(item) is dict else item)
+            if type(v) is dict or type(v) is list
+        ]
         if not below:
             return False
         level = below

@@ -102,7 +102,10 @@ class Gate:
     def check(self, action: Action, stream_prefix: str | None = None) -> Credential | None:
         """Authorize `action` on `stream_prefix` for this request's caller; raise `Refused`."""
         caller = self.principal()
-        verdict = auth.decide(self.policy, caller, action, stream_prefix, loopback=_from_loopback())
+        policy = self.policy
+        # The peer address matters only for anonymous callers in protected mode: parse it then.
+        loopback = caller is not None or policy.enforced or policy.insecure or _from_loopback()
+        verdict = auth.decide(policy, caller, action, stream_prefix, loopback=loopback)
         if verdict is Verdict.ALLOW:
             return caller
         if verdict is Verdict.UNAUTHENTICATED:
@@ -144,6 +147,8 @@ def _from_loopback() -> bool:
     address = request.remote_addr
     if not address:
         return False
+    if address.startswith("127.") or address == "::1":  # the usual spellings, without parsing
+        return True
     try:
         return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
     except ValueError:
