@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import functools
 import hashlib
 import hmac
 import re
@@ -98,9 +99,14 @@ class Credential:
     create: bool = False
 
     def covers(self, stream_prefix: str | None) -> bool:
-        if stream_prefix is None:
+        if stream_prefix is None or self.streams == ("*",):
             return True
-        return any(fnmatch.fnmatchcase(stream_prefix, pattern) for pattern in self.streams)
+        return _covered(stream_prefix, self.streams)
+
+
+@functools.lru_cache(maxsize=4096)
+def _covered(stream_prefix: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(stream_prefix, pattern) for pattern in patterns)
 
 
 #: The admin, authenticated by HTTP Basic (not a bearer credential).
@@ -151,12 +157,13 @@ def decide(
 
     `loopback` says the request came from a loopback address (protected mode).
     """
-    anonymous = _anonymous(policy, action, loopback)
-    if caller is None or anonymous is Verdict.ALLOW:
-        return anonymous  # a credential never allows less than none would
-    if not (caller.roles & ROLES_FOR[action]) or not caller.covers(stream_prefix):
-        return Verdict.FORBIDDEN
-    return Verdict.ALLOW
+    if caller is None:
+        return _anonymous(policy, action, loopback)
+    if caller.roles & ROLES_FOR[action] and caller.covers(stream_prefix):
+        return Verdict.ALLOW
+    if _anonymous(policy, action, loopback) is Verdict.ALLOW:
+        return Verdict.ALLOW  # a credential never allows less than none would
+    return Verdict.FORBIDDEN
 
 
 def _anonymous(policy: Policy, action: Action, loopback: bool) -> Verdict:

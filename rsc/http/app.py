@@ -183,9 +183,9 @@ def _add_member_routes(
     app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, max_batch_items: int
 ) -> None:
     async def heartbeat_of(body: HeartbeatRequest) -> HeartbeatResponse:
-        gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+        caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
         command = body.to_command(registry.clock.now_ms())
-        create = gate.may_create()
+        create = gate.may_create(caller)
         reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
         return respond(reply.state, command, reply.events)
 
@@ -199,10 +199,10 @@ def _add_member_routes(
     async def producer_heartbeat() -> Response:
         with metrics.heartbeat_seconds.labels("producer").time():
             body = structure(await json_body(), ProducerHeartbeatRequest)
-            gate.check(Action.PRODUCER_HEARTBEAT, body.stream_prefix)
+            caller = gate.check(Action.PRODUCER_HEARTBEAT, body.stream_prefix)
             timing = registry.settings.timing
             command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
-            create = None if gate.may_create() else False
+            create = None if gate.may_create(caller) else False
             reply = await registry.ask_stream(body.stream_prefix, command, create=create)
             return json_response(respond_producer(reply.state, command, timing.heartbeat_interval_ms))
 
@@ -229,7 +229,7 @@ async def _answer_batch(
         raise ApiError(400, "INVALID_REQUEST", "every item of heartbeats must be a JSON object")
     results: list[Any] = [None] * len(batch.heartbeats)
     now_ms = registry.clock.now_ms()
-    create = gate.may_create()
+    create = gate.may_create(gate.principal())
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
     allowed: set[str] = set()  # the streams already authorized in this batch
     for index, raw in enumerate(batch.heartbeats):
