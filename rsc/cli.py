@@ -23,6 +23,7 @@ from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
+from rsc.client.errors import CoordinatorRejected
 from rsc.connect import RedisRefused
 from rsc.demo import run_demo
 from rsc.http import serve as serving
@@ -274,6 +275,16 @@ def serve(
             raise click.ClickException(str(_leaf(fatal))) from group
 
 
+def _rejection_in(group: BaseExceptionGroup[BaseException]) -> CoordinatorRejected | None:
+    """The first `CoordinatorRejected` anywhere in `group`, if any."""
+    for exc in group.exceptions:
+        if isinstance(exc, CoordinatorRejected):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (inner := _rejection_in(exc)) is not None:
+            return inner
+    return None
+
+
 def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     first = group.exceptions[0]
     return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
@@ -341,4 +352,11 @@ def worker(
             app.stop()
             nursery.cancel_scope.deadline = trio.current_time() + stop_timeout
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except (CoordinatorRejected, BaseExceptionGroup) as exc:
+        refused = exc if isinstance(exc, CoordinatorRejected) else _rejection_in(exc)
+        if refused is None:
+            raise
+        # A wrong credential, a forbidden stream: say so in one line, not a traceback per member.
+        raise click.ClickException(f"the coordinator refused this worker: {refused}") from exc

@@ -28,10 +28,10 @@ ADMIN = ("admin", "s3cret")
 
 
 def start_worker(
-    base: str, redis_url: str, stream: str, tmp_path: Path, log_path: Path
+    base: str, redis_url: str, stream: str, tmp_path: Path, log_path: Path, token: str = MEMBER_TOKEN
 ) -> subprocess.Popen[bytes]:
     token_file = tmp_path / "token"
-    token_file.write_text(MEMBER_TOKEN + "\n")
+    token_file.write_text(token + "\n")
     env = {
         **os.environ,
         "POD_IP": "10.9.0.1",
@@ -126,3 +126,52 @@ async def test_worker_producers_and_curl_with_credentials(
 
         metrics = (await http.get("/metrics")).text
         assert 'rsc_auth_refusals_total{action="routing",reason="unauthenticated"}' in metrics
+
+
+async def test_a_worker_waits_for_its_stream_and_stops_on_a_wrong_credential(
+    standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    stream = f"e2e-{prefix}"
+    credentials = (credential("workers", ["member"], token=MEMBER_TOKEN, streams=["e2e-*"]),)
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        admin_password="s3cret",
+        credentials=credentials,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+    )
+    async with serve_on(settings) as http:
+        base = str(http.base_url).rstrip("/")
+        # A credential that may not create: the worker waits until an operator creates the group.
+        log_path = tmp_path / "waiting.log"
+        worker = start_worker(base, standalone_url, stream, tmp_path, log_path)
+        try:
+            await trio.sleep(1.0)
+            assert worker.poll() is None, log_path.read_text()
+            assert "retrying until it exists" in log_path.read_text()
+            assert (
+                await http.put(f"/v1/admin/streams/{stream}", json={"shardCount": 2}, auth=ADMIN)
+            ).is_success
+            put = await http.put(f"/v1/admin/streams/{stream}/groups/billing", json={}, auth=ADMIN)
+            assert put.is_success
+            with trio.fail_after(20):
+                while not (await http.get(f"/v1/streams/{stream}/groups/billing")).json()["members"]:
+                    await trio.sleep(0.1)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        assert worker.returncode == 0, log_path.read_text()
+
+        # A wrong credential: the worker stops at once, with one line saying why.
+        wrong_log = tmp_path / "wrong.log"
+        wrong = start_worker(
+            base, standalone_url, stream, tmp_path, wrong_log, token="not-the-right-token-at-all"
+        )
+        with trio.fail_after(20):
+            while wrong.poll() is None:
+                await trio.sleep(0.1)
+        text = wrong_log.read_text()
+        assert wrong.returncode == 1, text
+        assert "the coordinator refused this worker: 401 UNAUTHENTICATED" in text
+        assert "Traceback" not in text

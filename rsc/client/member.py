@@ -34,6 +34,9 @@ from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
 from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, HeartbeatStatus, Layout
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
+#: Refusals that end when an operator creates the stream or group (Admin API): retried.
+WAIT_FOR_ADMIN = frozenset({"UNKNOWN_STREAM", "UNKNOWN_GROUP"})
+
 log = logging.getLogger("rsc.client.member")
 #: How members of this library introduce themselves to the coordinator.
 CLIENT = ClientInfo("rsc-python", __version__)
@@ -142,10 +145,14 @@ class Member:
             except CoordinatorUnavailable as exc:
                 log.info("%s: heartbeat failed: %s", self.member_id, exc)
             except CoordinatorRejected as exc:
-                if exc.code != "INCARNATION_MISMATCH":
+                if exc.code in WAIT_FOR_ADMIN:
+                    # Its credential may not create the stream or group: an operator will.
+                    log.warning("%s: %s; retrying until it exists", self.member_id, exc.message)
+                elif exc.code == "INCARNATION_MISMATCH":
+                    # Another process drives this member id: wait for its lease to end.
+                    log.warning("%s: %s", self.member_id, exc.message)
+                else:
                     raise
-                # Another process drives this member id: wait for its lease to end.
-                log.warning("%s: %s", self.member_id, exc.message)
         if response is None:
             if trio.current_time() >= self._fence_at():
                 await self._self_fence()
