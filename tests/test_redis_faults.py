@@ -147,3 +147,36 @@ async def test_a_request_in_flight_at_shutdown_is_still_answered(prefix: str) ->
                         while not answers:
                             await trio.sleep(0.05)
         assert answers == [503]
+
+
+async def test_a_redis_hang_longer_than_the_coordinator_lease_says_redis_is_the_cause(prefix: str) -> None:
+    """A lone coordinator that cannot renew its lease stops acting, and says why (not 'standby')."""
+    with redis_servers.standalone() as url:
+        settings = attrs.evolve(
+            FAST,
+            redis_url=url,
+            redis_command_timeout_ms=300,
+            redis_connect_timeout_ms=300,
+            coordinator_lease_ttl_ms=1_000,
+        )
+        async with serve_on(settings) as client:
+            joined = (await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))).json()
+            with stopped(redis_servers.server_pid(url)):
+                await trio.sleep(2.5)  # past the lease: no renewal got through
+                ready = await client.get("/readyz")
+                assert ready.status_code == 503
+                assert ready.json()["error"] == "NOT_READY"
+                assert ready.json()["details"]["redis"] in ("unreachable", "timeout")
+                beat = await client.post("/v1/heartbeat", json=hb(prefix, "a", joined["memberEpoch"]))
+                assert beat.status_code == 503
+                assert beat.json()["error"] == "UNAVAILABLE", beat.text
+                assert "Redis" in beat.json()["message"]
+            with trio.fail_after(20):  # Redis is back: a new term, and the member is still a member
+                while (await client.get("/readyz")).status_code != 200:
+                    await trio.sleep(0.1)
+            owned = joined["assignment"]["assigned"]
+            steady = await client.post(
+                "/v1/heartbeat", json=hb(prefix, "a", joined["memberEpoch"], ownedShards=owned)
+            )
+            assert steady.status_code == 200, steady.text
+            assert steady.json()["status"] == "OK"

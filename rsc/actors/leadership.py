@@ -246,6 +246,8 @@ class Leadership:
         self.terms = 0
         self._term: Term | None = None
         self._last_token: int | None = None
+        #: Why the last look at the lease failed (Redis unreachable), or None when it worked.
+        self.unreachable: str | None = None
 
     # --- asking -----------------------------------------------------------
 
@@ -337,7 +339,9 @@ class Leadership:
             outcome = await self.backend.acquire(self.holder_id, self.advertise_url, self.ttl_ms)
         except StoreUnavailable as exc:
             log.warning("standby: cannot reach the coordinator lease: %s", exc)
+            self.unreachable = str(exc)
             return self.ttl_s / LOOKS_PER_TTL
+        self.unreachable = None
         if isinstance(outcome, Held):
             if outcome.by.url != self.active_url:
                 log.info("standby: %s (%s) is active", outcome.by.holder, outcome.by.url or "no url")
@@ -365,8 +369,10 @@ class Leadership:
                     )
                 except StoreUnavailable as exc:
                     log.warning("renewing the coordinator lease failed: %s", exc)
+                    self.unreachable = str(exc)
                     next_renewal = trio.current_time() + every / 4
                     continue
+                self.unreachable = None
                 if not kept:
                     log.warning("standby: the coordinator lease (token %d) was lost", term.token)
                     return

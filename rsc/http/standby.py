@@ -59,7 +59,21 @@ def add_standby_gate(app: QuartTrio, leadership: Leadership) -> None:
 
 
 def standby_response(leadership: Leadership) -> Response:
-    """The 503 STANDBY answer, naming the active coordinator when it is known."""
+    """The 503 STANDBY answer, naming the active coordinator when it is known.
+
+    When this process cannot reach Redis, it is not a standby waiting its turn: it
+    says that Redis is the cause (503 UNAVAILABLE, `/readyz` NOT_READY) instead.
+    """
+    if leadership.unreachable is not None:
+        code = "NOT_READY" if request.path == "/readyz" else "UNAVAILABLE"
+        response = error_response(
+            503,
+            code,
+            "the coordinator cannot reach its Redis, so it does not act as the active coordinator; retry",
+            {"redis": "unreachable", "active": None},
+        )
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     active = leadership.active_elsewhere()
     where = f"; the active coordinator is {active}" if active else ""
     response = error_response(503, "STANDBY", f"this coordinator is a standby{where}", {"active": active})
