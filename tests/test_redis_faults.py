@@ -13,8 +13,11 @@ from pathlib import Path
 
 import attrs
 import httpx
+import pytest
+import redis
 import trio
 
+from rsc.actors.keys import COORDINATOR_LEASE_KEY
 from rsc.http.serve import serve
 from tests import redis_servers
 from tests.httpkit import FAST, hb, serve_on
@@ -180,3 +183,19 @@ async def test_a_redis_hang_longer_than_the_coordinator_lease_says_redis_is_the_
             )
             assert steady.status_code == 200, steady.text
             assert steady.json()["status"] == "OK"
+
+
+async def test_a_coordinator_leaving_on_an_error_still_releases_its_lease() -> None:
+    """Cancelled mid-command, the client's connections may be broken: the lease goes anyway."""
+    with redis_servers.standalone() as url:
+
+        async def fail_while_serving() -> None:
+            async with serve_on(attrs.evolve(FAST, redis_url=url)) as client:
+                assert (await client.get("/readyz")).status_code == 200
+                raise LookupError("the embedding application failed")
+
+        with pytest.raises(BaseExceptionGroup) as raised:
+            await fail_while_serving()
+        assert raised.group_contains(LookupError)
+        with redis.Redis.from_url(url) as checker:
+            assert checker.get(COORDINATOR_LEASE_KEY) is None  # a standby may take over at once

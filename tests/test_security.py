@@ -11,10 +11,12 @@ from typing import Any
 import attrs
 import httpx
 import pytest
+import redis as redis_py
 import trio
 
 from rsc.config import Settings
 from rsc.events.auth import credential
+from rsc.http.audit import AUDIT_KEY
 from rsc.http.serve import Exposed, serve
 from tests.httpkit import FAST, hb, serve_on
 
@@ -389,3 +391,33 @@ async def test_what_is_not_text_is_not_json(open_client: httpx.AsyncClient, name
         response = await open_client.post(path, content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == 400, (name, path, response.text)
         assert response.json()["error"] == "MALFORMED_JSON"
+
+
+async def test_admin_passwords_cannot_be_guessed_through_other_paths(standalone_url: str) -> None:
+    """Basic credentials are accepted on views and /metrics too: wrong ones count there as well."""
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, admin_password="s3cret", admin_auth_max_failures=3
+    )
+    async with serve_on(settings) as client:
+        for path in ("/v1/streams", "/metrics", "/nope"):
+            assert (await client.get(path, auth=("admin", f"guess-{path}"))).status_code == 401
+        blocked = await client.get("/v1/streams", auth=ADMIN)  # even the right one, from here
+        assert blocked.status_code == 429
+        assert blocked.json()["error"] == "TOO_MANY_FAILURES"
+        assert int(blocked.headers["Retry-After"]) >= 1
+        assert (await client.get("/v1/admin/audit", auth=ADMIN)).status_code == 429  # one budget
+        assert (await client.get("/v1/streams")).status_code == 200  # without Basic: public as ever
+
+
+async def test_unauthenticated_admin_requests_cannot_flood_the_audit(standalone_url: str) -> None:
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, admin_password="s3cret", admin_auth_max_failures=5
+    )
+    async with serve_on(settings) as client:
+        with redis_py.Redis.from_url(standalone_url) as checker:  # the admin is locked out too
+            before = checker.xlen(AUDIT_KEY)
+            statuses = [(await client.get("/v1/admin/streams/x")).status_code for _ in range(200)]
+            assert statuses[:5] == [401] * 5
+            assert set(statuses[5:]) == {429}
+            # five records for the five refusals; the 429s wait for one aggregated record
+            assert checker.xlen(AUDIT_KEY) == before + 5

@@ -320,17 +320,23 @@ class Leadership:
         except StoreUnavailable as exc:
             log.warning("could not advertise %s in the coordinator lease yet: %s", url, exc)
 
-    async def release(self) -> None:
-        """Give the lease up (on the way out, every actor stopped): a standby takes over at once."""
+    async def release(self, backend: LeaseBackend | None = None) -> bool:
+        """Give the lease up (on the way out, every actor stopped): a standby takes over at once.
+
+        `backend` replaces this process's own for the call (after a cancellation its
+        connections may be unusable). True when nothing is left to release.
+        """
         self._term = None
         if self._last_token is None:
-            return
+            return True
         try:
-            await self.backend.release(self.holder_id, self._last_token)
+            await (backend or self.backend).release(self.holder_id, self._last_token)
         except StoreUnavailable as exc:
-            log.warning("could not release the coordinator lease (it expires by itself): %s", exc)
-        else:
-            log.info("released the coordinator lease (token %d)", self._last_token)
+            log.info("could not release the coordinator lease: %s", exc)
+            return False
+        log.info("released the coordinator lease (token %d)", self._last_token)
+        self._last_token = None
+        return True
 
     async def _attempt(self) -> Term | float:
         """Try to acquire once: the new term, or how long to wait before trying again."""

@@ -25,7 +25,7 @@ from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
 from rsc.http.app import ApiError, json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.auth import AdminAccount, basic_credentials
-from rsc.http.throttle import Blocked, FailureThrottle
+from rsc.http.throttle import Blocked, FailureThrottle, client_key
 from rsc.http.views import stream_view
 
 log = logging.getLogger("rsc.admin")
@@ -64,8 +64,9 @@ def add_admin_routes(
     audit: AuditLog,
     throttle: FailureThrottle | None = None,
 ) -> None:
-    """Register `/v1/admin/...` on `app`; failed logins are limited per address by `throttle`."""
-    throttle = throttle or FailureThrottle()
+    """Register `/v1/admin/...` on `app`; failed logins are limited per address by `throttle`
+    (by default the app's, which also counts wrong admin credentials sent to other paths)."""
+    throttle = throttle or app.extensions.get("rsc.throttle") or FailureThrottle()
 
     @app.before_request
     async def authenticate() -> None:
@@ -73,7 +74,7 @@ def add_admin_routes(
             return
         g.caller = None
         g.revision = None
-        address = request.remote_addr or "unknown"
+        address = client_key(request.remote_addr)
         wait = throttle.retry_after(address, trio.current_time())
         if wait is not None:
             g.retry_after = wait
@@ -88,8 +89,9 @@ def add_admin_routes(
         if not account.enabled:
             raise ApiError(403, "ADMIN_DISABLED", "no admin password is configured (RSC_ADMIN_PASSWORD)")
         if user is None or password is None or not account.check(user, password):
-            if user is not None:  # a wrong guess, not a client that sent no credentials
-                throttle.failed(address, trio.current_time())
+            # Every refusal counts, with credentials or without: each is an audit record, so
+            # an address gets a few individually and then one aggregated record per window.
+            throttle.failed(address, trio.current_time())
             raise ApiError(401, "UNAUTHENTICATED", "admin endpoints need HTTP Basic credentials")
 
     @app.after_request

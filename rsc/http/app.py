@@ -39,6 +39,7 @@ from rsc.events.wire import (
 from rsc.http import views
 from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.metrics import Metrics
+from rsc.http.throttle import FailureThrottle
 
 log = logging.getLogger("rsc.http")
 T = TypeVar("T")
@@ -84,8 +85,10 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     metrics = Metrics(registry)
     account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-    gate = Gate(settings.policy, account, metrics.prometheus)
+    throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
+    gate = Gate(settings.policy, account, metrics.prometheus, throttle)
     app.extensions["rsc.gate"] = gate
+    app.extensions["rsc.throttle"] = throttle
     _add_request_ids_and_errors(app, gate)
     _add_member_routes(app, registry, metrics, gate, settings.max_batch_items)
     _add_operator_routes(app, registry, gate)
@@ -97,10 +100,12 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     return app
 
 
-#: Paths whose action the path alone decides (a single heartbeat is authorized once its
-#: stream is known, which is the check that matters; a batch is refused as a whole first).
+#: Paths whose action the path alone decides: a caller without the role is refused before
+#: its body is read; heartbeats are authorized again on their streams once parsed.
 _COARSE = {
+    "/v1/heartbeat": Action.MEMBER_HEARTBEAT,
     "/v1/heartbeats": Action.MEMBER_HEARTBEAT,
+    "/v1/producers/heartbeat": Action.PRODUCER_HEARTBEAT,
     "/metrics": Action.METRICS,
 }
 
@@ -145,6 +150,8 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
         response = error_response(error.status, error.code, error.message)
         if error.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="rsc"'
+        if error.retry_after_s is not None:
+            response.headers["Retry-After"] = f"{error.retry_after_s:.0f}"
         return response
 
     @app.errorhandler(CoordinationError)

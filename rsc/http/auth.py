@@ -17,24 +17,27 @@ import ipaddress
 from collections.abc import Callable
 
 import attrs
+import trio
 from prometheus_client import CollectorRegistry, Counter
 from quart import g, request
 
 from rsc.events import auth
 from rsc.events.auth import Action, Credential, Policy, Verdict
+from rsc.http.throttle import FailureThrottle, client_key
 
 #: Paths nobody needs a credential for.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/version", "/openapi.json"})
 
 
 class Refused(Exception):
-    """An authentication or authorization refusal, answered as 401/403 JSON by the app."""
+    """An authentication or authorization refusal, answered as 401/403/429 JSON by the app."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 @attrs.frozen
@@ -62,9 +65,17 @@ class AdminAccount:
 class Gate:
     """Authenticates each request once (`g.principal`) and authorizes actions on streams."""
 
-    def __init__(self, policy: Policy, account: AdminAccount, prometheus: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        account: AdminAccount,
+        prometheus: CollectorRegistry,
+        throttle: FailureThrottle | None = None,
+    ) -> None:
         self.policy = policy
         self.account = account
+        #: Wrong admin passwords count against their address wherever they are sent.
+        self.throttle = throttle or FailureThrottle()
         self.refusals = Counter(
             "rsc_auth_refusals",
             "Requests refused by authentication or authorization (admin ones are also audited)",
@@ -87,9 +98,7 @@ class Gate:
             if scheme.lower() == "bearer" and value.strip():
                 found = self.policy.authenticate(value.strip())
             elif scheme.lower() == "basic":
-                user, password = basic_credentials(header)
-                if user is not None and password is not None and self.account.check(user, password):
-                    found = auth.ADMIN
+                found = self._admin(header)
             if found is None:
                 ctx.principal = None
                 raise self._refuse(
@@ -101,6 +110,20 @@ class Gate:
                 )
         ctx.principal = found
         return found
+
+    def _admin(self, header: str) -> Credential | None:
+        """The admin, if the Basic credentials are right; throttled like the Admin API's logins."""
+        address = client_key(request.remote_addr)
+        wait = self.throttle.retry_after(address, trio.current_time())
+        if wait is not None:
+            raise Refused(
+                429, "TOO_MANY_FAILURES", f"too many failed admin logins; retry in {wait:.0f} s", wait
+            )
+        user, password = basic_credentials(header)
+        if user is not None and password is not None and self.account.check(user, password):
+            return auth.ADMIN
+        self.throttle.failed(address, trio.current_time())
+        return None
 
     def check(self, action: Action, stream_prefix: str | None = None) -> Credential | None:
         """Authorize `action` on `stream_prefix` for this request's caller; raise `Refused`."""

@@ -21,10 +21,12 @@ from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
 from rsc.actors.connect import open_redis
 from rsc.actors.effects import RedisEffects
+from rsc.actors.errors import StoreError
 from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.config import ConfigError, Settings
+from rsc.connect import RedisRefused
 from rsc.events.model import Timing
 from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
@@ -33,7 +35,6 @@ from rsc.http.auth import is_loopback_bind
 from rsc.http.openapi import add_openapi_route
 from rsc.http.server import Limits, hypercorn_config, serve_http
 from rsc.http.standby import add_standby_gate, default_advertise_url
-from rsc.http.throttle import FailureThrottle
 
 log = logging.getLogger("rsc.serve")
 
@@ -82,11 +83,11 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
     their fences and restarts member leases in full). On the way out, once every actor
     has stopped, the lease is released so that a standby takes over at once.
     """
-    async with open_redis(
-        settings.redis_url,
-        connect_timeout_s=settings.redis_connect_timeout_ms / 1000,
-        command_timeout_s=settings.redis_command_timeout_ms / 1000,
-    ) as redis:
+    timeouts = {
+        "connect_timeout_s": settings.redis_connect_timeout_ms / 1000,
+        "command_timeout_s": settings.redis_command_timeout_ms / 1000,
+    }
+    async with open_redis(settings.redis_url, **timeouts) as redis:
         leadership = Leadership(
             RedisLease(redis), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
         )
@@ -100,8 +101,17 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
                     yield registry, AuditLog(redis), leadership
                 terms.cancel_scope.cancel()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await leadership.release()
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                if not await leadership.release():
+                    # Leaving on an error or a cancellation can leave the client's connections
+                    # broken: a connection of its own, so that a standby need not wait out the ttl.
+                    try:
+                        async with open_redis(settings.redis_url, **timeouts) as fresh:
+                            released = await leadership.release(RedisLease(fresh))
+                    except (StoreError, RedisRefused):
+                        released = False
+                    if not released:
+                        log.warning("could not release the coordinator lease (it expires by itself)")
 
 
 async def serve(
@@ -127,8 +137,7 @@ async def serve(
             config.certfile, config.keyfile = settings.certfile, settings.keyfile
         app = create_app(registry, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-        throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
-        add_admin_routes(app, registry, account, audit, throttle)
+        add_admin_routes(app, registry, account, audit)  # with the app's login throttle
         add_openapi_route(app)
         add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
         stopped = trio.Event()

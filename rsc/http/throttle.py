@@ -10,6 +10,7 @@ so a flood of addresses cannot grow memory without end.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections import OrderedDict
 
@@ -32,6 +33,22 @@ class Blocked:
     failures: int
     blocked: int
     window_s: float
+
+
+def client_key(address: str | None) -> str:
+    """Whom a failure counts against: an IPv4 address, an IPv6 /64 (one host usually holds a
+    whole /64, so single addresses would be free to rotate), or `local` for Unix sockets."""
+    if not address:
+        return "local"
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 class FailureThrottle:
