@@ -14,6 +14,7 @@ they come from requests and the Admin API.
     revoke_timeout_ms = 60000                 # RSC_REVOKE_TIMEOUT_MS
     default_shard_count = 4                   # RSC_DEFAULT_SHARD_COUNT
     auto_create_streams = true                # RSC_AUTO_CREATE_STREAMS
+    auto_create_groups = true                 # RSC_AUTO_CREATE_GROUPS: a first join creates its group
     protect_views = false                     # RSC_PROTECT_VIEWS: GET /v1/streams... need monitor/admin
     protect_metrics = false                   # RSC_PROTECT_METRICS: /metrics needs monitor/admin
     insecure = false                          # RSC_INSECURE: anonymous members/producers from anywhere
@@ -72,6 +73,7 @@ class Settings:
     revoke_timeout_ms: int = 60_000
     default_shard_count: int = 4
     auto_create_streams: bool = True
+    auto_create_groups: bool = True
     protect_views: bool = False
     protect_metrics: bool = False
     insecure: bool = False
@@ -211,6 +213,23 @@ def _as_bool(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+def _check_redis_url(url: str) -> None:
+    """A Redis URL that can be connected to: redis:// or rediss://, a host, a port, a database number."""
+    shown = redacted(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"redis_url {shown}: {exc}") from exc
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ConfigError(f"redis_url {shown}: expected redis://[user:password@]host[:port][/db] (or rediss://)")
+    if port == 0:
+        raise ConfigError(f"redis_url {shown}: port 0")
+    db = parts.path.lstrip("/")
+    if db and not (db.isdigit() and int(db) < 16_384):
+        raise ConfigError(f"redis_url {shown}: the database must be a number, not {db!r}")
+
+
 def validate(settings: Settings) -> None:
     """Refuse settings that cannot work together."""
     for name in ("heartbeat_interval_ms", "member_lease_ttl_ms", "tick_interval_ms", "revoke_timeout_ms"):
@@ -226,6 +245,7 @@ def validate(settings: Settings) -> None:
         raise ConfigError("tick_interval_ms must not exceed member_lease_ttl_ms")
     if not 1 <= settings.default_shard_count <= 16_384:
         raise ConfigError("default_shard_count must be between 1 and 16384")
+    _check_redis_url(settings.redis_url)
     if settings.max_body_bytes < 1_024:
         raise ConfigError("max_body_bytes must be at least 1024")
     for name in ("keep_alive_timeout_ms", "body_timeout_ms", "max_connections"):

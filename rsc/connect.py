@@ -38,11 +38,8 @@ def redacted(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}{port}"))
+    host_and_port = parts.netloc.rpartition("@")[2]  # as written: even a port out of range
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host_and_port}"))
 
 
 def client_options(
@@ -127,13 +124,29 @@ async def open_redis(
     if info.get("cluster_enabled") in (1, "1"):
         client = coredis.RedisCluster(**options)
     else:
-        db = int(urlsplit(url).path.lstrip("/") or 0)
-        client = coredis.Redis(db=db, **options)
+        db_text = urlsplit(url).path.lstrip("/") or "0"
+        if not db_text.isdigit():
+            raise RedisRefused(f"unusable Redis URL {redacted(url)}: the database must be a number")
+        client = coredis.Redis(db=int(db_text), **options)
     try:
         async with client:
+            await _first_command(client, where)
             yield client
     finally:
         _close_cluster_layout_streams(client)
+
+
+async def _first_command(client: Any, where: str) -> None:
+    """One PING, so that what Redis refuses (a database out of range) is refused here, clearly."""
+    try:
+        await client.ping()
+    except coredis.exceptions.ResponseError as exc:
+        raise RedisRefused(f"Redis at {where} refused the connection: {exc}") from exc
+    except BaseExceptionGroup as group:
+        refused, _ = group.split(coredis.exceptions.ResponseError)
+        if refused is None:
+            raise
+        raise RedisRefused(f"Redis at {where} refused the connection: {_leaf(refused)}") from group
 
 
 def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:

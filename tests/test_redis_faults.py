@@ -199,3 +199,28 @@ async def test_a_coordinator_leaving_on_an_error_still_releases_its_lease() -> N
         assert raised.group_contains(LookupError)
         with redis.Redis.from_url(url) as checker:
             assert checker.get(COORDINATOR_LEASE_KEY) is None  # a standby may take over at once
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://:pw@127.0.0.1:99999", "Port out of range"),
+        ("redis://127.0.0.1:6379/abc", "the database must be a number"),
+        ("http://127.0.0.1:6379", "expected redis://"),
+    ],
+)
+def test_an_unusable_redis_url_is_one_line(tmp_path: Path, url: str, says: str) -> None:
+    code, output = run_serve(tmp_path, url)
+    assert code == 1
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output
+    assert says in output
+    assert ":pw@" not in output
+
+
+def test_a_database_redis_refuses_is_one_line(tmp_path: Path, standalone_url: str) -> None:
+    code, output = run_serve(tmp_path, f"{standalone_url}/99")
+    assert code == 1
+    assert "Traceback" not in output
+    assert len(output.strip().splitlines()) == 1, output
+    assert "DB index is out of range" in output

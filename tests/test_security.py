@@ -421,3 +421,39 @@ async def test_unauthenticated_admin_requests_cannot_flood_the_audit(standalone_
             assert set(statuses[5:]) == {429}
             # five records for the five refusals; the 429s wait for one aggregated record
             assert checker.xlen(AUDIT_KEY) == before + 5
+
+
+async def test_group_creation_by_heartbeat_can_be_off(standalone_url: str, prefix: str) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret", auto_create_groups=False)
+    async with serve_on(settings) as client:
+        refused = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))  # nor its stream
+        assert refused.status_code == 404
+        assert (await client.get(f"/v1/streams/{prefix}")).status_code == 404
+        assert (
+            await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=ADMIN)
+        ).is_success
+        refused = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))
+        assert refused.status_code == 404
+        assert refused.json()["error"] == "UNKNOWN_GROUP"
+        assert (
+            await client.get(f"/v1/streams/{prefix}/groups/billing")
+        ).status_code == 404  # reads create nothing
+        put = await client.put(f"/v1/admin/streams/{prefix}/groups/billing", json={}, auth=ADMIN)
+        assert put.is_success
+        assert (await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))).status_code == 200
+
+
+async def test_a_unix_socket_is_local(standalone_url: str, prefix: str, tmp_path: Path) -> None:
+    """Protected mode treats a Unix socket peer like loopback: `--bind unix:...` works without credentials."""
+    path = tmp_path / "rsc.sock"
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        settings = attrs.evolve(FAST, redis_url=standalone_url)
+        await nursery.start(
+            lambda task_status: serve(settings, f"unix:{path}", shutdown=shutdown, task_status=task_status)
+        )
+        transport = httpx.AsyncHTTPTransport(uds=str(path))
+        async with httpx.AsyncClient(transport=transport, base_url="http://rsc") as client:
+            response = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))
+            assert response.status_code == 200, response.text
+        shutdown.set()

@@ -28,7 +28,7 @@ from rsc.config import Settings
 from rsc.events import codec
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
-from rsc.events.errors import CoordinationError, UnknownStream
+from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -90,7 +90,7 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     app.extensions["rsc.gate"] = gate
     app.extensions["rsc.throttle"] = throttle
     _add_request_ids_and_errors(app, gate)
-    _add_member_routes(app, registry, metrics, gate, settings.max_batch_items)
+    _add_member_routes(app, registry, metrics, gate, settings)
     _add_operator_routes(app, registry, gate)
 
     @app.get("/metrics")
@@ -187,12 +187,14 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
 
 
 def _add_member_routes(
-    app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, max_batch_items: int
+    app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, settings: Settings
 ) -> None:
+    max_batch_items, auto_groups = settings.max_batch_items, settings.auto_create_groups
+
     async def heartbeat_of(body: HeartbeatRequest) -> HeartbeatResponse:
         caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
         command = body.to_command(registry.clock.now_ms())
-        create = gate.may_create(caller)
+        create = auto_groups and gate.may_create(caller)
         reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
         return respond(reply.state, command, reply.events)
 
@@ -217,11 +219,11 @@ def _add_member_routes(
     async def heartbeats() -> Response:
         with metrics.heartbeat_seconds.labels("batch").time():
             batch = structure(await json_body(), HeartbeatBatch)
-            return await _answer_batch(registry, gate, batch, max_batch_items)
+            return await _answer_batch(registry, gate, batch, max_batch_items, auto_groups)
 
 
 async def _answer_batch(
-    registry: Registry, gate: Gate, batch: HeartbeatBatch, max_batch_items: int
+    registry: Registry, gate: Gate, batch: HeartbeatBatch, max_batch_items: int, auto_groups: bool
 ) -> Response:
     """Answer every item; the items of one group go to its actor together, in order."""
     if len(batch.heartbeats) > max_batch_items:
@@ -236,7 +238,7 @@ async def _answer_batch(
         raise ApiError(400, "INVALID_REQUEST", "every item of heartbeats must be a JSON object")
     results: list[Any] = [None] * len(batch.heartbeats)
     now_ms = registry.clock.now_ms()
-    create = gate.may_create(gate.principal())
+    create = auto_groups and gate.may_create(gate.principal())
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
     allowed: set[str] = set()  # the streams already authorized in this batch
     for index, raw in enumerate(batch.heartbeats):
@@ -315,7 +317,10 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
             raise ApiError(
                 404, "UNKNOWN_GROUP", f"group {consumer_group!r} of {stream_prefix!r} does not exist"
             )
-        group_state = (await registry.group(stream_prefix, consumer_group)).state
+        try:  # a read never creates: a group being deleted is just gone
+            group_state = (await registry.group(stream_prefix, consumer_group, create=False)).state
+        except UnknownGroup as exc:
+            raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
         if group_state is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
         return json_response(views.group_view(group_state, registry.clock.now_ms()))

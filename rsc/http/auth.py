@@ -25,6 +25,8 @@ from rsc.events import auth
 from rsc.events.auth import Action, Credential, Policy, Verdict
 from rsc.http.throttle import FailureThrottle, client_key
 
+#: What Quart gives as the remote address of a Unix socket peer.
+UNIX_PEER = "<local>"
 #: Paths nobody needs a credential for.
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/version", "/openapi.json"})
 
@@ -171,8 +173,8 @@ _UNSET = object()
 
 def _from_loopback() -> bool:
     address = request.remote_addr
-    if not address:
-        return False
+    if not address or address == UNIX_PEER:  # a Unix socket peer: on this host, like loopback
+        return True
     if address.startswith("127.") or address == "::1":  # the usual spellings, without parsing
         return True
     try:

@@ -88,6 +88,8 @@ def _open() -> bool:
 def default_advertise_url(urls: list[str]) -> str | None:
     """The first bound URL a client elsewhere could use (not a wildcard address), if any."""
     for url in urls:
+        if "://unix:" in url:
+            continue  # a Unix socket is nothing a client elsewhere can use
         host = urlsplit(url).hostname or ""
         if host not in ("0.0.0.0", "::", ""):
             return url

@@ -38,7 +38,7 @@ class Blocked:
 def client_key(address: str | None) -> str:
     """Whom a failure counts against: an IPv4 address, an IPv6 /64 (one host usually holds a
     whole /64, so single addresses would be free to rotate), or `local` for Unix sockets."""
-    if not address:
+    if not address or address == "<local>":  # a Unix socket (Quart's name for its peer)
         return "local"
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
