@@ -233,6 +233,9 @@ async def test_deep_json_is_a_400_on_every_body(
         ({"client": {"name": "ok", "version": "v" * 65}}, "client.version"),
         ({"client": {"name": "evil\x1b[2J", "version": "1"}}, "client.name"),
         ({"client": {"name": "line\nbreak", "version": "1"}}, "client.name"),
+        ({"client": {"name": "gnp.\u202eexe", "version": "1"}}, "client.name"),  # bidi override
+        ({"client": {"name": "ok", "version": "1\u20282"}}, "client.version"),  # line separator
+        ({"client": {"name": "zero\u200bwidth", "version": "1"}}, "client.name"),
         ({"memberEpoch": 10**30}, "memberEpoch"),
         ({"metadataVersion": 2**53}, "metadataVersion"),
         ({"ownedShards": [16_384]}, "shard"),
@@ -269,8 +272,9 @@ async def test_admin_numbers_and_reasons_are_bounded(open_client: httpx.AsyncCli
     assert (
         await open_client.put(f"{path}/groups/g", json={"maxConcurrency": 1_024}, auth=ADMIN)
     ).status_code == 200
-    bad = await open_client.post(f"{path}/pause", json={"reason": "deploy\r\nFAKE LOG LINE"}, auth=ADMIN)
-    assert bad.status_code == 400
+    for reason in ("deploy\r\nFAKE LOG LINE", "deploy\u2028FAKE", "\u202eyolped"):
+        bad = await open_client.post(f"{path}/pause", json={"reason": reason}, auth=ADMIN)
+        assert bad.status_code == 400, reason
     assert (await open_client.post(f"{path}/pause", json={"reason": "deploy"}, auth=ADMIN)).status_code == 200
 
 

@@ -25,10 +25,14 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 #: Member ids, incarnations and producer ids: 1-256 printable ASCII characters.
 ID_PATTERN = r"^[ -~]{1,256}$"
 #: Free text that is stored and shown (client name and version, pause reasons): no control
-#: characters (C0, DEL, C1), so nothing sent can rewrite a log line or a terminal. (Lone
+#: characters (C0, DEL, C1), no line or paragraph separators, no invisible format characters
+#: (zero-width ones, bidirectional overrides that reorder what a terminal shows, the BOM), so
+#: nothing sent can rewrite or disguise a log line or a terminal. (Lone
 #: surrogates, which cannot be encoded as UTF-8 for Redis, never get this far: the HTTP
 #: layer refuses a body that holds one in any string.)
-TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+TEXT_PATTERN = (
+    r"^[^\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]*$"
+)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: The longest client name and client version kept.
 MAX_CLIENT_NAME = 128

@@ -8,6 +8,7 @@ mismatch). Every request under `/v1/admin/` is audited, whatever happens.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import time
 from typing import Any, TypeVar
@@ -293,14 +294,17 @@ def _check_if_match(revision: int) -> None:
 
 
 def caller_name(user: str | None, account: AdminAccount) -> str | None:
-    """What the audit records as the caller: the user if it is the admin account's, else a hash.
+    """What the audit records as the caller: the user if it is the admin account's, else a keyed hash.
 
-    A password typed into the user field must never be stored: an unknown user
-    name is recorded only as `unknown-user:<12 hex of its SHA-256>`.
+    A password typed into the user field must never be stored, nor anything a dictionary
+    could be checked against offline: an unknown user name is recorded only as
+    `unknown-user:<12 hex of an HMAC-SHA256 keyed by the admin password's hash>`, the same
+    for the same name while the password stays, so repeated attempts can be told apart.
     """
     if user is None or user == account.user:
         return user
-    return "unknown-user:" + hashlib.sha256(user.encode()).hexdigest()[:12]
+    key = ("rsc-audit:" + account.secret_digest).encode()
+    return "unknown-user:" + hmac.new(key, user.encode(), hashlib.sha256).hexdigest()[:12]
 
 
 def _outcome(status: int) -> str:

@@ -54,6 +54,13 @@ class AdminAccount:
     def enabled(self) -> bool:
         return bool(self.password or self.password_sha256)
 
+    @property
+    def secret_digest(self) -> str:
+        """The SHA-256 of the password (what keys hashes that must not be checked offline)."""
+        if self.password_sha256:
+            return self.password_sha256.lower()
+        return hashlib.sha256((self.password or "").encode()).hexdigest()
+
     def check(self, user: str, password: str) -> bool:
         user_ok = hmac.compare_digest(user.encode(), self.user.encode())
         if self.password_sha256:
