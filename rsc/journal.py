@@ -24,6 +24,7 @@ from rsc.actors.keys import STREAMS_KEY, AggregateId
 from rsc.actors.store import JournalEntry, Store
 from rsc.events import codec, group, stream
 from rsc.events.group import GroupState
+from rsc.events.model import is_plain_text
 from rsc.events.stream import StreamState
 
 
@@ -43,7 +44,10 @@ def describe(entry: JournalEntry) -> str:
     data.pop("type", None)
     parts = []
     for key, value in data.items():
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        if isinstance(value, str):  # shown as written unless it could disturb a terminal
+            text = value if is_plain_text(value, len(value)) and " " not in value else json.dumps(value)
+        else:
+            text = json.dumps(value, separators=(",", ":"))
         parts.append(f"{key}={text}")
     return f"{head} {' '.join(parts)}"
 

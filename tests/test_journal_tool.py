@@ -12,11 +12,13 @@ import pytest
 import trio
 from click.testing import CliRunner
 
+from rsc import journal
 from rsc.actors.actor import ActorSettings
 from rsc.actors.connect import RedisClient
 from rsc.actors.effects import RedisEffects
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry
+from rsc.actors.store import JournalEntry
 from rsc.cli import main
 from tests.actorkit import SETTINGS, Member, registry_on
 
@@ -113,3 +115,12 @@ def test_unreachable_redis_is_a_clear_error() -> None:
     assert result.returncode == 1
     assert "cannot reach Redis at 127.0.0.1:1" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_describe_escapes_what_could_disturb_a_terminal() -> None:
+    """A journal written before the text limits may hold control characters: shown escaped."""
+    data = json.dumps({"type": "ProducersPaused", "reason": "evil\x1b[2J\u202eline", "sinceMs": 1})
+    line = journal.describe(JournalEntry("1-0", "ProducersPaused", 3, data))
+    assert "\x1b" not in line
+    assert "\u202e" not in line
+    assert 'reason="evil\\u001b[2J\\u202eline"' in line
