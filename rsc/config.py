@@ -222,7 +222,9 @@ def _check_redis_url(url: str) -> None:
     except ValueError as exc:
         raise ConfigError(f"redis_url {shown}: {exc}") from exc
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise ConfigError(f"redis_url {shown}: expected redis://[user:password@]host[:port][/db] (or rediss://)")
+        raise ConfigError(
+            f"redis_url {shown}: expected redis://[user:password@]host[:port][/db] (or rediss://)"
+        )
     if port == 0:
         raise ConfigError(f"redis_url {shown}: port 0")
     db = parts.path.lstrip("/")
