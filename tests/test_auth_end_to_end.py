@@ -17,6 +17,7 @@ from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorRejected
 from rsc.client.producer import open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.config import Settings
 from rsc.connect import open_redis
 from rsc.events.auth import credential
 from tests.httpkit import FAST, serve_on
@@ -25,6 +26,22 @@ ROOT = Path(__file__).resolve().parent.parent
 MEMBER_TOKEN = "e2e-member-token-0123456789"
 PRODUCER_TOKEN = "e2e-producer-token-0123456789"
 ADMIN = ("admin", "s3cret")
+
+
+def secured(redis_url: str) -> Settings:
+    """A coordinator with a member and a producer credential on `e2e-*` (neither may create)."""
+    credentials = (
+        credential("workers", ["member"], token=MEMBER_TOKEN, streams=["e2e-*"]),
+        credential("shop", ["producer"], token=PRODUCER_TOKEN, streams=["e2e-*"]),
+    )
+    return attrs.evolve(
+        FAST,
+        redis_url=redis_url,
+        admin_password="s3cret",
+        credentials=credentials,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+    )
 
 
 def start_worker(
@@ -50,19 +67,7 @@ async def test_worker_producers_and_curl_with_credentials(
     standalone_url: str, prefix: str, sync_redis: redis.Redis, tmp_path: Path
 ) -> None:
     stream = f"e2e-{prefix}"
-    credentials = (
-        credential("workers", ["member"], token=MEMBER_TOKEN, streams=["e2e-*"]),
-        credential("shop", ["producer"], token=PRODUCER_TOKEN, streams=["e2e-*"]),
-    )
-    settings = attrs.evolve(
-        FAST,
-        redis_url=standalone_url,
-        admin_password="s3cret",
-        credentials=credentials,
-        heartbeat_interval_ms=200,
-        member_lease_ttl_ms=2_000,
-    )
-    async with serve_on(settings) as http:
+    async with serve_on(secured(standalone_url)) as http:
         base = str(http.base_url).rstrip("/")
         assert (await http.put(f"/v1/admin/streams/{stream}", json={"shardCount": 2}, auth=ADMIN)).is_success
         assert (await http.put(f"/v1/admin/streams/{stream}/groups/billing", json={}, auth=ADMIN)).is_success
@@ -132,16 +137,7 @@ async def test_a_worker_waits_for_its_stream_and_stops_on_a_wrong_credential(
     standalone_url: str, prefix: str, tmp_path: Path
 ) -> None:
     stream = f"e2e-{prefix}"
-    credentials = (credential("workers", ["member"], token=MEMBER_TOKEN, streams=["e2e-*"]),)
-    settings = attrs.evolve(
-        FAST,
-        redis_url=standalone_url,
-        admin_password="s3cret",
-        credentials=credentials,
-        heartbeat_interval_ms=200,
-        member_lease_ttl_ms=2_000,
-    )
-    async with serve_on(settings) as http:
+    async with serve_on(secured(standalone_url)) as http:
         base = str(http.base_url).rstrip("/")
         # A credential that may not create: the worker waits until an operator creates the group.
         log_path = tmp_path / "waiting.log"

@@ -23,7 +23,8 @@ from rsc.events.errors import CoordinationError
 from rsc.events.model import Layout, Shard, Timing
 from rsc.events.wire import HeartbeatRequest, ProducerHeartbeatRequest
 from rsc.http.admin import GroupSpec, PauseRequest, StreamSpec
-from rsc.http.app import ApiError, HeartbeatBatch, parse_json, structure
+from rsc.http.app import HeartbeatBatch, parse_json, structure
+from rsc.http.errors import ApiError
 from tests.httpkit import FAST, serve_on
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.json"))

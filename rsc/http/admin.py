@@ -23,9 +23,10 @@ from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownStream
 from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
-from rsc.http.app import ApiError, json_body, json_response, structure
+from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.auth import AdminAccount, basic_credentials
+from rsc.http.errors import ApiError
 from rsc.http.throttle import Blocked, FailureThrottle, client_key
 from rsc.http.views import stream_view
 
@@ -78,12 +79,12 @@ def add_admin_routes(
         address = client_key(request.remote_addr)
         wait = throttle.retry_after(address, trio.current_time())
         if wait is not None:
-            g.retry_after = wait
             raise ApiError(
                 429,
                 "TOO_MANY_FAILURES",
                 f"too many failed admin logins from {address}; retry in {wait:.0f} s",
                 {"retryAfterS": wait},
+                retry_after_s=wait,
             )
         user, password = basic_credentials(request.headers.get("Authorization", ""))
         g.caller = caller_name(user, account)
@@ -101,7 +102,6 @@ def add_admin_routes(
             if response.status_code == 401:
                 response.headers["WWW-Authenticate"] = 'Basic realm="rsc admin"'
             if response.status_code == 429:
-                response.headers["Retry-After"] = f"{g.get('retry_after', 1):.0f}"
                 return response  # counted, and audited once per address and window
             await _audit(audit, response)
         return response

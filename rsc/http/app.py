@@ -38,6 +38,7 @@ from rsc.events.wire import (
 )
 from rsc.http import views
 from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
+from rsc.http.errors import ApiError
 from rsc.http.metrics import Metrics
 from rsc.http.throttle import FailureThrottle
 
@@ -59,17 +60,6 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 READY_TIMEOUT_S = 1.0
 #: The deepest JSON a body may nest (the deepest valid body nests 5 levels).
 MAX_JSON_DEPTH = 32
-
-
-class ApiError(Exception):
-    """An error answered as JSON with `status`."""
-
-    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details = details
 
 
 @attrs.frozen
@@ -143,12 +133,8 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
-        return error_response(error.status, error.code, error.message, error.details)
-
-    @app.errorhandler(Refused)
-    async def refused_caller(error: Refused) -> Response:
-        response = error_response(error.status, error.code, error.message)
-        if error.status == 401:
+        response = error_response(error.status, error.code, error.message, error.details)
+        if isinstance(error, Refused) and error.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="rsc"'
         if error.retry_after_s is not None:
             response.headers["Retry-After"] = f"{error.retry_after_s:.0f}"
@@ -248,8 +234,8 @@ async def _answer_batch(
                 gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
                 allowed.add(body.stream_prefix)
             command = body.to_command(now_ms)
-        except (ApiError, Refused) as error:
-            results[index] = error_body(error.code, error.message, getattr(error, "details", None))
+        except ApiError as error:  # a refused caller (`Refused`) too
+            results[index] = error_body(error.code, error.message, error.details)
             continue
         except CoordinationError as error:
             results[index] = error_body(error.code, error.message)

@@ -23,6 +23,7 @@ from quart import g, request
 
 from rsc.events import auth
 from rsc.events.auth import Action, Credential, Policy, Verdict
+from rsc.http.errors import ApiError
 from rsc.http.throttle import FailureThrottle, client_key
 
 #: What Quart gives as the remote address of a Unix socket peer.
@@ -31,15 +32,8 @@ UNIX_PEER = "<local>"
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/version", "/openapi.json"})
 
 
-class Refused(Exception):
-    """An authentication or authorization refusal, answered as 401/403/429 JSON by the app."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
+class Refused(ApiError):
+    """An authentication or authorization refusal (401/403/429), counted in the metrics."""
 
 
 @attrs.frozen
@@ -126,7 +120,11 @@ class Gate:
         wait = self.throttle.retry_after(address, trio.current_time())
         if wait is not None:
             raise Refused(
-                429, "TOO_MANY_FAILURES", f"too many failed admin logins; retry in {wait:.0f} s", wait
+                429,
+                "TOO_MANY_FAILURES",
+                f"too many failed admin logins; retry in {wait:.0f} s",
+                {"retryAfterS": wait},
+                retry_after_s=wait,
             )
         user, password = basic_credentials(header)
         if user is not None and password is not None and self.account.check(user, password):
