@@ -16,9 +16,14 @@ import pytest
 import redis
 import trio
 
+from rsc.client.app import App
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorUnavailable
+from rsc.client.member import MemberSettings
+from rsc.client.poller import Message, PollerSettings
+from rsc.client.producer import open_producer
 from rsc.config import Settings
+from rsc.connect import open_redis
 from rsc.events.wire import HeartbeatRequest
 from rsc.http.serve import serve
 from tests import redis_servers
@@ -117,3 +122,31 @@ async def test_the_coordinator_talks_to_redis_over_tls(pki: Pki, prefix: str) ->
             assert joined.status_code == 200, joined.text
             assert (await client.get("/readyz")).status_code == 200
             assert (await client.get(f"/v1/streams/{prefix}")).json()["metadataVersion"] == 1
+
+
+async def test_clients_publish_and_consume_over_rediss(pki: Pki, prefix: str) -> None:
+    """The client side of `rediss://`: the trio producer and a member's poller through rsc.connect."""
+    with tls_redis(pki) as url:
+        settings = attrs.evolve(FAST, redis_url=url)
+        async with serving(settings) as base:
+            seen: list[str] = []
+            app = App(base, url, member_settings=MemberSettings(heartbeat_interval_ms=100))
+
+            @app.listener(stream=prefix, group="billing", poller=PollerSettings())
+            async def handle(message: Message) -> None:
+                seen.append(message.fields["n"])
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(app.run)
+                async with (
+                    Coordinator(base) as coordinator,
+                    open_redis(url) as redis_client,
+                    open_producer(coordinator, redis_client, prefix, "tls/0") as producer,
+                ):
+                    for n in range(20):
+                        await producer.publish({"n": str(n)}, key=f"k{n}")
+                with trio.fail_after(20):
+                    while len(seen) < 20:
+                        await trio.sleep(0.05)
+                app.stop()
+            assert sorted(seen, key=int) == [str(n) for n in range(20)]
