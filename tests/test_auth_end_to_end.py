@@ -171,3 +171,32 @@ async def test_a_worker_waits_for_its_stream_and_stops_on_a_wrong_credential(
         assert wrong.returncode == 1, text
         assert "the coordinator refused this worker: 401 UNAUTHENTICATED" in text
         assert "Traceback" not in text
+
+
+async def test_producers_fail_fast_on_a_refused_credential(
+    standalone_url: str, prefix: str, sync_redis: redis.Redis
+) -> None:
+    """A wrong credential, or one without the producer role, is no reason to wait for the start timeout."""
+    stream = f"e2e-{prefix}"
+    async with serve_on(secured(standalone_url)) as http:
+        base = str(http.base_url).rstrip("/")
+        assert (await http.put(f"/v1/admin/streams/{stream}", json={"shardCount": 2}, auth=ADMIN)).is_success
+        for token, status in (("not-the-right-token-at-all", 401), (MEMBER_TOKEN, 403)):
+            started = trio.current_time()
+            async with Coordinator(base, token=token) as coordinator, open_redis(standalone_url) as r:
+                with pytest.raises(CoordinatorRejected) as refused:
+                    async with open_producer(coordinator, r, stream, start_timeout_s=30):
+                        pass
+            assert refused.value.status == status
+            assert trio.current_time() - started < 5
+
+            def start_sync(token: str = token) -> CoordinatorRejected:
+                with SyncCoordinator(base, token=token) as sync_coordinator:
+                    producer = SyncProducer(sync_coordinator, sync_redis, stream, start_timeout_s=30)
+                    with pytest.raises(CoordinatorRejected) as sync_refused:
+                        producer.start()
+                    return sync_refused.value
+
+            started = trio.current_time()
+            assert (await trio.to_thread.run_sync(start_sync)).status == status
+            assert trio.current_time() - started < 5

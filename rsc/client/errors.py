@@ -13,6 +13,11 @@ class CoordinatorUnavailable(RscError):
     """The coordinator could not be reached, or answered 5xx, even after retries."""
 
 
+#: Refusals a producer that has not registered yet gives up on at once: its credential is
+#: wrong or does not cover the stream (other refusals, such as an unknown stream, may pass).
+REFUSED_FOR_GOOD = frozenset({401, 403})
+
+
 class CoordinatorRejected(RscError):
     """The coordinator refused the request (4xx): `code` is the protocol's error code."""
 

@@ -25,7 +25,7 @@ import coredis
 import trio
 
 from rsc.client.coordinator import Coordinator
-from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
+from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
     Fields,
@@ -88,7 +88,11 @@ class Producer(RoutingView):
         while not self._closing.is_set():
             try:
                 await self.heartbeat()
-            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+            except CoordinatorRejected as exc:
+                if not started and exc.status in REFUSED_FOR_GOOD:
+                    raise  # a wrong or insufficient credential: waiting will not help
+                log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
+            except CoordinatorUnavailable as exc:
                 log.warning("%s: producer heartbeat failed: %s", self.producer_id, exc)
             if not started and self._ready.is_set():
                 task_status.started()
@@ -177,7 +181,8 @@ async def open_producer(
 ) -> AsyncIterator[Producer]:
     """A registered `Producer` (its layout known), heartbeating until the block ends, then closed.
 
-    Raises `CoordinatorUnavailable` if no layout arrives within `start_timeout_s`.
+    Raises `CoordinatorUnavailable` if no layout arrives within `start_timeout_s`, and
+    `CoordinatorRejected` at once if the coordinator refuses the credential (401/403).
     An exception of the block comes out as itself, not wrapped in an exception group.
     """
     producer = Producer(coordinator, redis, stream_prefix, producer_id, pause_timeout_s=pause_timeout_s)

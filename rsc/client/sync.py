@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
 from rsc.client.coordinator import Backoff, Failover, Retry, answer, http_options, structure
-from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, RscError
+from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
     Fields,
@@ -153,6 +153,8 @@ class SyncProducer(RoutingView):
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ready = threading.Event()
+        #: Set (and the thread ended) when the coordinator refused the credential before registering.
+        self._refused: CoordinatorRejected | None = None
         self._resumed = threading.Event()
         self._resumed.set()
         self._closing = threading.Event()
@@ -171,11 +173,16 @@ class SyncProducer(RoutingView):
                 target=self._heartbeats, name=f"rsc-producer {self.producer_id}", daemon=True
             )
             self._thread.start()
-        if not self._ready.wait(self.start_timeout_s):
-            self.close()
-            raise CoordinatorUnavailable(
-                f"producer {self.producer_id!r} got no layout within {self.start_timeout_s} s"
-            )
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._ready.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if self._refused is not None:
+                self.close()
+                raise self._refused  # a wrong or insufficient credential: waiting will not help
+            if time.monotonic() >= deadline:
+                self.close()
+                raise CoordinatorUnavailable(
+                    f"producer {self.producer_id!r} got no layout within {self.start_timeout_s} s"
+                )
         return self
 
     def heartbeat(self) -> None:
@@ -244,7 +251,12 @@ class SyncProducer(RoutingView):
         while not self._closing.is_set():
             try:
                 self.heartbeat()
-            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+            except CoordinatorRejected as exc:
+                if not self._ready.is_set() and exc.status in REFUSED_FOR_GOOD:
+                    self._refused = exc
+                    return
+                log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
+            except CoordinatorUnavailable as exc:
                 log.warning("%s: producer heartbeat failed: %s", self.producer_id, exc)
             self._closing.wait(self.state.interval_s if self._ready.is_set() else 0.5)
 
