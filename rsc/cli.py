@@ -230,6 +230,7 @@ def serve(
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the demo's requests, one line each, are noise
+    logging.getLogger("coredis").setLevel(logging.WARNING)  # its script-cache retries are routine
     try:
         settings = config_module.load(config_path)
         overrides: dict[str, Any] = {}
@@ -254,11 +255,14 @@ def serve(
             serving.tune_gc()
             redis_shown = config_module.redacted(settings.redis_url)
             click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {redis_shown})")
-            click.echo(
-                f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'
-                '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
-                '"incarnation":"i1","memberEpoch":0}\''
-            )
+            if settings.policy.enforced or settings.certfile is not None:
+                click.echo("members and producers need a credential: see docs/operations.md, Security")
+            else:  # the anonymous hint works only as it is printed: plain HTTP, no credentials
+                click.echo(
+                    f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'
+                    '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
+                    '"incarnation":"i1","memberEpoch":0}\''
+                )
             if demo:
                 click.echo(f"demo: watch it at {urls[0]}/v1/streams/demo-orders/groups/demo-billing")
                 nursery.start_soon(run_demo, urls[0], click.echo)

@@ -71,8 +71,10 @@ async def test_members_and_producers_need_a_credential(client: httpx.AsyncClient
     assert (await client.post("/v1/producers/heartbeat", json=body)).status_code == 401
     batch = {"heartbeats": [hb(stream, "a", 0)]}
     assert (await client.post("/v1/heartbeats", json=batch)).status_code == 401
+    bad_before = await refusals(client, "member-heartbeat", "bad-credential")
     wrong = await client.post("/v1/heartbeat", json=hb(stream, "a", 0), headers=bearer("not-a-token-at-all"))
     assert wrong.status_code == 401
+    assert await refusals(client, "member-heartbeat", "bad-credential") == bad_before + 1
     # A bad credential is refused even where none is needed: a typo never falls back to anonymous.
     assert (await client.get("/v1/streams", headers=bearer("not-a-token-at-all"))).status_code == 401
     assert (await client.get("/healthz", headers=bearer("not-a-token-at-all"))).status_code == 200
@@ -461,3 +463,18 @@ async def test_a_unix_socket_is_local(standalone_url: str, prefix: str, tmp_path
             response = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))
             assert response.status_code == 200, response.text
         shutdown.set()
+
+
+def test_a_wildcard_bind_advertises_this_hosts_address() -> None:
+    import socket
+
+    from rsc.http.standby import default_advertise_url
+
+    assert default_advertise_url(["http://10.1.2.3:8080"]) == "http://10.1.2.3:8080"
+    assert default_advertise_url(["http://unix:/tmp/s.sock"]) is None
+    advertised = default_advertise_url(["https://0.0.0.0:8443"])
+    address = socket.gethostbyname(socket.gethostname())
+    if address.startswith("127."):
+        assert advertised is None  # nothing usable to name: a warning says to set advertise_url
+    else:
+        assert advertised == f"https://{address}:8443"

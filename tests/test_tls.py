@@ -78,8 +78,8 @@ async def test_https_with_a_ca_bundle(pki: Pki, standalone_url: str, prefix: str
             response = await coordinator.heartbeat(request)
             assert response.member_epoch > 0
         async with Coordinator(url, retries=0) as unverified:  # the system CAs do not know ours
-            with pytest.raises(CoordinatorUnavailable):
-                await unverified.heartbeat(request)
+            with pytest.raises(CoordinatorUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+                await unverified.heartbeat(request)  # and the message says why
         async with httpx.AsyncClient() as plain:  # plain HTTP to the HTTPS port
             insecure_url = url.replace("https://", "http://")
             with pytest.raises(httpx.HTTPError):

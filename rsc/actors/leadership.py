@@ -358,7 +358,7 @@ class Leadership:
         self._last_token = term.token
         self.active_url = self.advertise_url
         self.terms += 1
-        log.warning("active: took the coordinator lease with token %d", term.token)
+        log.info("active: took the coordinator lease with token %d", term.token)
         return term
 
     async def _hold(self, term: Term) -> None:

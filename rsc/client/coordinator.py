@@ -224,7 +224,7 @@ class Coordinator:
                 last = retry.rejection
                 if retry.rejection.status == 503:
                     self.failover.failed(index, retry.rejection)
-        raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
+        raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
 
 
 class Retry(Exception):
@@ -233,6 +233,22 @@ class Retry(Exception):
     def __init__(self, rejection: CoordinatorRejected) -> None:
         super().__init__(str(rejection))
         self.rejection = rejection
+
+
+def describe(error: BaseException | None) -> str:
+    """An error in words, never empty: httpx's connect errors on trio often say nothing
+    themselves (`ConnectError(BrokenResourceError())`) while their cause, such as a failed
+    certificate check, says what went wrong; the deepest cause with a message is added."""
+    if error is None:
+        return "no answer"
+    text = f"{type(error).__name__}: {error}" if str(error) else repr(error)
+    cause, seen = error.__cause__ or error.__context__, 0
+    deepest = None
+    while cause is not None and seen < 8:
+        if str(cause):
+            deepest = cause
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return f"{text} ({type(deepest).__name__}: {deepest})" if deepest is not None else text
 
 
 def answer(method: str, path: str, response: httpx.Response) -> Any:

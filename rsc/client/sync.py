@@ -28,7 +28,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
-from rsc.client.coordinator import Backoff, Failover, Retry, answer, http_options, structure
+from rsc.client.coordinator import Backoff, Failover, Retry, answer, describe, http_options, structure
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
@@ -125,7 +125,7 @@ class SyncCoordinator:
                 last = retry.rejection
                 if retry.rejection.status == 503:
                     self.failover.failed(index, retry.rejection)
-        raise CoordinatorUnavailable(f"{method} {path}: {last}") from last
+        raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
 
 
 class SyncProducer(RoutingView):

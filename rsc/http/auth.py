@@ -86,7 +86,7 @@ class Gate:
             registry=prometheus,
         )
 
-    def principal(self) -> Credential | None:
+    def principal(self, action: Action | None = None) -> Credential | None:
         """The authenticated caller of this request (None: anonymous); 401 for a bad credential.
 
         Authenticated once per request (the result is kept in `g`)."""
@@ -105,7 +105,7 @@ class Gate:
             if found is None:
                 ctx.principal = None
                 raise self._refuse(
-                    Action.VIEW,
+                    action,
                     "bad-credential",
                     401,
                     "UNAUTHENTICATED",
@@ -134,7 +134,7 @@ class Gate:
 
     def check(self, action: Action, stream_prefix: str | None = None) -> Credential | None:
         """Authorize `action` on `stream_prefix` for this request's caller; raise `Refused`."""
-        caller = self.principal()
+        caller = self.principal(action)
         policy = self.policy
         # The peer address matters only for anonymous callers in protected mode: parse it then.
         loopback = caller is not None or policy.enforced or policy.insecure or _from_loopback()
@@ -168,8 +168,8 @@ class Gate:
         """Whether `caller` (as `check` returned it) may create streams and groups by heartbeat."""
         return auth.may_create(self.policy, caller)
 
-    def _refuse(self, action: Action, reason: str, status: int, code: str, message: str) -> Refused:
-        self.refusals.labels(action.value, reason).inc()
+    def _refuse(self, action: Action | None, reason: str, status: int, code: str, message: str) -> Refused:
+        self.refusals.labels(action.value if action is not None else "other", reason).inc()
         return Refused(status, code, message)
 
 

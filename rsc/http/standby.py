@@ -27,6 +27,8 @@ lease only after it expires in Redis, which is later than the deadline.
 
 from __future__ import annotations
 
+import logging
+import socket
 from urllib.parse import urlsplit
 
 from quart import Response, g, request
@@ -36,6 +38,7 @@ from rsc.actors.leadership import Leadership
 from rsc.http.app import error_response
 
 #: What a standby still answers itself (GET only): facts about the process, not the coordination.
+log = logging.getLogger("rsc.standby")
 OPEN_PATHS = frozenset({"/healthz", "/metrics", "/v1/version", "/openapi.json"})
 #: Seconds a client should wait before asking this coordinator again.
 RETRY_AFTER_S = 1
@@ -86,11 +89,34 @@ def _open() -> bool:
 
 
 def default_advertise_url(urls: list[str]) -> str | None:
-    """The first bound URL a client elsewhere could use (not a wildcard address), if any."""
+    """The URL clients elsewhere can use to reach this process: the first bound address that
+    is not a wildcard, else (bound to 0.0.0.0 or ::) this host's address on that port."""
+    wildcard = None
     for url in urls:
         if "://unix:" in url:
             continue  # a Unix socket is nothing a client elsewhere can use
-        host = urlsplit(url).hostname or ""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
         if host not in ("0.0.0.0", "::", ""):
             return url
-    return None
+        wildcard = wildcard or parts
+    if wildcard is None:
+        return None
+    address = _host_address()
+    if address is None:
+        log.warning(
+            "bound to a wildcard address and this host's name resolves to no usable address: "
+            "set advertise_url (RSC_ADVERTISE_URL) so that standbys can name this coordinator"
+        )
+        return None
+    url = f"{wildcard.scheme}://{address}:{wildcard.port}"
+    log.info("advertising %s to standbys and clients (set advertise_url to change it)", url)
+    return url
+
+
+def _host_address() -> str | None:
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
