@@ -793,3 +793,30 @@ async def test_two_serve_processes_hand_over_without_double_ownership(
     assert not [x for h in histories for x in h if x.status in ("FENCED", "UNKNOWN_MEMBER")]
     assert not [x for h in histories for x in h if x.url == a.url and x.received > resumed]
     assert ready <= 3 * ttl_s
+
+
+async def test_owner_tokens_are_fenced_in_the_shard_slot(redis: RedisClient, prefix: str) -> None:
+    """A deposed coordinator that passed its term check just before a pause cannot overwrite the
+    owner tokens its successor wrote: the write itself checks the coordinator token, next to the
+    shard key (so on a cluster too)."""
+    from rsc.actors.effects import RedisEffects
+    from rsc.events.wire import OwnerToken
+
+    key = f"{prefix}:0"
+    new = RedisEffects(redis, fence_token=lambda: 7)
+    old = RedisEffects(redis, fence_token=lambda: 6)
+    mine, theirs = OwnerToken("b", "inc-b", 3), OwnerToken("a", "inc-a", 2)
+    await new.set_owners("billing", {key: mine})
+    with pytest.raises(Fenced):
+        await old.set_owners("billing", {key: theirs})
+    with pytest.raises(Fenced):
+        await old.clear_owners("billing", {key: mine})
+    with pytest.raises(Fenced):
+        await old.sync_owners("billing", [key], {})
+    assert await new.owners("billing", [key]) == {key: mine}  # untouched by the deposed one
+    await RedisEffects(redis, fence_token=lambda: 8).clear_owners("billing", {key: mine})  # a newer term
+    assert await new.owners("billing", [key]) == {}
+    with pytest.raises(Fenced):  # and now the one before it is deposed too
+        await new.set_owners("billing", {key: mine})
+    await RedisEffects(redis).set_owners("billing", {key: mine})  # tools without a term: unfenced
+    assert await new.owners("billing", [key]) == {key: mine}

@@ -25,7 +25,7 @@ import attrs
 import coredis
 
 from rsc.actors.connect import RedisClient, redis_errors
-from rsc.actors.errors import StoreUnavailable
+from rsc.actors.errors import Fenced, StoreUnavailable
 from rsc.actors.keys import STREAMS_KEY, owner_key
 from rsc.events import codec
 from rsc.events.placement import Primary, Topology
@@ -56,8 +56,42 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
 """
 
+#: The field of an owner-token hash that keeps the highest coordinator token that wrote it
+#: (not a group name: those start with a letter or digit).
+OWNER_FENCE_FIELD = "__fence"
+
+# The fencing check of every owner-token write, in the shard key's own slot: a writer whose
+# coordinator token (ARGV[n]; '' = no fencing) is below the one stored is refused, and a
+# higher one is stored. So a deposed coordinator that resumes mid-write cannot overwrite the
+# owner tokens its successor wrote, even between its last term check and the write.
+_FENCE = """
+local function fenced(key, mine)
+  if mine == '' then return false end
+  local stored = tonumber(redis.call('HGET', key, '__fence') or '0')
+  local writer = tonumber(mine)
+  if writer < stored then return true end
+  if writer > stored then redis.call('HSET', key, '__fence', writer) end
+  return false
+end
+"""
+
+# Set a group's owner token. ARGV: group, token JSON, coordinator token.
+SET_OWNER = _FENCE + """
+if fenced(KEYS[1], ARGV[3]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+# Delete a group's owner token whoever it names. ARGV: group, coordinator token.
+DELETE_OWNER = _FENCE + """
+if fenced(KEYS[1], ARGV[2]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+
 # Delete the owner token of a group only if it still names the same member incarnation.
-CLEAR_OWNER = """
+# ARGV: group, member id, incarnation, coordinator token.
+CLEAR_OWNER = _FENCE + """
+if fenced(KEYS[1], ARGV[4]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return 0 end
 local token = cjson.decode(current)
@@ -155,6 +189,8 @@ class RedisEffects:
         self.fence_token = fence_token
         self._ensure_stream = redis.register_script(ENSURE_STREAM)
         self._clear_owner = redis.register_script(CLEAR_OWNER)
+        self._set_owner = redis.register_script(SET_OWNER)
+        self._delete_owner = redis.register_script(DELETE_OWNER)
         self._ensure_group = redis.register_script(ENSURE_GROUP)
         self._destroy_group = redis.register_script(DESTROY_GROUP)
 
@@ -169,6 +205,10 @@ class RedisEffects:
     def _in_term(self) -> None:
         if self.fence_token is not None:
             self.fence_token()
+
+    def _token_arg(self) -> str:
+        """This term's coordinator token for the owner-token scripts ('' without fencing)."""
+        return "" if self.fence_token is None else str(self.fence_token())
 
     async def delete_streams(self, shard_keys: Iterable[str]) -> None:
         for chunk in _chunks(shard_keys):
@@ -240,14 +280,16 @@ class RedisEffects:
                     self._ensure_group(keys=[key], args=[group, start_id], client=pipe)
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        fence = self._token_arg()
         async with self._pipeline() as pipe:
             for key, token in tokens.items():
-                pipe.hset(owner_key(key), {group: token_text(token)})
+                self._set_owner(keys=[owner_key(key)], args=[group, token_text(token), fence], client=pipe)
 
     async def clear_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
+        fence = self._token_arg()
         async with self._pipeline() as pipe:
             for key, token in tokens.items():
-                args = [group, token.member_id, token.incarnation]
+                args = [group, token.member_id, token.incarnation, fence]
                 self._clear_owner(keys=[owner_key(key)], args=args, client=pipe)
 
     async def owners(self, group: str, shard_keys: Iterable[str]) -> dict[str, OwnerToken]:
@@ -260,20 +302,27 @@ class RedisEffects:
     async def sync_owners(
         self, group: str, shard_keys: Iterable[str], tokens: Mapping[str, OwnerToken]
     ) -> None:
+        fence = self._token_arg()
         async with self._pipeline() as pipe:
             for key in sorted(set(shard_keys) | set(tokens)):
                 if key in tokens:
-                    pipe.hset(owner_key(key), {group: token_text(tokens[key])})
+                    args = [group, token_text(tokens[key]), fence]
+                    self._set_owner(keys=[owner_key(key)], args=args, client=pipe)
                 else:
-                    pipe.hdel(owner_key(key), [group])
+                    self._delete_owner(keys=[owner_key(key)], args=[group, fence], client=pipe)
 
     @contextlib.asynccontextmanager
     async def _pipeline(self) -> AsyncIterator[Any]:
         """One round trip per node for many single-key commands (they run when the block exits)."""
         self._in_term()
-        with redis_errors("side effect"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                yield pipe
+        try:
+            with redis_errors("side effect"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    yield pipe
+        except coredis.exceptions.ResponseError as exc:
+            if "FENCED" in str(exc):
+                raise Fenced(f"a newer coordinator term wrote there: {exc}") from exc
+            raise
 
 
 async def _guard(awaitable: object) -> None:
