@@ -76,21 +76,21 @@ end
 """
 
 # Set a group's owner token. ARGV: group, token JSON, coordinator token.
-SET_OWNER = _FENCE + """
+SET_OWNER = f"""{_FENCE}
 if fenced(KEYS[1], ARGV[3]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 
 # Delete a group's owner token whoever it names. ARGV: group, coordinator token.
-DELETE_OWNER = _FENCE + """
+DELETE_OWNER = f"""{_FENCE}
 if fenced(KEYS[1], ARGV[2]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
 return redis.call('HDEL', KEYS[1], ARGV[1])
 """
 
 # Delete the owner token of a group only if it still names the same member incarnation.
 # ARGV: group, member id, incarnation, coordinator token.
-CLEAR_OWNER = _FENCE + """
+CLEAR_OWNER = f"""{_FENCE}
 if fenced(KEYS[1], ARGV[4]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return 0 end
