@@ -25,9 +25,9 @@ from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, 
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
-from rsc.http.auth import AdminAccount, basic_credentials
+from rsc.http.auth import AdminAccount, Gate, basic_credentials
 from rsc.http.errors import ApiError
-from rsc.http.throttle import Blocked, FailureThrottle, client_key
+from rsc.http.throttle import Blocked
 from rsc.http.views import stream_view
 
 log = logging.getLogger("rsc.admin")
@@ -59,16 +59,11 @@ class GroupSpec:
 AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit"})
 
 
-def add_admin_routes(
-    app: QuartTrio,
-    registry: Registry,
-    account: AdminAccount,
-    audit: AuditLog,
-    throttle: FailureThrottle | None = None,
-) -> None:
-    """Register `/v1/admin/...` on `app`; failed logins are limited per address by `throttle`
-    (by default the app's, which also counts wrong admin credentials sent to other paths)."""
-    throttle = throttle or app.extensions.get("rsc.throttle") or FailureThrottle()
+def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, audit: AuditLog) -> None:
+    """Register `/v1/admin/...` on `app` (made by `create_app`): logins go through the app's
+    gate, whose throttle also counts wrong admin credentials sent to other paths."""
+    gate: Gate = app.extensions["rsc.gate"]
+    throttle = gate.throttle
 
     @app.before_request
     async def authenticate() -> None:
@@ -76,24 +71,14 @@ def add_admin_routes(
             return
         g.caller = None
         g.revision = None
-        address = client_key(request.remote_addr)
-        wait = throttle.retry_after(address, trio.current_time())
-        if wait is not None:
-            raise ApiError(
-                429,
-                "TOO_MANY_FAILURES",
-                f"too many failed admin logins from {address}; retry in {wait:.0f} s",
-                {"retryAfterS": wait},
-                retry_after_s=wait,
-            )
-        user, password = basic_credentials(request.headers.get("Authorization", ""))
-        g.caller = caller_name(user, account)
+        gate.refuse_if_throttled()
+        header = request.headers.get("Authorization", "")
+        g.caller = caller_name(basic_credentials(header)[0], account)
         if not account.enabled:
             raise ApiError(403, "ADMIN_DISABLED", "no admin password is configured (RSC_ADMIN_PASSWORD)")
-        if user is None or password is None or not account.check(user, password):
-            # Every refusal counts, with credentials or without: each is an audit record, so
-            # an address gets a few individually and then one aggregated record per window.
-            throttle.failed(address, trio.current_time())
+        # Every refusal counts, with credentials or without: each is an audit record, so an
+        # address gets a few individually and then one aggregated record per window.
+        if gate.admin_login(header, count_missing=True) is None:
             raise ApiError(401, "UNAUTHENTICATED", "admin endpoints need HTTP Basic credentials")
 
     @app.after_request

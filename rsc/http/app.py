@@ -78,7 +78,6 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
     gate = Gate(settings.policy, account, metrics.prometheus, throttle)
     app.extensions["rsc.gate"] = gate
-    app.extensions["rsc.throttle"] = throttle
     _add_request_ids_and_errors(app, gate)
     _add_member_routes(app, registry, metrics, gate, settings)
     _add_operator_routes(app, registry, gate)

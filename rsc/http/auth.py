@@ -116,20 +116,30 @@ class Gate:
 
     def _admin(self, header: str) -> Credential | None:
         """The admin, if the Basic credentials are right; throttled like the Admin API's logins."""
+        self.refuse_if_throttled()
+        return self.admin_login(header)
+
+    def refuse_if_throttled(self) -> None:
+        """429 when this request's address used up its admin login budget (views and Admin API alike)."""
         address = client_key(request.remote_addr)
         wait = self.throttle.retry_after(address, trio.current_time())
         if wait is not None:
             raise Refused(
                 429,
                 "TOO_MANY_FAILURES",
-                f"too many failed admin logins; retry in {wait:.0f} s",
+                f"too many failed admin logins from {address}; retry in {wait:.0f} s",
                 {"retryAfterS": wait},
                 retry_after_s=wait,
             )
+
+    def admin_login(self, header: str, *, count_missing: bool = False) -> Credential | None:
+        """The admin, if `header` holds its Basic credentials; a failure counts against the address
+        (a missing credential too, with `count_missing`)."""
         user, password = basic_credentials(header)
         if user is not None and password is not None and self.account.check(user, password):
             return auth.ADMIN
-        self.throttle.failed(address, trio.current_time())
+        if user is not None or count_missing:
+            self.throttle.failed(client_key(request.remote_addr), trio.current_time())
         return None
 
     def check(self, action: Action, stream_prefix: str | None = None) -> Credential | None:

@@ -137,7 +137,7 @@ async def serve(
             config.certfile, config.keyfile = settings.certfile, settings.keyfile
         app = create_app(registry, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-        add_admin_routes(app, registry, account, audit)  # with the app's login throttle
+        add_admin_routes(app, registry, account, audit)
         add_openapi_route(app)
         add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
         stopped = trio.Event()
