@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,3 +51,14 @@ async def beat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any
     assert response.status_code == 200, response.text
     data: dict[str, Any] = response.json()
     return data
+
+
+def wait_for_output(
+    process: subprocess.Popen[bytes], log_path: Path, text: str, timeout_s: float = 30
+) -> None:
+    """Wait until the child process writing `log_path` has printed `text`; fail if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while text not in log_path.read_text():
+        assert process.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.05)

@@ -148,19 +148,25 @@ async def test_one_holder_renews_and_a_standby_waits(autojump_clock: trio.testin
         nursery.cancel_scope.cancel()
 
 
+async def start_crashable(nursery: trio.Nursery, leadership: Leadership) -> trio.CancelScope:
+    """Run `leadership` in `nursery`; cancelling the scope returned ends it without a release (a crash)."""
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[None]) -> None:
+        with scope:
+            await leadership.run(task_status=task_status)
+
+    await nursery.start(run)
+    return scope
+
+
 async def test_a_crashed_holder_is_replaced_within_a_ttl_with_a_higher_token(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     lease = MemoryLease()
     a, b = leader(lease, "a"), leader(lease, "b")
     async with trio.open_nursery() as nursery:
-        a_scope = trio.CancelScope()
-
-        async def run_a(task_status: trio.TaskStatus[None]) -> None:
-            with a_scope:
-                await a.run(task_status=task_status)
-
-        await nursery.start(run_a)
+        a_scope = await start_crashable(nursery, a)
         await nursery.start(b.run)
         await trio.sleep(1.0)
         crashed = trio.current_time()
@@ -242,13 +248,7 @@ async def test_release_hands_over_at_once(autojump_clock: trio.testing.MockClock
     lease = MemoryLease()
     a, b = leader(lease, "a"), leader(lease, "b")
     async with trio.open_nursery() as nursery:
-        a_scope = trio.CancelScope()
-
-        async def run_a(task_status: trio.TaskStatus[None]) -> None:
-            with a_scope:
-                await a.run(task_status=task_status)
-
-        await nursery.start(run_a)
+        a_scope = await start_crashable(nursery, a)
         await nursery.start(b.run)
         await trio.sleep(1.0)
         a_scope.cancel()

@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from rsc.http.serve import serve
-from tests.httpkit import FAST
+from tests.httpkit import FAST, wait_for_output
 from tests.redis_servers import free_port
 
 HOST = "127.0.0.1"
@@ -341,11 +341,7 @@ def rsc_serve(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
-            while "listening on" not in log_path.read_text():
-                assert process.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.05)
+            wait_for_output(process, log_path, "listening on")
             yield port, process
             assert process.poll() is None, log_path.read_text()
             process.send_signal(signal.SIGTERM)

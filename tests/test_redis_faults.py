@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import trio
 from rsc.actors.keys import COORDINATOR_LEASE_KEY
 from rsc.http.serve import serve
 from tests import redis_servers
-from tests.httpkit import FAST, hb, serve_on
+from tests.httpkit import FAST, hb, serve_on, wait_for_output
 
 
 @contextlib.contextmanager
@@ -100,11 +99,7 @@ def test_the_startup_line_hides_the_redis_password(tmp_path: Path) -> None:
         with log_path.open("wb") as log:
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
-                deadline = time.monotonic() + 30
-                while "listening on" not in log_path.read_text():
-                    assert process.poll() is None, log_path.read_text()
-                    assert time.monotonic() < deadline
-                    time.sleep(0.1)
+                wait_for_output(process, log_path, "listening on")
                 assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
             finally:
                 process.send_signal(signal.SIGTERM)

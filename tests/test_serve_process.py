@@ -6,12 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.httpkit import wait_for_output
 from tests.redis_servers import free_port
 
 
@@ -24,11 +24,7 @@ def test_the_demo_server_stops_cleanly(standalone_url: str, tmp_path: Path, sign
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
-            while "demo: 10.0.0.1/demo-worker/0 epoch" not in log_path.read_text():
-                assert process.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.1)
+            wait_for_output(process, log_path, "demo: 10.0.0.1/demo-worker/0 epoch")
             assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
             process.send_signal(signum)
             process.wait(timeout=20)
