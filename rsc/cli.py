@@ -24,7 +24,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
 from rsc.client.errors import CoordinatorRejected
-from rsc.connect import RedisRefused
+from rsc.connect import RedisRefused, first_leaf
 from rsc.demo import run_demo
 from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
@@ -276,22 +276,14 @@ def serve(
             fatal, _ = group.split((StoreUnavailable, RedisRefused, config_module.ConfigError))
             if fatal is None:
                 raise
-            raise click.ClickException(str(_leaf(fatal))) from group
+            raise click.ClickException(str(first_leaf(fatal))) from group
 
 
 def _rejection_in(group: BaseExceptionGroup[BaseException]) -> CoordinatorRejected | None:
     """The first `CoordinatorRejected` anywhere in `group`, if any."""
-    for exc in group.exceptions:
-        if isinstance(exc, CoordinatorRejected):
-            return exc
-        if isinstance(exc, BaseExceptionGroup) and (inner := _rejection_in(exc)) is not None:
-            return inner
-    return None
-
-
-def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    first = group.exceptions[0]
-    return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
+    matched, _ = group.split(CoordinatorRejected)
+    leaf = first_leaf(matched) if matched is not None else None
+    return leaf if isinstance(leaf, CoordinatorRejected) else None
 
 
 # --- rsc worker --------------------------------------------------------------

@@ -116,7 +116,7 @@ async def open_redis(
     except BaseExceptionGroup as group:
         refused, _ = group.split(REFUSED)
         if refused is not None:
-            raise RedisRefused(f"Redis at {where} refused the connection: {_leaf(refused)}") from group
+            raise RedisRefused(f"Redis at {where} refused the connection: {first_leaf(refused)}") from group
         if group.split(is_unavailable)[1] is not None:
             raise
         raise RedisUnreachable(f"cannot reach Redis at {where}: {group.exceptions[0]}") from group
@@ -146,12 +146,13 @@ async def _first_command(client: Any, where: str) -> None:
         refused, _ = group.split(coredis.exceptions.ResponseError)
         if refused is None:
             raise
-        raise RedisRefused(f"Redis at {where} refused the connection: {_leaf(refused)}") from group
+        raise RedisRefused(f"Redis at {where} refused the connection: {first_leaf(refused)}") from group
 
 
-def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+def first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first exception in `group` that is not itself a group (trio nests them)."""
     first = group.exceptions[0]
-    return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
+    return first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _close_cluster_layout_streams(client: Any) -> None:

@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
+from rsc.connect import first_leaf
 from rsc.events import codec
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
@@ -262,13 +263,8 @@ async def _answer_batch(
         retry, _ = group.split((StoreError, ActorStopped))
         if retry is None:
             raise
-        raise _first(retry) from group  # answered 503: the client retries the whole batch
+        raise first_leaf(retry) from group  # answered 503: the client retries the whole batch
     return json_response({"responses": results}, plain=True)
-
-
-def _first(group: BaseExceptionGroup[Any]) -> BaseException:
-    first = group.exceptions[0]
-    return _first(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None:
