@@ -33,7 +33,8 @@ ID_PATTERN = r"^[ -~]{1,256}$"
 TEXT_PATTERN = (
     r"^[^\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb]*$"
 )
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A surrogate code point: in a Python string, only a lone one (a pair decodes to one character).
+SURROGATE = re.compile("[\ud800-\udfff]")
 #: The longest client name and client version kept.
 MAX_CLIENT_NAME = 128
 MAX_CLIENT_VERSION = 64
@@ -86,7 +87,7 @@ def is_plain_text(value: str, max_length: int) -> bool:
         return False
     if value.isprintable():  # the common case, at C speed: no control character, no surrogate
         return True
-    return _TEXT.fullmatch(value) is not None and not _SURROGATE.search(value)
+    return _TEXT.fullmatch(value) is not None and not SURROGATE.search(value)
 
 
 class ShardState(enum.Enum):

@@ -30,6 +30,7 @@ from rsc.events import codec
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
+from rsc.events.model import SURROGATE
 from rsc.events.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -352,7 +353,7 @@ def parse_json(data: bytes | str) -> Any:
     else:  # no deeper than it has brackets: most bodies need no walk
         brackets = text.count("[") + text.count("{")
         too_deep = brackets > MAX_JSON_DEPTH and nests_deeper(value, MAX_JSON_DEPTH)
-        escaped = _SURROGATE_ESCAPE.search(text) or (text is data and _SURROGATE.search(text))
+        escaped = _SURROGATE_ESCAPE.search(text) or (text is data and SURROGATE.search(text))
         if not too_deep and escaped and _lone_surrogate(value):
             raise ApiError(
                 400, "MALFORMED_JSON", "a string holds a lone surrogate (\\ud800-\\udfff), which is not text"
@@ -369,7 +370,6 @@ def parse_json(data: bytes | str) -> Any:
 
 #: A JSON escape of a surrogate; only bodies with one need the full check below.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _lone_surrogate(value: Any) -> bool:
@@ -382,7 +382,7 @@ def _lone_surrogate(value: Any) -> bool:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if _SURROGATE.search(item):
+            if SURROGATE.search(item):
                 return True
         elif isinstance(item, dict):
             stack.extend(item.keys())
