@@ -109,6 +109,8 @@ class Message:
     id: str
     fields: Mapping[str, str]
     deliveries: int = 1
+    #: The member that read it (`<pod ip>/<listener>/<index>` under `rsc worker`).
+    member_id: str = ""
 
 
 Handler = Callable[[Message], Awaitable[None]]
@@ -273,7 +275,7 @@ class Poller:
         reply = await self._call(self._read, shard, [self.member_id, count])
         if not reply:
             return []
-        return [Message(shard.index, shard.key, e[0], _pairs(e[1])) for e in reply[0][1]]
+        return [Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in reply[0][1]]
 
     async def _claim_entries(
         self, shard: _Shard, min_idle_ms: int, count: int, cursor: str = "0-0"
@@ -282,7 +284,7 @@ class Poller:
         reply = await self._call(self._claim, shard, [self.member_id, min_idle_ms, count, cursor])
         next_cursor, entries = str(reply[0]), reply[1] or []
         # Deleted entries come back empty (XAUTOCLAIM drops them from the PEL).
-        return [_message(shard, e) for e in entries if e[1] is not None], next_cursor
+        return [self._message(shard, e) for e in entries if e[1] is not None], next_cursor
 
     async def _reclaimer(self) -> None:
         """Entries left idle under other consumer names come back here; drain progress is refreshed."""
@@ -299,7 +301,7 @@ class Poller:
                 except Fenced:
                     await self.lost(frozenset({shard.index}))
                     continue
-                self._enqueue(shard, [_message(shard, e) for e in reply or [] if e[1] is not None])
+                self._enqueue(shard, [self._message(shard, e) for e in reply or [] if e[1] is not None])
 
     async def _measure_drain(self) -> None:
         progress: dict[int, DrainProgress] = {}
@@ -440,15 +442,14 @@ class Poller:
                 raise Fenced(str(exc)) from exc
             raise
 
+    def _message(self, shard: _Shard, entry: Any) -> Message:
+        return Message(shard.index, shard.key, entry[0], _pairs(entry[1]), int(entry[2]), self.member_id)
+
     def _poke(self) -> None:
         self._wake.set()
         if self._work is not None:
             self._work.set()  # wakes every idle worker
             self._work = None
-
-
-def _message(shard: _Shard, entry: Any) -> Message:
-    return Message(shard.index, shard.key, entry[0], _pairs(entry[1]), int(entry[2]))
 
 
 def _is_fenced(exc: Exception) -> bool:
