@@ -39,6 +39,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._rounds import ratios, run_rounds, throughput
 from bench.consumer import process, wait_http
 from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
@@ -149,7 +150,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     batches = messages(args.messages, args.batch)
-    runs: dict[str, list[float]] = {"rsc-trio": [], "raw-coredis": [], "rsc-sync": [], "raw-redis-py": []}
     port = redis_servers.free_port()
     with redis_servers.standalone() as redis_url:
         env = {"RSC_REDIS_URL": redis_url, "RSC_DEFAULT_SHARD_COUNT": str(SHARDS)}
@@ -167,31 +167,26 @@ def main() -> None:
                 "rsc-sync": lambda: sync_producer(url, redis_url, batches),
                 "raw-redis-py": lambda: sync_raw(redis_url, keys, batches),
             }
-            for round_ in range(args.rounds):
-                for pair in PAIRS:
-                    # ABBA: who goes first alternates, so a drifting machine favours neither
-                    for name in pair if round_ % 2 == 0 else pair[::-1]:
-                        r.delete(*keys)
-                        seconds = contenders[name]()
-                        assert sum(r.xlen(k) for k in keys) == args.messages, name
-                        runs[name].append(seconds)
+
+            def run(name: str, round_: int) -> float:
+                r.delete(*keys)
+                seconds = contenders[name]()
+                assert sum(r.xlen(k) for k in keys) == args.messages, name
+                return seconds
+
+            # ABBA: who goes first alternates, so a drifting machine favours neither
+            runs = run_rounds(args.rounds, PAIRS, run)
             with contextlib.suppress(redis.RedisError):
                 r.delete(*keys)
-    results: dict[str, dict[str, Any]] = {
-        name: {
-            "seconds": [round(s, 3) for s in seconds],
-            "messagesPerSecond": round(args.messages / statistics.median(seconds)),
-        }
-        for name, seconds in runs.items()
-    }
+    results: dict[str, dict[str, Any]] = {name: throughput(s, args.messages) for name, s in runs.items()}
     print(f"{args.messages} messages, batches of {args.batch}, {SHARDS} shards; {args.rounds} rounds\n")
     header = f"{'publisher':<14} {'msg/s':>10} {'vs raw':>8}   per-round ratios"
     print(header)
     print("-" * len(header))
     for producer, raw in PAIRS:
-        ratios = [r / p for p, r in zip(runs[producer], runs[raw], strict=True)]
-        results[producer]["vsRawPerRound"] = [round(x, 3) for x in ratios]
-        results[producer]["vsRaw"] = round(statistics.median(ratios), 3)
+        per_round = ratios(runs[producer], runs[raw])
+        results[producer]["vsRawPerRound"] = [round(x, 3) for x in per_round]
+        results[producer]["vsRaw"] = round(statistics.median(per_round), 3)
         for name in (producer, raw):
             row = results[name]
             ratio = row.get("vsRaw", 1.0)
