@@ -12,13 +12,27 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import coredis
+import trio
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 
 #: A coredis client; a cluster client offers the same commands.
 RedisClient = Any
 
-UNAVAILABLE = (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+#: Failures of a Redis that cannot answer now but may soon: connection lost or refused, a
+#: timeout, loading its data after a restart, read-only or down during a failover.
+UNAVAILABLE = (
+    coredis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) and ProtocolError too
+    coredis.exceptions.ReadOnlyError,
+    coredis.exceptions.TryAgainError,
+    coredis.exceptions.ClusterDownError,
+    coredis.exceptions.ClusterError,
+    TimeoutError,
+    OSError,
+    trio.BrokenResourceError,
+)
+#: The same, for the refusals coredis has no class for: the Redis error code (the first word).
+TRANSIENT_CODES = frozenset({"LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "READONLY"})
 
 
 class RedisUnreachable(ConnectionError):
@@ -82,8 +96,36 @@ def client_options(
     return options
 
 
+def error_code(exc: BaseException) -> str | None:
+    """The Redis error code of a refusal (the first word of the reply: `NOGROUP`, `FENCED`), else None.
+
+    coredis strips the code from the refusals it has a class for (`LOADING`, `NOGROUP`...);
+    those are told apart by their class.
+    """
+    if not isinstance(exc, coredis.exceptions.ResponseError):
+        return None
+    code = str(exc).split(" ", 1)[0]
+    return code if code.isupper() else None
+
+
 def is_unavailable(exc: BaseException) -> bool:
-    return isinstance(exc, UNAVAILABLE)
+    """A failure of a Redis that may answer if asked again later (see `UNAVAILABLE`)."""
+    return isinstance(exc, UNAVAILABLE) or error_code(exc) in TRANSIENT_CODES
+
+
+#: Whatever a failed Redis call raises: Redis refused the command, or could not answer.
+REDIS_FAILURES = (coredis.exceptions.RedisError, *UNAVAILABLE)
+
+
+def redis_leaf(exc: BaseException) -> BaseException | None:
+    """What went wrong in a Redis call: `exc` itself, or the first leaf of the exception
+    groups coredis raises under trio. None for a group that holds anything but Redis
+    failures (a cancellation, a bug): that must travel on untouched."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    if exc.split(REDIS_FAILURES)[1] is not None:
+        return None
+    return first_leaf(exc)
 
 
 @contextlib.asynccontextmanager

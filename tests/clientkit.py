@@ -67,6 +67,7 @@ class Recorder:
         self.reading: set[int] = set()
         self.workers: list[int] = []
         self.revoke_delay = 0.0
+        self.valid_until = float("-inf")
 
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
         self.reading |= shards
@@ -86,3 +87,6 @@ class Recorder:
 
     def drain_progress(self) -> Sequence[DrainProgress]:
         return ()
+
+    def renewed(self, until: float) -> None:
+        self.valid_until = until

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -268,6 +269,7 @@ async def test_drain_progress_of_draining_shards(
     async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
         poller = Poller(r, "billing", "w0", "w0-inc", handle, attrs.evolve(FAST_POLL, reclaim_every_s=0.05))
         await nursery.start(poller.run)
+        poller.renewed(math.inf)  # as the member runtime does after each successful heartbeat
         await poller.assigned(frozenset({0}), layout)
         await wait_for(lambda: [(p.shard, p.pending, p.lag) for p in poller.drain_progress()] == [(0, 3, 0)])
         release.set()

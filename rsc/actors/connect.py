@@ -7,23 +7,22 @@ from collections.abc import AsyncIterator, Iterator
 
 from rsc import connect
 from rsc.actors.errors import StoreUnavailable
-from rsc.connect import DEFAULT_REDIS_URL, UNAVAILABLE, RedisClient, is_unavailable
+from rsc.connect import DEFAULT_REDIS_URL, RedisClient, is_unavailable, redis_leaf
 
 __all__ = ["DEFAULT_REDIS_URL", "RedisClient", "open_redis", "redis_errors"]
 
 
 @contextlib.contextmanager
 def redis_errors(context: str) -> Iterator[None]:
-    """Translate connection failures (bare, or in coredis' exception groups) into `StoreUnavailable`."""
+    """Translate failures of an unavailable Redis (`rsc.connect.is_unavailable`: bare, or in
+    coredis' exception groups) into `StoreUnavailable`."""
     try:
         yield
-    except UNAVAILABLE as exc:
-        raise StoreUnavailable(f"{context}: {exc}") from exc
-    except BaseExceptionGroup as group:
-        _, rest = group.split(is_unavailable)
-        if rest is not None:
+    except BaseException as exc:
+        leaf = redis_leaf(exc)
+        if leaf is None or not is_unavailable(leaf):
             raise
-        raise StoreUnavailable(f"{context}: {group.exceptions[0]}") from group
+        raise StoreUnavailable(f"{context}: {leaf}") from exc
 
 
 @contextlib.asynccontextmanager

@@ -26,7 +26,7 @@ import attrs
 import httpx
 import trio
 
-from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, CoordinatorUnintelligible
 from rsc.events import codec
 from rsc.events.wire import (
     HeartbeatRequest,
@@ -172,9 +172,12 @@ class Coordinator:
         """The heartbeats of one process's members in one request; a refused item gives its error."""
         body = {"heartbeats": [codec.wire.unstructure(r) for r in requests]}
         data = await self._post("/v1/heartbeats", body)
+        items = data.get("responses") if isinstance(data, dict) else None
+        if not isinstance(items, list) or len(items) != len(requests):
+            raise CoordinatorUnintelligible("POST /v1/heartbeats: the answer has no response per heartbeat")
         out: list[HeartbeatResponse | CoordinatorRejected] = []
-        for item in data["responses"]:
-            if "error" in item:
+        for item in items:
+            if isinstance(item, dict) and "error" in item:
                 out.append(
                     CoordinatorRejected(
                         400,
@@ -260,7 +263,7 @@ def answer(method: str, path: str, response: httpx.Response) -> Any:
     try:
         return response.json()
     except ValueError as exc:
-        raise CoordinatorUnavailable(f"{method} {path}: the answer is not JSON") from exc
+        raise CoordinatorUnintelligible(f"{method} {path}: the answer is not JSON") from exc
 
 
 def _rejection(response: httpx.Response) -> CoordinatorRejected:
@@ -283,4 +286,6 @@ def structure(data: Any, as_type: type[T]) -> T:
     try:
         return codec.converter.structure(data, as_type)
     except Exception as exc:
-        raise CoordinatorUnavailable(f"the coordinator's answer does not match {as_type.__name__}") from exc
+        raise CoordinatorUnintelligible(
+            f"the coordinator's answer does not match {as_type.__name__}: {exc}"
+        ) from exc

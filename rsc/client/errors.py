@@ -30,3 +30,25 @@ class CoordinatorRejected(RscError):
         self.message = message
         self.request_id = request_id
         self.details = details
+
+
+class CoordinatorUnintelligible(CoordinatorUnavailable):
+    """The coordinator answered, but not in a form this client can read (not JSON, or a field
+    it does not understand): a newer or broken coordinator. Counted as a failed request."""
+
+
+class RedisUnavailable(RscError):
+    """Redis could not answer now (connection lost or refused, a timeout, loading after a
+    restart, a failover in progress): worth retrying after a pause."""
+
+
+class RedisCommandFailed(RscError):
+    """Redis refused a command (`code` is the Redis error code, e.g. `NOGROUP`, `NOPERM`)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Fenced(RedisCommandFailed):
+    """The shard's owner token names someone else: this member must not touch the shard."""

@@ -11,6 +11,10 @@ the coordinator anything that depends on it:
   without acknowledging anything; another member may already own them.
 * `concurrency(workers)`: the group's `maxConcurrency` changed (Admin API).
 * `drain_progress()`: for DRAINING shards this member owns, pending count and lag.
+* `renewed(until)`: what this member holds is known to be its own until `until` (trio
+  clock: the send time of the last successful heartbeat plus the lease, minus the safety
+  margin); `-inf` once it was fenced or left. Start no work after `until` unless it is
+  renewed: after a pause (SIGSTOP, a blocked event loop) the shards may have moved.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class ShardLifecycle(Protocol):
 
     def drain_progress(self) -> Sequence[DrainProgress]: ...
 
+    def renewed(self, until: float) -> None: ...
+
 
 class NoLifecycle:
     """A lifecycle that does nothing (a member that only holds shards: useful in tests and demos)."""
@@ -50,3 +56,6 @@ class NoLifecycle:
 
     def drain_progress(self) -> Sequence[DrainProgress]:
         return ()
+
+    def renewed(self, until: float) -> None:
+        return None

@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from rsc import __version__
-from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, CoordinatorUnintelligible
 from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
 from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, HeartbeatStatus, Layout
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
@@ -81,7 +81,9 @@ class Member:
         self.incarnation = incarnation or uuid.uuid4().hex
         self.settings = settings
         self.epoch = 0
+        #: Shards this member holds: reading, or being revoked (`revoking`) until acknowledged.
         self.owned: frozenset[int] = frozenset()
+        self.revoking: frozenset[int] = frozenset()
         self.to_ack: frozenset[int] = frozenset()
         self.layout: Layout = EMPTY_LAYOUT
         self.metadata_version = 0
@@ -90,29 +92,43 @@ class Member:
         self.max_concurrency: int | None = None
         self.status: HeartbeatStatus | None = None
         self.last_ok_sent: float | None = None
+        #: Since when every answer has been one this client cannot read (None: the last was fine).
+        self.unintelligible_since: float | None = None
         self.self_fenced = 0
         self._stopping = trio.Event()
         self._left = trio.Event()
+        self._wakeup = trio.Event()
+        self._revokes: trio.Nursery | None = None
+        self._revoke_scopes: set[trio.CancelScope] = set()
 
     # --- driving ----------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Heartbeat until `stop()`, then leave. Returns once the member has left."""
+        """Heartbeat until `stop()`, then leave. Returns once the member has left.
+
+        Raises `CoordinatorUnintelligible` after leaving the group when, for a whole lease,
+        no answer of the coordinator could be read (a coordinator newer than this client).
+        """
         task_status.started()
         try:
-            while not self._stopping.is_set():
-                urgent = await self.beat()
-                if urgent:
-                    continue
-                with trio.move_on_after(self._wait_s()):
-                    await self._stopping.wait()
-            await self.leave()
+            async with trio.open_nursery() as revokes:
+                self._revokes = revokes
+                while not self._stopping.is_set():
+                    urgent = await self.beat()
+                    if urgent:
+                        continue
+                    with trio.move_on_after(self._wait_s()):
+                        await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                await self.leave()
         finally:
+            self._revokes = None
             self._left.set()
 
     def stop(self) -> None:
         """Ask the member to leave (it revokes everything, then heartbeats with epoch -1)."""
         self._stopping.set()
+        self._wakeup.set()
 
     async def wait_left(self) -> None:
         await self._left.wait()
@@ -134,7 +150,12 @@ class Member:
         )
 
     async def beat(self) -> bool:
-        """One heartbeat exchange; True when the next one should go at once."""
+        """One heartbeat exchange; True when the next one should go at once.
+
+        A transport failure, a 5xx, a timeout and an answer this client cannot read are all
+        a failed heartbeat: retried (sooner than the interval) until the lease rule says to
+        stop every shard (`_fence_at`).
+        """
         request = self.request()
         sent = trio.current_time()
         response = None
@@ -142,10 +163,14 @@ class Member:
         with trio.move_on_at(min(self._fence_at(), sent + self.lease_s)):
             try:
                 response = await self.transport.heartbeat(request)
+            except CoordinatorUnintelligible as exc:
+                self._unintelligible(sent, exc)
             except CoordinatorUnavailable as exc:
                 log.info("%s: heartbeat failed: %s", self.member_id, exc)
             except CoordinatorRejected as exc:
-                if exc.code in WAIT_FOR_ADMIN:
+                if exc.status >= 500 or exc.status in (408, 429):
+                    log.info("%s: heartbeat failed: %s", self.member_id, exc)
+                elif exc.code in WAIT_FOR_ADMIN:
                     # Its credential may not create the stream or group: an operator will.
                     log.warning("%s: %s; retrying until it exists", self.member_id, exc.message)
                 elif exc.code == "INCARNATION_MISMATCH":
@@ -156,12 +181,17 @@ class Member:
         if response is None:
             if trio.current_time() >= self._fence_at():
                 await self._self_fence()
+            await self._give_up_if_unintelligible()
             return False
+        self.unintelligible_since = None
         self.last_ok_sent = sent
-        return await self.apply(request, response)
+        return await self.apply(request, response, sent)
 
-    async def apply(self, request: HeartbeatRequest, response: HeartbeatResponse) -> bool:
-        """Reconcile with one response to `request`; True when the next heartbeat should go at once."""
+    async def apply(
+        self, request: HeartbeatRequest, response: HeartbeatResponse, sent: float | None = None
+    ) -> bool:
+        """Reconcile with one response to `request` (sent at trio time `sent`, default now);
+        True when the next heartbeat should go at once."""
         self.status = response.status
         self.interval_s = response.heartbeat_interval_ms / 1000
         self.lease_s = response.lease_ttl_ms / 1000
@@ -182,29 +212,62 @@ class Member:
         if request.member_epoch == -1:
             return False
         self.epoch = response.member_epoch
+        # What this member holds is its own until the lease, counted from when it asked.
+        sent = trio.current_time() if sent is None else sent
+        self.lifecycle.renewed(sent + self.lease_s * (1 - self.settings.safety_margin))
         self.to_ack -= request.revoked_shards  # the coordinator has them
         if response.max_concurrency != self.max_concurrency:
             self.max_concurrency = response.max_concurrency
             await self.lifecycle.concurrency(response.max_concurrency)
         assignment = response.assignment
-        stop = self.owned & (assignment.revoke | (self.owned - assignment.assigned))
+        stop = (self.owned - self.revoking) & (assignment.revoke | (self.owned - assignment.assigned))
         if stop:
-            await self.lifecycle.revoke(stop)
-            self.owned -= stop
+            await self._revoke(stop)
         # Revoked shards never started are acknowledged too: they are not read.
-        self.to_ack |= stop | (assignment.revoke - self.owned)
+        self.to_ack |= assignment.revoke - self.owned
         start = assignment.assigned - self.owned
         if start:
             await self.lifecycle.assigned(start, self.layout)
             self.owned |= start
         return bool(self.to_ack)
 
+    async def _revoke(self, shards: frozenset[int]) -> None:
+        """Stop `shards` (in-flight work finishes) while heartbeats go on, then acknowledge them.
+
+        The member keeps reporting them as owned until then, so the coordinator installs them
+        nowhere else meanwhile (PROTOCOL section 4).
+        """
+        self.revoking |= shards
+
+        async def revoke() -> None:
+            with trio.CancelScope() as scope:
+                self._revoke_scopes.add(scope)
+                try:
+                    await self.lifecycle.revoke(shards)
+                finally:
+                    self._revoke_scopes.discard(scope)
+            if scope.cancelled_caught:  # lost meanwhile (`_drop_all`)
+                return
+            self.revoking -= shards
+            self.owned -= shards
+            self.to_ack |= shards
+            self._wakeup.set()  # acknowledge now
+
+        if self._revokes is None:  # driven by hand (`beat` outside `run`): wait for it
+            await revoke()
+        else:
+            self._revokes.start_soon(revoke)
+
     async def leave(self) -> None:
         """Stop every shard, acknowledge, and leave the group (epoch -1)."""
+        with trio.move_on_after(self.lease_s):
+            while self.revoking:  # revokes under way finish first
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
         if self.owned:
             await self.lifecycle.revoke(self.owned)
             self.to_ack |= self.owned
-            self.owned = frozenset()
+            self.owned = self.revoking = frozenset()
         self.epoch = -1
         request = self.request()
         with trio.move_on_after(max(self.interval_s, 1.0)):
@@ -239,9 +302,34 @@ class Member:
         self.self_fenced += 1
         await self._drop_all()
 
+    def _unintelligible(self, sent: float, exc: CoordinatorUnintelligible) -> None:
+        if self.unintelligible_since is None:
+            self.unintelligible_since = sent
+            log.warning("%s: cannot read the coordinator's answer: %s", self.member_id, exc)
+
+    async def _give_up_if_unintelligible(self) -> None:
+        """After a lease of answers it cannot read, leave: the coordinator, which reads this
+        member's heartbeats, would otherwise keep installing shards that nobody reads."""
+        since = self.unintelligible_since
+        if since is None or trio.current_time() - since < self.lease_s:
+            return
+        message = (
+            f"{self.member_id}: no answer of the coordinator could be read for {self.lease_s:g} s "
+            f"(a coordinator newer than this client {self.client.name} {self.client.version}?); "
+            "leaving the group so that its shards move"
+        )
+        log.error("%s", message)
+        await self._drop_all()
+        self.stop()
+        await self.leave()  # best effort: the coordinator reads it even if its answer is unreadable
+        raise CoordinatorUnintelligible(message)
+
     async def _drop_all(self) -> None:
         lost = self.owned
-        self.owned = frozenset()
+        self.owned = self.revoking = frozenset()
         self.to_ack = frozenset()
+        for scope in self._revoke_scopes:  # revokes under way end here: the shards are lost
+            scope.cancel()
         if lost:
             await self.lifecycle.lost(lost)
+        self.lifecycle.renewed(float("-inf"))

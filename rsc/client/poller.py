@@ -1,5 +1,22 @@
 """The built-in poller: a `ShardLifecycle` that reads a member's shards and runs a handler.
 
+* Exclusive: a handler call for a shard starts only while the member holds the
+  shard *and* its lease is known to be valid at that instant (`renewed`: the send
+  time of the last successful heartbeat plus the lease, minus the safety margin,
+  on the monotonic clock). It is checked before every handler call, and a call
+  still running when the lease ends is cancelled (its entry stays pending and is
+  handled again). After a pause longer than the lease (SIGSTOP, a blocked event
+  loop), nothing queued runs until a heartbeat has confirmed the assignment.
+* Ordered through handoffs: a revoke first stops reading the shard, drops its
+  queue and starts nothing more of it; the handler in flight finishes (up to
+  `revoke_timeout_s`), its acknowledgement is flushed, and only then is the revoke
+  acknowledged. Entries read but not handled stay pending in Redis, where the next
+  owner claims them first, in id order, before reading new ones.
+* Survives Redis outages: every Redis call goes through `rsc.client.redis_calls`;
+  the reader, acker and reclaimer back off with jitter and retry, acknowledgements
+  are kept until Redis takes them, and an outage is logged once when it starts and
+  once when it ends.
+
 * Fair: owned shards are read round robin, `batch` entries at a time, and at
   most `prefetch` entries wait in memory, so a busy shard never starves the
   others.
@@ -23,12 +40,17 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
+import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
 
+from rsc.client.coordinator import Backoff
+from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
+from rsc.client.redis_calls import redis_call
 from rsc.events.model import DrainProgress, Layout, ShardState
 from rsc.events.wire import owner_key
 
@@ -89,17 +111,18 @@ return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4))
 """
 )
 # KEYS: shard, owners, dead letters; ARGV: group, member, incarnation, id, deliveries, field/value...
+# Idempotent: an entry no longer pending (a retry after a lost reply) is not dead-lettered twice.
 DEAD = (
     _CHECK
     + """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[4], ARGV[4], 1) == 0 then return 0 end
 redis.call('XADD', KEYS[3], '*', 'rscSourceId', ARGV[4], 'rscDeliveries', ARGV[5], unpack(ARGV, 6))
 return redis.call('XACK', KEYS[1], ARGV[1], ARGV[4])
 """
 )
 
 
-class Fenced(Exception):
-    """The shard's owner token names someone else: this member must not touch the shard."""
+__all__ = ["Fenced", "Handler", "Message", "Poller", "PollerSettings"]
 
 
 @attrs.define
@@ -131,6 +154,8 @@ class PollerSettings:
     reclaim_idle_ms: int = 30_000
     ack_every_s: float = 0.005
     revoke_timeout_s: float = 30.0
+    #: Retries of Redis calls that failed (an outage, a refusal) wait up to this long (with jitter).
+    redis_backoff: Backoff = Backoff(base_s=0.05, cap_s=2.0)
 
 
 class _Shard:
@@ -143,11 +168,48 @@ class _Shard:
         self.claim_cursor = "0-0"
         self.draining = False
         self.acks: list[str] = []
-        self.handling: str | None = None
+        self.handling: Message | None = None
         self.idle = trio.Event()
         self.idle.set()
         self.scope = trio.CancelScope()
-        self.cancelled = False
+        #: A revoke began or the shard was lost: nothing more is read, queued or started.
+        self.stopping = False
+
+
+class _Health:
+    """Redis outages, as the poller sees them: one log line when one starts, one when it ends."""
+
+    def __init__(self, member_id: str, backoff: Backoff) -> None:
+        self.member_id = member_id
+        self.backoff = backoff
+        self.failures = 0
+        self.since: float | None = None
+        self.outages = 0
+        self._rng = random.Random()
+
+    def failed(self, exc: Exception) -> float:
+        """Note a failed Redis call; returns how long to wait before the next try."""
+        if self.since is None:
+            self.since = trio.current_time()
+            self.outages += 1
+            if isinstance(exc, RedisUnavailable):
+                log.warning("%s: Redis unavailable, retrying: %s", self.member_id, exc)
+            else:
+                log.error("%s: Redis refused a command, retrying: %s", self.member_id, exc)
+        self.failures += 1
+        return self.delay()
+
+    def delay(self) -> float:
+        """How long to wait before trying again (exponential, with jitter)."""
+        return self.backoff.delay(min(self.failures, 16), self._rng)
+
+    def ok(self) -> None:
+        if self.since is not None:
+            log.warning(
+                "%s: Redis answers again (after %.1f s)", self.member_id, trio.current_time() - self.since
+            )
+            self.since = None
+        self.failures = 0
 
 
 class Poller:
@@ -174,8 +236,14 @@ class Poller:
         self.buffered = 0
         self.handled = 0
         self.dead_lettered = 0
+        #: Handler calls cancelled because the lease ended while they ran.
+        self.cut_by_lease = 0
+        #: Until when the member's shards are known to be its own (trio clock; see `renewed`).
+        self.lease_until = -math.inf
+        self.health = _Health(member_id, settings.redis_backoff)
         self._wake = trio.Event()
         self._work: trio.Event | None = None
+        self._lease_renewed = trio.Event()
         self._drain: dict[int, DrainProgress] = {}
         self._read = redis.register_script(READ)
         self._claim = redis.register_script(CLAIM)
@@ -207,26 +275,32 @@ class Poller:
         self._poke()
 
     async def revoke(self, shards: frozenset[int]) -> None:
-        """Stop reading, let in-flight entries finish (bounded), flush their acks, forget the shards."""
+        """Stop reading first, start nothing more, let the handler in flight finish (bounded),
+        flush the acknowledgements, forget the shards."""
         gone = [self.shards[i] for i in shards if i in self.shards]
         for shard in gone:
+            shard.stopping = True
             self._drop_queue(shard)
-        with trio.move_on_after(self.settings.revoke_timeout_s):
+        deadline = trio.current_time() + self.settings.revoke_timeout_s
+        with trio.move_on_at(deadline):
             for shard in gone:
                 await shard.idle.wait()
         for shard in gone:
-            shard.cancelled = True  # only if it overran the revoke timeout
-            shard.scope.cancel()
-            await self._flush(shard)
-            self.shards.pop(shard.index, None)
+            shard.scope.cancel()  # only if it overran the revoke timeout
+            with trio.move_on_at(max(deadline, trio.current_time() + 1.0)):
+                while shard.acks and self.shards.get(shard.index) is shard:
+                    if not await self._flush(shard):
+                        await trio.sleep(self.health.delay())
+            if self.shards.get(shard.index) is shard:
+                del self.shards[shard.index]
 
     async def lost(self, shards: frozenset[int]) -> None:
         """Stop at once: cancel in-flight handlers; pending acks are dropped (someone else owns it)."""
         for index in shards:
             shard = self.shards.pop(index, None)
             if shard is not None:
+                shard.stopping = True
                 self._drop_queue(shard)
-                shard.cancelled = True
                 shard.scope.cancel()
                 shard.acks.clear()
 
@@ -237,16 +311,41 @@ class Poller:
         """Pending count and lag of each DRAINING shard this member reads (refreshed by the reclaimer)."""
         return tuple(self._drain.values())
 
+    def renewed(self, until: float) -> None:
+        """The member's shards are its own until `until`: handler calls may start before it,
+        and a call still running then is cancelled."""
+        self.lease_until = until
+        for shard in self.shards.values():
+            if shard.busy:
+                shard.scope.deadline = until
+        if self._lease_valid():
+            self._lease_renewed.set()
+            self._lease_renewed = trio.Event()
+
+    def _lease_valid(self) -> bool:
+        return trio.current_time() < self.lease_until
+
+    async def _until_lease_valid(self) -> None:
+        while not self._lease_valid():
+            await self._lease_renewed.wait()
+
+    def _may_start(self, shard: _Shard) -> bool:
+        """The exclusive-handling rule: the shard is held, not stopping, and the lease is valid now."""
+        return not shard.stopping and self.shards.get(shard.index) is shard and self._lease_valid()
+
     # --- reading ----------------------------------------------------------
 
     async def _reader(self) -> None:
         sleep = self.settings.idle_sleep_s
         while True:
+            await self._until_lease_valid()
             got = 0
             for shard in list(self.shards.values()):
                 room = self.settings.prefetch - self.buffered
                 if room <= 0:
                     break
+                if shard.stopping:
+                    continue
                 got += await self._fill(shard, min(room, self.settings.batch))
             if got:
                 sleep = self.settings.idle_sleep_s
@@ -259,15 +358,18 @@ class Poller:
     async def _fill(self, shard: _Shard, count: int) -> int:
         try:
             if not shard.claimed_backlog:
-                messages, shard.claim_cursor = await self._claim_entries(shard, 0, count, shard.claim_cursor)
-                shard.claimed_backlog = shard.claim_cursor == "0-0"
+                messages, cursor = await self._claim_entries(shard, 0, count, shard.claim_cursor)
+                shard.claim_cursor = cursor
+                shard.claimed_backlog = cursor == "0-0"
             else:
                 messages = await self._read_new(shard, count)
         except Fenced as exc:
-            if self.shards.get(shard.index) is shard:  # else revoked meanwhile: nothing to say
-                log.warning("%s: shard %s fenced: %s", self.member_id, shard.index, exc)
-                await self.lost(frozenset({shard.index}))
+            await self._fenced(shard, exc)
             return 0
+        except (RedisUnavailable, RedisCommandFailed) as exc:
+            await trio.sleep(self.health.failed(exc))
+            return 0
+        self.health.ok()
         self._enqueue(shard, messages)
         return len(messages)
 
@@ -290,25 +392,30 @@ class Poller:
         """Entries left idle under other consumer names come back here; drain progress is refreshed."""
         while True:
             await trio.sleep(self.settings.reclaim_every_s)
-            await self._measure_drain()
-            for shard in list(self.shards.values()):
-                if not shard.claimed_backlog:
-                    continue
-                try:
-                    reply = await self._call(
-                        self._reclaim, shard, [self.member_id, self.settings.reclaim_idle_ms, 100]
-                    )
-                except Fenced:
-                    await self.lost(frozenset({shard.index}))
-                    continue
-                self._enqueue(shard, [self._message(shard, e) for e in reply or [] if e[1] is not None])
+            try:
+                await self._measure_drain()
+                for shard in list(self.shards.values()):
+                    if not shard.claimed_backlog or shard.stopping:
+                        continue
+                    try:
+                        reply = await self._call(
+                            self._reclaim, shard, [self.member_id, self.settings.reclaim_idle_ms, 100]
+                        )
+                    except Fenced as exc:
+                        await self._fenced(shard, exc)
+                        continue
+                    self._enqueue(shard, [self._message(shard, e) for e in reply or [] if e[1] is not None])
+            except (RedisUnavailable, RedisCommandFailed) as exc:
+                self.health.failed(exc)  # the next round is the retry
 
     async def _measure_drain(self) -> None:
         progress: dict[int, DrainProgress] = {}
         for shard in list(self.shards.values()):
             if not shard.draining:
                 continue
-            for info in await self.redis.xinfo_groups(shard.key):
+            with redis_call(f"XINFO GROUPS {shard.key}"):
+                groups = await self.redis.xinfo_groups(shard.key)
+            for info in groups:
                 if info.get("name") == self.group:
                     lag = info.get("lag")
                     pending = int(info.get("pending", 0))  # read, not yet acknowledged
@@ -318,7 +425,9 @@ class Poller:
         self._drain = progress
 
     def _enqueue(self, shard: _Shard, messages: list[Message]) -> None:
-        if not messages or self.shards.get(shard.index) is not shard:
+        """Queue entries read from `shard`, unless it stopped meanwhile: then they stay pending in
+        Redis for the next owner (an entry read after a revoke began is never handled here)."""
+        if not messages or shard.stopping or self.shards.get(shard.index) is not shard:
             return
         shard.queue.extend(messages)
         self.buffered += len(messages)
@@ -331,6 +440,11 @@ class Poller:
         shard.queue.clear()
         if shard in self.ready:
             self.ready.remove(shard)
+
+    async def _fenced(self, shard: _Shard, exc: Fenced) -> None:
+        if self.shards.get(shard.index) is shard and not shard.stopping:  # else revoked meanwhile
+            log.warning("%s: shard %s fenced: %s", self.member_id, shard.index, exc)
+            await self.lost(frozenset({shard.index}))
 
     # --- handling -------------------------------------------------------
 
@@ -353,26 +467,38 @@ class Poller:
                         self._work = trio.Event()
                     await self._work.wait()
                     continue
+                if not self._lease_valid():  # after a pause: nothing runs until a heartbeat confirms
+                    await self._until_lease_valid()
+                    continue
                 shard = self.ready.popleft()
                 shard.busy = True
                 shard.idle = trio.Event()
                 try:
                     # A turn: up to `turn` entries of this shard, in order, then the next shard.
-                    # `lost` cancels the turn's scope: the handler in flight stops at once.
-                    with trio.CancelScope() as shard.scope:
+                    # `lost` cancels the turn's scope, and so does the end of the lease: the
+                    # handler in flight stops at once.
+                    with trio.CancelScope(deadline=self.lease_until) as shard.scope:
                         for _ in range(self.settings.turn):
-                            if not shard.queue or shard.cancelled:
+                            if not shard.queue or not self._may_start(shard):
                                 break
                             message = shard.queue.popleft()
                             self.buffered -= 1
-                            shard.handling = message.id
+                            shard.handling = message
                             await self._handle(shard, message)
+                            shard.handling = None
+                    if shard.scope.cancelled_caught and not shard.stopping:
+                        self.cut_by_lease += 1
                     await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
                 finally:
+                    if shard.handling is not None and not shard.stopping:
+                        # Cut short (the lease ended, or this worker was removed): it is still
+                        # pending in Redis; it goes first again if the shard stays ours.
+                        shard.queue.appendleft(shard.handling)
+                        self.buffered += 1
                     shard.busy = False
                     shard.handling = None
                     shard.idle.set()
-                    if shard.queue and self.shards.get(shard.index) is shard:
+                    if shard.queue and not shard.stopping and self.shards.get(shard.index) is shard:
                         self.ready.append(shard)
                         self._poke()
 
@@ -384,15 +510,17 @@ class Poller:
             await self.handler(message)
         except Exception:
             log.exception("%s: handler failed on %s %s", self.member_id, message.key, message.id)
-            self._retry_later(shard, message)  # it stays pending in Redis meanwhile
+            self._retry_later(shard, message, message.deliveries + 1)  # it stays pending meanwhile
             return
         self.handled += 1
         shard.acks.append(message.id)
 
-    def _retry_later(self, shard: _Shard, message: Message) -> None:
+    def _retry_later(
+        self, shard: _Shard, message: Message, deliveries: int, after_s: float | None = None
+    ) -> None:
         async def retry() -> None:
-            await trio.sleep(self.settings.retry_after_ms / 1000)
-            self._enqueue(shard, [attrs.evolve(message, deliveries=message.deliveries + 1)])
+            await trio.sleep(self.settings.retry_after_ms / 1000 if after_s is None else after_s)
+            self._enqueue(shard, [attrs.evolve(message, deliveries=deliveries)])
 
         if self._nursery is not None:
             self._nursery.start_soon(retry)
@@ -400,47 +528,64 @@ class Poller:
     async def _dead_letter(self, shard: _Shard, message: Message) -> None:
         flat = [x for pair in message.fields.items() for x in pair]
         try:
-            await self._dead(
-                keys=[shard.key, owner_key(shard.key), f"{shard.key}:dlq"],
-                args=[self.group, self.member_id, self.incarnation, message.id, message.deliveries, *flat],
-            )
+            with redis_call(f"dead-lettering {message.key} {message.id}"):
+                await self._dead(
+                    keys=[shard.key, owner_key(shard.key), f"{shard.key}:dlq"],
+                    args=[
+                        self.group,
+                        self.member_id,
+                        self.incarnation,
+                        message.id,
+                        message.deliveries,
+                        *flat,
+                    ],
+                )
+        except Fenced as exc:
+            await self._fenced(shard, exc)
+        except (RedisUnavailable, RedisCommandFailed) as exc:
+            self._retry_later(shard, message, message.deliveries, self.health.failed(exc))
+        else:
+            self.health.ok()
             self.dead_lettered += 1
-        except Exception as exc:
-            if _is_fenced(exc):
-                await self.lost(frozenset({shard.index}))
-            else:
-                raise
 
     # --- acknowledging --------------------------------------------------
 
     async def _acker(self) -> None:
+        wait = self.settings.ack_every_s
         while True:
-            await trio.sleep(self.settings.ack_every_s)
+            await trio.sleep(wait)
+            wait = self.settings.ack_every_s
             for shard in list(self.shards.values()):
-                await self._flush(shard)
+                if shard.acks and not await self._flush(shard):
+                    wait = max(wait, self.health.delay())
+                    break
 
-    async def _flush(self, shard: _Shard) -> None:
+    async def _flush(self, shard: _Shard) -> bool:
+        """Acknowledge what was handled; False when Redis did not take it (the ids are kept)."""
         if not shard.acks:
-            return
+            return True
         ids, shard.acks = shard.acks, []
         try:
             await self._call(self._ack, shard, ids)
         except Fenced as exc:
             log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, exc)
             await self.lost(frozenset({shard.index}))
+            return True
+        except (RedisUnavailable, RedisCommandFailed) as exc:
+            shard.acks[:0] = ids  # XACK is idempotent: sent again once Redis answers
+            self.health.failed(exc)
+            return False
+        self.health.ok()
+        return True
 
     # --- plumbing ---------------------------------------------------------
 
     async def _call(self, script: Any, shard: _Shard, args: list[Any]) -> Any:
-        try:
+        with redis_call(f"shard {shard.key}"):
             return await script(
                 keys=[shard.key, owner_key(shard.key)],
                 args=[self.group, self.member_id, self.incarnation, *args],
             )
-        except Exception as exc:
-            if _is_fenced(exc):
-                raise Fenced(str(exc)) from exc
-            raise
 
     def _message(self, shard: _Shard, entry: Any) -> Message:
         return Message(shard.index, shard.key, entry[0], _pairs(entry[1]), int(entry[2]), self.member_id)
@@ -450,10 +595,6 @@ class Poller:
         if self._work is not None:
             self._work.set()  # wakes every idle worker
             self._work = None
-
-
-def _is_fenced(exc: Exception) -> bool:
-    return "FENCED" in str(exc)
 
 
 def _pairs(flat: Any) -> dict[str, str]:
