@@ -23,7 +23,7 @@ from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
-from rsc.client.errors import CoordinatorRejected
+from rsc.client.errors import CoordinatorRejected, RscError
 from rsc.connect import RedisRefused, first_leaf
 from rsc.demo import run_demo
 from rsc.http import serve as serving
@@ -279,11 +279,14 @@ def serve(
             raise click.ClickException(str(first_leaf(fatal))) from group
 
 
-def _rejection_in(group: BaseExceptionGroup[BaseException]) -> CoordinatorRejected | None:
-    """The first `CoordinatorRejected` anywhere in `group`, if any."""
-    matched, _ = group.split(CoordinatorRejected)
-    leaf = first_leaf(matched) if matched is not None else None
-    return leaf if isinstance(leaf, CoordinatorRejected) else None
+def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | None:
+    """The first error of the client library anywhere in `group` (a refusal first), if any."""
+    for kind in (CoordinatorRejected, RscError):
+        matched, _ = group.split(kind)
+        leaf = first_leaf(matched) if matched is not None else None
+        if isinstance(leaf, RscError):
+            return leaf
+    return None
 
 
 # --- rsc worker --------------------------------------------------------------
@@ -350,9 +353,12 @@ def worker(
 
     try:
         trio.run(run)
-    except (CoordinatorRejected, BaseExceptionGroup) as exc:
-        refused = exc if isinstance(exc, CoordinatorRejected) else _rejection_in(exc)
-        if refused is None:
+    except (RscError, BaseExceptionGroup) as exc:
+        ended = exc if isinstance(exc, RscError) else _client_error_in(exc)
+        if ended is None:
             raise
-        # A wrong credential, a forbidden stream: say so in one line, not a traceback per member.
-        raise click.ClickException(f"the coordinator refused this worker: {refused}") from exc
+        # A wrong credential, a forbidden stream, a coordinator this client cannot read: say so
+        # in one line, not a traceback per member.
+        if isinstance(ended, CoordinatorRejected):
+            raise click.ClickException(f"the coordinator refused this worker: {ended}") from exc
+        raise click.ClickException(f"the worker stopped: {ended}") from exc

@@ -5,9 +5,11 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from rsc.client.errors import CoordinatorRejected, CoordinatorUnintelligible
 from rsc.client.member import Member
 from rsc.events.commands import ConfigureGroup
 from rsc.events.model import GroupConfig, HeartbeatStatus
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from tests.clientkit import LocalCoordinator, Recorder
 
 Clock = trio.testing.MockClock
@@ -142,3 +144,105 @@ async def test_max_concurrency_changes_reach_the_lifecycle(autojump_clock: Clock
         await trio.sleep(2)
         nursery.cancel_scope.cancel()
     assert ra.workers == [1, 4]
+
+
+class Faulty:
+    """The local coordinator behind a fault: `mode` "500" answers 500 without processing the
+    heartbeat, "garbled" processes it and answers something this client cannot read."""
+
+    def __init__(self, coordinator: LocalCoordinator) -> None:
+        self.coordinator = coordinator
+        self.mode: str | None = None
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        if self.mode == "500":
+            await trio.sleep(0.005)
+            raise CoordinatorRejected(500, "INTERNAL", "boom")
+        response = await self.coordinator.heartbeat(request)
+        if self.mode == "garbled":
+            raise CoordinatorUnintelligible("the coordinator's answer does not match HeartbeatResponse")
+        return response
+
+
+async def test_5xx_answers_are_failed_heartbeats_retried_within_the_lease(autojump_clock: Clock) -> None:
+    coordinator, log = LocalCoordinator(), []
+    faulty = Faulty(coordinator)
+    recorder = Recorder("a", log)
+    a = Member(faulty, "s", "g", "a", recorder, incarnation="a-1")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.ticks)
+        await nursery.start(a.run)
+        await trio.sleep(2)
+        assert recorder.reading == set(range(6))
+        faulty.mode = "500"
+        sent = coordinator.requests
+        await trio.sleep(2.5)  # well under the 4 s self-fence point of the 5 s lease
+        faulty.mode = None
+        await trio.sleep(2)
+        assert recorder.reading == set(range(6))
+        assert a.self_fenced == 0
+        assert a.status is HeartbeatStatus.OK
+        faulty.mode = "500"
+        await trio.sleep(6)  # past the lease: it stops everything by itself, and does not crash
+        assert recorder.reading == set()
+        assert a.self_fenced == 1
+        faulty.mode = None
+        await trio.sleep(3)
+        assert recorder.reading == set(range(6))  # back in
+        nursery.cancel_scope.cancel()
+    assert coordinator.requests > sent
+
+
+async def test_answers_it_cannot_read_make_it_leave_so_that_its_shards_move(autojump_clock: Clock) -> None:
+    coordinator, log = LocalCoordinator(), []
+    faulty = Faulty(coordinator)
+    ra = Recorder("a", log)
+    a = Member(faulty, "s", "g", "a", ra, incarnation="a-1")
+    b, rb = member(coordinator, "b", log)
+    gave_up: list[tuple[float, BaseException]] = []
+
+    async def run_a(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await a.run(task_status=task_status)
+        except CoordinatorUnintelligible as exc:
+            gave_up.append((trio.current_time(), exc))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.ticks)
+        await nursery.start(run_a)
+        await nursery.start(b.run)
+        await trio.sleep(3)
+        assert len(ra.reading) == len(rb.reading) == 3
+        faulty.mode = "garbled"  # the coordinator still reads a's heartbeats and renews its lease
+        started = trio.current_time()
+        await trio.sleep(10)
+        assert gave_up, "it should have given up"
+        at, exc = gave_up[0]
+        assert at - started <= 5 + 1  # within a lease (and a heartbeat)
+        assert "leaving the group so that its shards move" in str(exc)
+        assert ra.reading == set()
+        assert "a" not in coordinator.state.members  # it left
+        assert rb.reading == set(range(6))
+        nursery.cancel_scope.cancel()
+    never_overlapping(log)
+
+
+async def test_a_revoke_longer_than_the_lease_keeps_heartbeating(autojump_clock: Clock) -> None:
+    coordinator, log = LocalCoordinator(), []
+    a, ra = member(coordinator, "a", log)
+    b, rb = member(coordinator, "b", log)
+    ra.revoke_delay = 7.0  # in-flight work longer than the 5 s lease (within the 10 s revoke timeout)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.ticks)
+        await nursery.start(a.run)
+        await trio.sleep(3)
+        await nursery.start(b.run)
+        await trio.sleep(6)  # a revokes; it keeps its lease meanwhile and b gets nothing yet
+        assert a.self_fenced == 0
+        assert "a" in coordinator.state.members
+        assert ra.valid_until > trio.current_time()
+        assert rb.reading == set()
+        await trio.sleep(8)
+        assert len(ra.reading) == len(rb.reading) == 3
+        nursery.cancel_scope.cancel()
+    never_overlapping(log)

@@ -39,6 +39,8 @@ DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
 #: The request timeout with several coordinators: a stalled one (paused, partitioned) is left
 #: for the next well within a member's lease (the single-URL default is 5 s).
 FAILOVER_TIMEOUT_S = 2.0
+#: Connect and command timeout of the data plane's Redis calls (none of them blocks in Redis).
+REDIS_TIMEOUT_S = 5.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 
@@ -123,7 +125,10 @@ class App:
                 token=self.token,
                 ca_bundle=self.ca_bundle,
             ) as coordinator,
-            open_redis(redis_url) as redis,
+            # Timeouts: a hung Redis fails its commands (retried with backoff) instead of hanging them.
+            open_redis(
+                redis_url, connect_timeout_s=REDIS_TIMEOUT_S, command_timeout_s=REDIS_TIMEOUT_S
+            ) as redis,
             trio.open_nursery() as services,
         ):
             transport = BatchingTransport(coordinator)

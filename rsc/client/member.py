@@ -95,6 +95,8 @@ class Member:
         #: Since when every answer has been one this client cannot read (None: the last was fine).
         self.unintelligible_since: float | None = None
         self.self_fenced = 0
+        #: Why it left for good (answers it cannot read): raised by `run`.
+        self.gave_up: CoordinatorUnintelligible | None = None
         self._stopping = trio.Event()
         self._left = trio.Event()
         self._wakeup = trio.Event()
@@ -124,6 +126,8 @@ class Member:
         finally:
             self._revokes = None
             self._left.set()
+        if self.gave_up is not None:
+            raise self.gave_up
 
     def stop(self) -> None:
         """Ask the member to leave (it revokes everything, then heartbeats with epoch -1)."""
@@ -320,9 +324,8 @@ class Member:
         )
         log.error("%s", message)
         await self._drop_all()
-        self.stop()
-        await self.leave()  # best effort: the coordinator reads it even if its answer is unreadable
-        raise CoordinatorUnintelligible(message)
+        self.gave_up = CoordinatorUnintelligible(message)
+        self.stop()  # `run` leaves (the coordinator reads that, even if its answer is unreadable)
 
     async def _drop_all(self) -> None:
         lost = self.owned

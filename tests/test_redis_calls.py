@@ -1,0 +1,88 @@
+"""The client's one Redis error boundary (`rsc.client.redis_calls.redis_call`), on every shape
+of failure coredis raises: bare, or nested in the exception groups it raises under trio."""
+
+from __future__ import annotations
+
+import coredis
+import pytest
+import trio
+
+from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
+from rsc.client.redis_calls import redis_call
+from rsc.connect import error_code, is_unavailable
+
+E = coredis.exceptions
+
+UNAVAILABLE = [
+    E.ConnectionError("Connection reset by peer"),
+    E.ConnectionError(),  # some carry no message at all
+    E.BusyLoadingError("Redis is loading the dataset in memory"),
+    E.ReadOnlyError("You can't write against a read only replica."),
+    E.TryAgainError("Multiple keys request during rehashing of slot"),
+    E.ClusterDownError("The cluster is down"),
+    E.ResponseError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+    E.ResponseError("BUSY Redis is busy running a script."),
+    TimeoutError(),
+    ConnectionRefusedError(111, "Connection refused"),
+    trio.BrokenResourceError(),
+]
+REFUSED = [
+    (E.StreamConsumerGroupError("No such key 'k' or consumer group 'g'"), None),
+    (E.AuthorizationError("this user has no permissions"), None),
+    (E.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), "WRONGTYPE"),
+    (E.ResponseError("ERR Error running script"), "ERR"),
+]
+
+
+def nested(exc: BaseException) -> BaseExceptionGroup[BaseException]:
+    return BaseExceptionGroup("outer", [BaseExceptionGroup("inner", [exc])])
+
+
+def raised(exc: BaseException) -> BaseException:
+    with pytest.raises(BaseException) as info, redis_call("XACK k"):
+        raise exc
+    return info.value
+
+
+@pytest.mark.parametrize("wrap", [lambda e: e, nested], ids=["bare", "in-groups"])
+@pytest.mark.parametrize("exc", UNAVAILABLE, ids=lambda e: type(e).__name__)
+def test_an_unavailable_redis_is_redis_unavailable(exc: BaseException, wrap: object) -> None:
+    out = raised(wrap(exc))  # type: ignore[operator]
+    assert isinstance(out, RedisUnavailable)
+    assert str(out).startswith("XACK k: ") and type(exc).__name__ in str(out)
+    assert is_unavailable(exc)
+
+
+@pytest.mark.parametrize("wrap", [lambda e: e, nested], ids=["bare", "in-groups"])
+def test_a_fenced_script_is_fenced(wrap: object) -> None:
+    out = raised(wrap(E.ResponseError("FENCED owned by another member")))  # type: ignore[operator]
+    assert isinstance(out, Fenced) and out.code == "FENCED"
+
+
+@pytest.mark.parametrize(("exc", "code"), REFUSED, ids=lambda e: type(e).__name__)
+def test_other_refusals_are_command_failures_with_their_code(exc: BaseException, code: str | None) -> None:
+    out = raised(nested(exc))
+    assert type(out) is RedisCommandFailed and out.code == code
+    assert not is_unavailable(exc)
+
+
+def test_cancellations_and_bugs_travel_untouched() -> None:
+    bug = KeyError("a bug")
+    assert raised(bug) is bug
+    mixed = BaseExceptionGroup("g", [E.ConnectionError("x"), ValueError("bug")])
+    assert raised(mixed) is mixed  # a bug beside a Redis failure is not hidden
+
+    async def cancelled() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with redis_call("PING"):
+                await trio.sleep(1)
+        assert scope.cancelled_caught
+
+    trio.run(cancelled)
+
+
+def test_error_codes() -> None:
+    assert error_code(E.ResponseError("FENCED no owner")) == "FENCED"
+    assert error_code(E.ResponseError("something lower case")) is None
+    assert error_code(E.ConnectionError("FENCED")) is None
