@@ -1,7 +1,9 @@
 """Real redis-server processes for the tests: standalone and a 3-primary cluster.
 
 Each server runs on a free port in its own temporary directory, keeps
-nothing on disk, and is stopped when the test session ends.
+nothing on disk, and is stopped when the test session ends. `DurableServer`
+is the exception: it keeps an AOF (fsync always) in a directory of the test's
+and can be stopped and started again on the same port.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -133,3 +136,63 @@ def _wait_cluster_ok(ports: list[int], timeout: float = 20.0) -> None:
 
 def _state_ok(info: object) -> bool:
     return isinstance(info, dict) and info.get("cluster_state") == "ok"
+
+
+class DurableServer:
+    """A standalone redis-server with AOF (`appendfsync always`) in `workdir`, for outage tests.
+
+    `stop()` ends it (SIGTERM, or SIGKILL to crash it) and `start()` brings it back on the
+    same port and directory, where it reloads every write it acknowledged. `close()` stops it
+    for good. Used as a context manager, it is started on entry and closed on exit.
+    """
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> DurableServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start it (again) and wait until it answers PING, its data loaded."""
+        assert self.process is None or self.process.poll() is not None, "already running"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)]
+        with (self.workdir / "redis.log").open("ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (self.workdir / "redis.log").read_text()
+            # ConnectionError while it binds, BusyLoadingError while it reads the AOF.
+            with contextlib.suppress(redis.RedisError), redis.Redis(port=self.port) as client:
+                if client.ping():
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not answer")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        """Send `sig` and wait for the process to end (SIGKILL after `timeout`)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped server could not act on SIGTERM
+        self.stop()

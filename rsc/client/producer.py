@@ -8,6 +8,9 @@
 * While the stream is paused, `publish` waits up to `pause_timeout_s` for a
   resume, then raises `ProducerPaused`; meanwhile the producer reports
   `quiesced` once nothing of its own is in flight.
+* Redis outages: while Redis cannot answer (connection lost, restarting, failing
+  over), `publish` blocks and retries with backoff for up to `delivery_timeout_s`
+  (30 s), then raises `PublishFailed`; a command Redis refuses fails at once.
 * At-least-once: a publish that failed may be retried by the caller; across
   a scale-out, messages of one key may be split between two shards (see
   docs/producers.md).
@@ -21,13 +24,21 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import coredis
 import trio
 
 from rsc.client.coordinator import Coordinator
-from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
+from rsc.client.errors import (
+    REFUSED_FOR_GOOD,
+    CoordinatorRejected,
+    CoordinatorUnavailable,
+    RedisCommandFailed,
+    RedisUnavailable,
+    RscError,
+)
 from rsc.client.member import CLIENT
+from rsc.client.redis_calls import redis_call
 from rsc.client.routing import (
+    DeliveryRetries,
     Fields,
     Key,
     ProducerPaused,
@@ -51,9 +62,6 @@ __all__ = [
 
 log = logging.getLogger("rsc.client.producer")
 
-#: What a failed pipeline raises: Redis refused a command, or the connection failed.
-REDIS_ERRORS = (coredis.exceptions.RedisError, OSError, TimeoutError)
-
 
 class Producer(RoutingView):
     """Publishes to one logical stream through a coredis client (standalone or cluster).
@@ -70,10 +78,13 @@ class Producer(RoutingView):
         producer_id: str | None = None,
         *,
         pause_timeout_s: float = 30.0,
+        delivery_timeout_s: float = 30.0,
     ) -> None:
         self.coordinator = coordinator
         self.redis = redis
         self.pause_timeout_s = pause_timeout_s
+        #: How long a publish retries while Redis is unavailable before `PublishFailed`.
+        self.delivery_timeout_s = delivery_timeout_s
         self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
         self._ready = trio.Event()
         self._resumed = trio.Event()
@@ -135,16 +146,23 @@ class Producer(RoutingView):
         self._idle = trio.Event() if state.in_flight == 1 else self._idle
         try:
             targets = state.targets(messages)
-            try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for target, fields in targets:
-                        pipe.xadd(target, fields)
-            except REDIS_ERRORS as exc:
-                raise publish_failed(self.stream_prefix, len(targets), exc) from exc
-            except BaseExceptionGroup as group:
-                if group.split(REDIS_ERRORS)[1] is not None:
-                    raise
-                raise publish_failed(self.stream_prefix, len(targets), group.exceptions[0]) from group
+            retries = DeliveryRetries(trio.current_time(), self.delivery_timeout_s)
+            while True:
+                try:
+                    with redis_call("XADD"):
+                        async with self.redis.pipeline(transaction=False) as pipe:
+                            for target, fields in targets:
+                                pipe.xadd(target, fields)
+                    break
+                except RedisUnavailable as exc:
+                    wait = retries.next_wait(trio.current_time())
+                    if wait is None:
+                        raise publish_failed(self.stream_prefix, len(targets), exc) from exc
+                    if retries.attempts == 1:
+                        log.warning("%s: Redis unavailable, retrying: %s", self.producer_id, exc)
+                    await trio.sleep(wait)
+                except RedisCommandFailed as exc:
+                    raise publish_failed(self.stream_prefix, len(targets), exc) from exc
             ids = entry_ids(pipe.results or ())
             state.published += len(ids)
             return ids
@@ -178,6 +196,7 @@ async def open_producer(
     *,
     pause_timeout_s: float = 30.0,
     start_timeout_s: float = 10.0,
+    delivery_timeout_s: float = 30.0,
 ) -> AsyncIterator[Producer]:
     """A registered `Producer` (its layout known), heartbeating until the block ends, then closed.
 
@@ -185,7 +204,14 @@ async def open_producer(
     `CoordinatorRejected` at once if the coordinator refuses the credential (401/403).
     An exception of the block comes out as itself, not wrapped in an exception group.
     """
-    producer = Producer(coordinator, redis, stream_prefix, producer_id, pause_timeout_s=pause_timeout_s)
+    producer = Producer(
+        coordinator,
+        redis,
+        stream_prefix,
+        producer_id,
+        pause_timeout_s=pause_timeout_s,
+        delivery_timeout_s=delivery_timeout_s,
+    )
     try:
         async with trio.open_nursery() as nursery:
             with trio.move_on_after(start_timeout_s):

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 from collections.abc import Iterable, Mapping
 
 import attrs
 
+from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
 from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
@@ -34,6 +36,26 @@ def publish_failed(stream_prefix: str, count: int, cause: BaseException) -> Publ
         f"publishing {count} message(s) to {stream_prefix!r} failed ({cause}); "
         "some may have been written: a retry may duplicate them"
     )
+
+
+@attrs.define
+class DeliveryRetries:
+    """When to try a publish again while Redis is unavailable, within `timeout_s` of the first
+    try (Kafka's `delivery.timeout.ms`); times are the caller's monotonic clock."""
+
+    started: float
+    timeout_s: float
+    backoff: Backoff = Backoff(base_s=0.05, cap_s=1.0)
+    attempts: int = 0
+    rng: random.Random = attrs.field(factory=random.Random)
+
+    def next_wait(self, now: float) -> float | None:
+        """Seconds to wait before the next try; None once the next try would come too late."""
+        wait = self.backoff.delay(min(self.attempts, 16), self.rng)
+        self.attempts += 1
+        if now + wait >= self.started + self.timeout_s:
+            return None
+        return wait
 
 
 def entry_ids(results: Iterable[object]) -> list[str]:

@@ -4,8 +4,10 @@ Same semantics as the trio `Producer`: it registers by producer heartbeat,
 acknowledging the layout version it routes with, and follows a new layout
 at once; keys route with `jump-v1`, keyless messages round robin; while the
 stream is paused `publish` blocks up to `pause_timeout_s`, then raises
-`ProducerPaused`. The heartbeats run in a background thread; `publish` and
-`publish_many` are safe to call from several threads.
+`ProducerPaused`; while Redis cannot answer, `publish` retries for up to
+`delivery_timeout_s` (30 s), then raises `PublishFailed`. The heartbeats run
+in a background thread; `publish` and `publish_many` are safe to call from
+several threads.
 
     with SyncProducer(SyncCoordinator("http://127.0.0.1:8080"), redis.Redis(), "orders") as producer:
         producer.publish({"amount": "12"}, key="customer-7")
@@ -32,6 +34,7 @@ from rsc.client.coordinator import Backoff, Failover, Retry, answer, describe, h
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
+    DeliveryRetries,
     Fields,
     Key,
     ProducerPaused,
@@ -59,6 +62,16 @@ log = logging.getLogger("rsc.client.producer")
 
 #: What a failed pipeline raises: Redis refused a command, or the connection failed.
 REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+#: Of those, the failures of a Redis that may answer if asked again (as `rsc.connect.UNAVAILABLE`).
+REDIS_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) too
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.MasterDownError,
+    OSError,
+)
 
 
 class SyncCoordinator:
@@ -144,10 +157,13 @@ class SyncProducer(RoutingView):
         *,
         pause_timeout_s: float = 30.0,
         start_timeout_s: float = 10.0,
+        delivery_timeout_s: float = 30.0,
     ) -> None:
         self.coordinator = coordinator
         self.redis = redis
         self.pause_timeout_s = pause_timeout_s
+        #: How long a publish retries while Redis is unavailable before `PublishFailed`.
+        self.delivery_timeout_s = delivery_timeout_s
         self.start_timeout_s = start_timeout_s
         self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
         self._lock = threading.Lock()
@@ -209,13 +225,23 @@ class SyncProducer(RoutingView):
             self.state.in_flight += 1
             targets = self.state.targets(messages)
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for target, fields in targets:
-                pipe.xadd(target, fields)
-            try:
-                results = pipe.execute()
-            except REDIS_ERRORS as exc:
-                raise publish_failed(self.stream_prefix, len(targets), exc) from exc
+            retries = DeliveryRetries(time.monotonic(), self.delivery_timeout_s)
+            while True:
+                pipe = self.redis.pipeline(transaction=False)
+                for target, fields in targets:
+                    pipe.xadd(target, fields)
+                try:
+                    results = pipe.execute()
+                    break
+                except REDIS_UNAVAILABLE as exc:
+                    wait = retries.next_wait(time.monotonic())
+                    if wait is None or self._closing.is_set():
+                        raise publish_failed(self.stream_prefix, len(targets), exc) from exc
+                    if retries.attempts == 1:
+                        log.warning("%s: Redis unavailable, retrying: %s", self.producer_id, exc)
+                    time.sleep(wait)
+                except REDIS_ERRORS as exc:
+                    raise publish_failed(self.stream_prefix, len(targets), exc) from exc
             ids = entry_ids(results)
             with self._lock:
                 self.state.published += len(ids)

@@ -1,0 +1,189 @@
+"""The built-in poller's promises under faults, on real Redis (issue 12):
+
+* exclusive handling: no handler call starts without a valid lease, and a call running when
+  the lease ends is cancelled and handled again first once a heartbeat confirms the shard;
+* order through a revoke: reading stops first, nothing read after the revoke began is
+  handled, the handled entries are acknowledged before the revoke returns, and the next owner
+  handles the rest in id order;
+* Redis outages: the reader and the acker survive a Redis restart, log one line when it
+  starts and one when it ends, and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import redis
+import trio
+
+from rsc.actors.connect import open_redis
+from rsc.client.poller import Message, Poller, PollerSettings
+from rsc.events.model import Layout, Shard, ShardState
+from rsc.events.wire import owner_key
+from tests.redis_servers import DurableServer
+
+FAST_POLL = PollerSettings(retry_after_ms=100, reclaim_every_s=0.1, ack_every_s=0.005)
+
+
+def own(sync_redis: redis.Redis, key: str, member: str) -> None:
+    """Install `key` to `member` as the coordinator does (its owner token)."""
+    token = f'{{"memberId":"{member}","incarnation":"{member}-inc","memberEpoch":1}}'
+    sync_redis.hset(owner_key(key), "billing", token)
+
+
+def layout(key: str) -> Layout:
+    return Layout(1, (Shard(0, key, ShardState.ACTIVE),))
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+async def wait_for(condition: Any, seconds: float = 10) -> None:
+    with trio.fail_after(seconds):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+@pytest.fixture
+def shard_key(prefix: str, sync_redis: redis.Redis) -> str:
+    key = f"{prefix}:{{{prefix}:0}}"
+    sync_redis.xgroup_create(key, "billing", "0", mkstream=True)
+    return key
+
+
+async def test_nothing_starts_without_a_valid_lease_and_a_call_cut_by_its_end_goes_first_again(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    starts: list[tuple[float, str]] = []
+    done: list[str] = []
+
+    async def handle(message: Message) -> None:
+        starts.append((trio.current_time(), message.id))
+        await trio.sleep(0.2)
+        done.append(message.id)
+
+    own(sync_redis, shard_key, "w0")
+    ids = [sync_redis.xadd(shard_key, {"n": str(n)}) for n in range(6)]
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", handle, FAST_POLL)
+        await nursery.start(poller.run)
+        await poller.assigned(frozenset({0}), layout(shard_key))
+        await trio.sleep(0.3)
+        assert starts == []  # assigned, but no heartbeat has confirmed a lease yet
+
+        until = trio.current_time() + 0.5
+        poller.renewed(until)
+        await trio.sleep(1.0)  # the lease ends at 0.5 s, in the third call
+        assert [i for _, i in starts] == ids[:3]
+        assert all(t < until for t, _ in starts)
+        assert done == ids[:2]  # the third was cancelled at the lease end
+        assert poller.cut_by_lease == 1
+
+        poller.renewed(math.inf)  # a heartbeat confirms the shard: the cut entry goes first
+        await wait_for(lambda: len(done) == 6)
+        await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()
+    assert [i for _, i in starts] == [*ids[:3], *ids[2:]]
+    assert done == ids
+
+
+async def test_a_revoke_stops_reading_first_and_the_next_owner_goes_on_in_id_order(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    handled: list[tuple[str, str]] = []
+    release = trio.Event()
+
+    async def slow(message: Message) -> None:
+        handled.append((message.member_id, message.id))
+        await release.wait()
+
+    async def fast(message: Message) -> None:
+        handled.append((message.member_id, message.id))
+
+    own(sync_redis, shard_key, "w0")
+    before = [sync_redis.xadd(shard_key, {"n": str(n)}) for n in range(30)]
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        first = Poller(r, "billing", "w0", "w0-inc", slow, FAST_POLL)
+        await nursery.start(first.run)
+        first.renewed(math.inf)
+        await first.assigned(frozenset({0}), layout(shard_key))
+        await wait_for(lambda: handled and first.buffered == 29)  # one in flight, the rest queued
+
+        revoked = trio.Event()
+
+        async def revoke() -> None:
+            await first.revoke(frozenset({0}))
+            revoked.set()
+
+        nursery.start_soon(revoke)
+        await trio.sleep(0.05)
+        after = [sync_redis.xadd(shard_key, {"n": f"late{n}"}) for n in range(10)]
+        await trio.sleep(0.2)  # a poller still reading the shard would read these now
+        assert not revoked.is_set()  # the handler in flight finishes first
+        release.set()
+        await wait_for(revoked.is_set)
+        assert handled == [("w0", before[0])]
+        # The handled entry was acknowledged before the revoke returned; the 29 read but not
+        # handled stay pending; the 10 added after the revoke began were not even read.
+        assert sync_redis.xpending(shard_key, "billing")["pending"] == 29
+        assert first.shards == {}
+
+        own(sync_redis, shard_key, "w1")  # the coordinator installs the shard to the next owner
+        second = Poller(r, "billing", "w1", "w1-inc", fast, FAST_POLL)
+        await nursery.start(second.run)
+        second.renewed(math.inf)
+        await second.assigned(frozenset({0}), layout(shard_key))
+        await wait_for(lambda: len(handled) == 40)
+        await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()
+    assert [i for _, i in handled] == before + after  # first handlings in id order
+    assert {m for m, _ in handled[1:]} == {"w1"}
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["restart", "crash"])
+async def test_the_poller_survives_a_redis_restart_and_loses_nothing(
+    tmp_path: Path, prefix: str, caplog: pytest.LogCaptureFixture, how: signal.Signals
+) -> None:
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+        await trio.sleep(0.002)
+
+    caplog.set_level(logging.WARNING, "rsc.client.poller")
+    with DurableServer(tmp_path / "redis") as server:
+        sync = redis.Redis.from_url(server.url, decode_responses=True)
+        key = f"{prefix}:{{{prefix}:0}}"
+        sync.xgroup_create(key, "billing", "0", mkstream=True)
+        own(sync, key, "w0")
+        published = [sync.xadd(key, {"n": str(n)}) for n in range(200)]
+        settings = attrs.evolve(FAST_POLL, redis_backoff=attrs.evolve(FAST_POLL.redis_backoff, cap_s=0.5))
+        async with (
+            open_redis(server.url, connect_timeout_s=1, command_timeout_s=1) as r,
+            trio.open_nursery() as nursery,
+        ):
+            poller = Poller(r, "billing", "w0", "w0-inc", handle, settings)
+            await nursery.start(poller.run)
+            poller.renewed(math.inf)
+            await poller.assigned(frozenset({0}), layout(key))
+            await wait_for(lambda: len(handled) >= 50)
+            server.stop(how)  # mid-stream: handled entries wait for their acknowledgement
+            await trio.sleep(2)
+            server.start()
+            sync = redis.Redis.from_url(server.url, decode_responses=True)
+            published += [sync.xadd(key, {"n": f"after{n}"}) for n in range(100)]
+            await wait_for(lambda: set(published) <= set(handled), 20)
+            await wait_for(lambda: sync.xpending(key, "billing")["pending"] == 0, 10)
+            nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("Redis unavailable, retrying" in line for line in lines) == 1, lines
+    assert sum("Redis answers again" in line for line in lines) == 1, lines
+    assert not [r for r in caplog.records if r.exc_info], "no traceback for an outage"
