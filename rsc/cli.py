@@ -320,6 +320,8 @@ def worker(
     """Run the listeners of TARGET (`module:app`) until SIGINT/SIGTERM, then leave gracefully."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
+    # Its retries (script cache, reconnects) are routine: an outage is logged once by the poller.
+    logging.getLogger("coredis").setLevel(logging.WARNING)
     module_name, _, attribute = target.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the application's modules are here

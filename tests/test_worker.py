@@ -16,6 +16,7 @@ import redis
 import trio
 
 from tests.httpkit import FAST, serve_on
+from tests.redis_servers import DurableServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,6 +30,7 @@ def start_worker(
     log: Path | None = None,
     delay: float = 0.002,
     self_fence: bool = True,
+    results_file: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -39,6 +41,7 @@ def start_worker(
         "RSC_TEST_RESULTS": f"{prefix}:results",
         "RSC_TEST_CONCURRENCY": str(concurrency),
         "RSC_REDIS_URL": redis_url,
+        "RSC_TEST_RESULTS_FILE": str(results_file or ""),
     }
     command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base_url]
     if log is None:
@@ -198,3 +201,74 @@ async def test_a_stopped_worker_cannot_touch_what_moved_and_nothing_is_lost(
 async def _later(seconds: float) -> bool:
     await trio.sleep(seconds)
     return True
+
+
+async def test_a_worker_survives_a_redis_restart_and_a_10_s_outage_and_loses_nothing(
+    tmp_path: Path, prefix: str
+) -> None:
+    """Redis (with an AOF) restarts under a running worker, then stays down for 10 s: the
+    worker lives on, says so in a line or two instead of a traceback, and consumes everything."""
+    results = tmp_path / "handled.txt"
+    with DurableServer(tmp_path / "redis") as server:
+        settings = attrs.evolve(
+            FAST, redis_url=server.url, heartbeat_interval_ms=200, member_lease_ttl_ms=2_000
+        )
+        async with serve_on(settings) as http:
+            log = tmp_path / "worker.log"
+            worker = start_worker(
+                str(http.base_url), server.url, prefix, "10.0.0.1", 2, log, results_file=results
+            )
+            try:
+
+                async def reading_everything() -> bool:
+                    view = await group_view(http, prefix)
+                    return sum(len(m["assigned"]) for m in view["members"]) == 4
+
+                await until(reading_everything)
+                keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+                published: set[str] = set()
+
+                def publish(count: int) -> None:
+                    with redis.Redis.from_url(server.url, decode_responses=True) as client:
+                        published.update(client.xadd(keys[n % 4], {"n": str(n)}) for n in range(count))
+
+                def handled() -> set[str]:
+                    return (
+                        {line.split()[1] for line in results.read_text().splitlines()}
+                        if results.exists()
+                        else set()
+                    )
+
+                async def all_handled_and_acknowledged() -> bool:
+                    if not published <= handled():
+                        return False
+                    with redis.Redis.from_url(server.url, decode_responses=True) as client:
+                        return all(client.xpending(k, "billing")["pending"] == 0 for k in keys)
+
+                publish(300)
+                await until(lambda: _true(len(handled()) >= 50))
+                server.stop(signal.SIGTERM)  # a restart, mid-stream
+                server.start()
+                publish(100)
+                await until(all_handled_and_acknowledged, 30)
+
+                publish(100)
+                server.stop(signal.SIGKILL)  # a crash, and 10 s before it is back
+                await trio.sleep(10)
+                assert worker.poll() is None, log.read_text()[-3000:]
+                server.start()
+                publish(100)
+                await until(all_handled_and_acknowledged, 40)
+                assert worker.poll() is None
+                text = log.read_text()
+                assert "Traceback" not in text, text[-3000:]
+                assert "Redis unavailable, retrying" in text
+                assert "Redis answers again" in text
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -1,7 +1,8 @@
 """The App the worker-process tests run with `rsc worker tests.workerapp:app`.
 
 It records every handled entry in a Redis list (`RSC_TEST_RESULTS`) as
-"<shard key> <entry id> <member>" so the test can check nothing was lost.
+"<shard key> <entry id> <pid>" so the test can check nothing was lost; or, with
+`RSC_TEST_RESULTS_FILE`, as lines of that file (for tests that take Redis down).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ results = redis.Redis.from_url(
     os.environ.get("RSC_REDIS_URL", "redis://127.0.0.1:6379"), decode_responses=True
 )
 KEY = os.environ.get("RSC_TEST_RESULTS", "rsc-test:results")
+RESULTS_FILE = os.environ.get("RSC_TEST_RESULTS_FILE")
 DELAY = float(os.environ.get("RSC_TEST_DELAY", "0.002"))
 
 
@@ -37,4 +39,12 @@ DELAY = float(os.environ.get("RSC_TEST_DELAY", "0.002"))
 )
 async def handle(message: Message) -> None:
     await trio.sleep(DELAY)
-    await trio.to_thread.run_sync(results.rpush, KEY, f"{message.key} {message.id} {os.getpid()}")
+    line = f"{message.key} {message.id} {os.getpid()}"
+    if RESULTS_FILE:
+        fd = os.open(RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, f"{line}\n".encode())
+        finally:
+            os.close(fd)
+    else:
+        await trio.to_thread.run_sync(results.rpush, KEY, line)

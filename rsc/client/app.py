@@ -31,7 +31,7 @@ import trio
 from rsc.client.batching import BatchingTransport
 from rsc.client.coordinator import Coordinator, coordinator_urls
 from rsc.client.member import Member, MemberSettings
-from rsc.client.poller import Handler, Poller, PollerSettings
+from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
 from rsc.connect import DEFAULT_REDIS_URL, open_redis
 
 log = logging.getLogger("rsc.client.app")
@@ -83,6 +83,8 @@ class App:
         self.listeners: list[Listener] = []
         self.members: list[Member] = []
         self.pollers: list[Poller] = []
+        #: Redis outages, logged once for the whole process.
+        self.redis_health = RedisHealth("rsc worker")
         self._stop = trio.Event()
 
     def listener(
@@ -155,7 +157,15 @@ class App:
     ) -> None:
         member_id = f"{ip}/{listener.name}/{index}"
         incarnation = uuid.uuid4().hex
-        poller = Poller(redis, listener.group, member_id, incarnation, listener.handler, listener.poller)
+        poller = Poller(
+            redis,
+            listener.group,
+            member_id,
+            incarnation,
+            listener.handler,
+            listener.poller,
+            self.redis_health,
+        )
         await services.start(poller.run)
         member = Member(
             transport,

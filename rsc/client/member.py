@@ -92,6 +92,8 @@ class Member:
         self.max_concurrency: int | None = None
         self.status: HeartbeatStatus | None = None
         self.last_ok_sent: float | None = None
+        #: Since when heartbeats have failed (None: the last one succeeded).
+        self.failing_since: float | None = None
         #: Since when every answer has been one this client cannot read (None: the last was fine).
         self.unintelligible_since: float | None = None
         self.self_fenced = 0
@@ -170,10 +172,10 @@ class Member:
             except CoordinatorUnintelligible as exc:
                 self._unintelligible(sent, exc)
             except CoordinatorUnavailable as exc:
-                log.info("%s: heartbeat failed: %s", self.member_id, exc)
+                self._failed(sent, exc)
             except CoordinatorRejected as exc:
                 if exc.status >= 500 or exc.status in (408, 429):
-                    log.info("%s: heartbeat failed: %s", self.member_id, exc)
+                    self._failed(sent, exc)
                 elif exc.code in WAIT_FOR_ADMIN:
                     # Its credential may not create the stream or group: an operator will.
                     log.warning("%s: %s; retrying until it exists", self.member_id, exc.message)
@@ -183,10 +185,19 @@ class Member:
                 else:
                     raise
         if response is None:
+            if self.failing_since is None:
+                self._failed(sent, CoordinatorUnavailable("no answer within the lease"))
             if trio.current_time() >= self._fence_at():
                 await self._self_fence()
             await self._give_up_if_unintelligible()
             return False
+        if self.failing_since is not None:
+            log.warning(
+                "%s: heartbeats succeed again (after %.1f s)",
+                self.member_id,
+                trio.current_time() - self.failing_since,
+            )
+            self.failing_since = None
         self.unintelligible_since = None
         self.last_ok_sent = sent
         return await self.apply(request, response, sent)
@@ -306,7 +317,16 @@ class Member:
         self.self_fenced += 1
         await self._drop_all()
 
+    def _failed(self, sent: float, exc: Exception) -> None:
+        """A failed heartbeat: one line when a run of failures starts, not one per retry."""
+        if self.failing_since is None:
+            self.failing_since = sent
+            log.warning("%s: heartbeat failed, retrying within the lease: %s", self.member_id, exc)
+        else:
+            log.debug("%s: heartbeat failed: %s", self.member_id, exc)
+
     def _unintelligible(self, sent: float, exc: CoordinatorUnintelligible) -> None:
+        self.failing_since = self.failing_since or sent
         if self.unintelligible_since is None:
             self.unintelligible_since = sent
             log.warning("%s: cannot read the coordinator's answer: %s", self.member_id, exc)

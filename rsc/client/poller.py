@@ -122,7 +122,7 @@ return redis.call('XACK', KEYS[1], ARGV[1], ARGV[4])
 )
 
 
-__all__ = ["Fenced", "Handler", "Message", "Poller", "PollerSettings"]
+__all__ = ["Fenced", "Handler", "Message", "Poller", "PollerSettings", "RedisHealth"]
 
 
 @attrs.define
@@ -137,6 +137,10 @@ class Message:
 
 
 Handler = Callable[[Message], Awaitable[None]]
+
+
+#: Retries of failed Redis calls: exponential from 50 ms to 2 s, with jitter.
+REDIS_BACKOFF = Backoff(base_s=0.05, cap_s=2.0)
 
 
 @attrs.frozen
@@ -155,7 +159,7 @@ class PollerSettings:
     ack_every_s: float = 0.005
     revoke_timeout_s: float = 30.0
     #: Retries of Redis calls that failed (an outage, a refusal) wait up to this long (with jitter).
-    redis_backoff: Backoff = Backoff(base_s=0.05, cap_s=2.0)
+    redis_backoff: Backoff = REDIS_BACKOFF
 
 
 class _Shard:
@@ -176,11 +180,15 @@ class _Shard:
         self.stopping = False
 
 
-class _Health:
-    """Redis outages, as the poller sees them: one log line when one starts, one when it ends."""
+class RedisHealth:
+    """Redis outages as pollers see them: one log line when one starts, one when it ends.
 
-    def __init__(self, member_id: str, backoff: Backoff) -> None:
-        self.member_id = member_id
+    The pollers of one process share one (`App` does), so an outage is one line, not one
+    per member.
+    """
+
+    def __init__(self, name: str, backoff: Backoff = REDIS_BACKOFF) -> None:
+        self.name = name
         self.backoff = backoff
         self.failures = 0
         self.since: float | None = None
@@ -193,9 +201,9 @@ class _Health:
             self.since = trio.current_time()
             self.outages += 1
             if isinstance(exc, RedisUnavailable):
-                log.warning("%s: Redis unavailable, retrying: %s", self.member_id, exc)
+                log.warning("%s: Redis unavailable, retrying: %s", self.name, exc)
             else:
-                log.error("%s: Redis refused a command, retrying: %s", self.member_id, exc)
+                log.error("%s: Redis refused a command, retrying: %s", self.name, exc)
         self.failures += 1
         return self.delay()
 
@@ -205,9 +213,7 @@ class _Health:
 
     def ok(self) -> None:
         if self.since is not None:
-            log.warning(
-                "%s: Redis answers again (after %.1f s)", self.member_id, trio.current_time() - self.since
-            )
+            log.warning("%s: Redis answers again (after %.1f s)", self.name, trio.current_time() - self.since)
             self.since = None
         self.failures = 0
 
@@ -223,6 +229,7 @@ class Poller:
         incarnation: str,
         handler: Handler,
         settings: PollerSettings = PollerSettings(),
+        health: RedisHealth | None = None,
     ) -> None:
         self.redis = redis
         self.group = group
@@ -240,7 +247,7 @@ class Poller:
         self.cut_by_lease = 0
         #: Until when the member's shards are known to be its own (trio clock; see `renewed`).
         self.lease_until = -math.inf
-        self.health = _Health(member_id, settings.redis_backoff)
+        self.health = health or RedisHealth(member_id, settings.redis_backoff)
         self._wake = trio.Event()
         self._work: trio.Event | None = None
         self._lease_renewed = trio.Event()
