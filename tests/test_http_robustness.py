@@ -26,6 +26,7 @@ import httpx
 import pytest
 import trio
 
+from rsc.events.auth import credential
 from rsc.http.serve import serve
 from tests.httpkit import FAST, wait_for_output
 from tests.redis_servers import free_port
@@ -213,6 +214,64 @@ async def test_an_early_413_closes_the_connection_so_the_next_request_cannot_han
             assert (status, headers["connection"]) == (413, "close"), body
             assert await conn.until_closed(timeout=3) == b""
         await healthy(port)
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        (b"POST /v1/nothing-here HTTP/1.1", 404),
+        (b"PATCH /healthz HTTP/1.1", 405),
+        (b"POST /v1/heartbeat HTTP/1.1", 401),  # credentials configured, none sent
+        (b"POST /v1/admin/streams/x/pause HTTP/1.1", 401),
+    ],
+)
+async def test_a_refusal_before_the_body_is_read_never_poisons_the_connection(
+    standalone_url: str, request_line: bytes, status: int
+) -> None:
+    """The whole body was sent but the answer came before the server read it: the next
+    request on the connection is answered, or the connection is closed; never parsed from
+    the unread body, never left hanging."""
+    body = b'{"x": "' + b"y" * 3000 + b'"}'
+    head = request_line + b"\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    credentials = (credential("workers", ["member"], token="member-token-0123456789"),)
+    async with running(standalone_url, credentials=credentials, admin_password="pw") as port:
+        async with connect(port) as conn:
+            await conn.send(head + body)
+            assert (await conn.response())[0] == status
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await conn.send(HEALTHZ)
+            with trio.fail_after(3):
+                while b"\r\n\r\n" not in conn.buffer and await conn._more():
+                    pass
+            if conn.buffer:
+                next_status, _, next_body = await conn.response()
+                assert (next_status, next_body) == (200, b'{"status":"ok"}')
+        await healthy(port)
+
+
+def test_an_httpx_client_sending_oversized_bodies_never_hangs(standalone_url: str) -> None:
+    """Issue 12's reproduction: two oversized POSTs got 413 and the third hung until the
+    client's timeout, on one keep-alive connection."""
+
+    async def scenario() -> None:
+        async with running(standalone_url) as port:
+
+            def send() -> list[tuple[int, float]]:
+                out = []
+                with httpx.Client(base_url=f"http://{HOST}:{port}", timeout=5) as client:
+                    for _ in range(4):
+                        started = time.monotonic()
+                        response = client.post("/v1/heartbeat", content=b"x" * (LIMIT * 4))
+                        out.append((response.status_code, time.monotonic() - started))
+                    out.append((client.get("/healthz").status_code, 0.0))
+                return out
+
+            answers = await trio.to_thread.run_sync(send)
+            assert [code for code, _ in answers] == [413, 413, 413, 413, 200]
+            assert all(seconds < 2 for _, seconds in answers)
+
+    trio.run(scenario)
 
 
 async def test_an_over_limit_expect_100_continue_request_gets_413_and_no_100_continue(
