@@ -336,10 +336,6 @@ class Poller:
         while not self._lease_valid():
             await self._lease_renewed.wait()
 
-    def _may_start(self, shard: _Shard) -> bool:
-        """The exclusive-handling rule: the shard is held, not stopping, and the lease is valid now."""
-        return not shard.stopping and self.shards.get(shard.index) is shard and self._lease_valid()
-
     # --- reading ----------------------------------------------------------
 
     async def _reader(self) -> None:
@@ -484,9 +480,12 @@ class Poller:
                     # A turn: up to `turn` entries of this shard, in order, then the next shard.
                     # `lost` cancels the turn's scope, and so does the end of the lease: the
                     # handler in flight stops at once.
+                    now = trio.current_time
                     with trio.CancelScope(deadline=self.lease_until) as shard.scope:
                         for _ in range(self.settings.turn):
-                            if not shard.queue or not self._may_start(shard):
+                            # The exclusive-handling rule, per entry: still held (a revoke or a loss
+                            # sets `stopping` first) and the lease valid now.
+                            if not shard.queue or shard.stopping or now() >= self.lease_until:
                                 break
                             message = shard.queue.popleft()
                             self.buffered -= 1
