@@ -60,7 +60,7 @@ def record(event: str, message: Message) -> None:
     group=os.environ.get("RSC_CHAOS_GROUP", "billing"),
     concurrency=int(os.environ.get("RSC_CHAOS_CONCURRENCY", "2")),
     name="chaos",
-    poller=PollerSettings(retry_after_ms=500, reclaim_every_s=0.5, reclaim_idle_ms=5_000),
+    poller=PollerSettings(retry_after_ms=500, reclaim_every_s=0.5),
 )
 async def handle(message: Message) -> None:
     record("start", message)

@@ -195,6 +195,7 @@ class Report:
     calls: int  # handler calls (start records)
     duplicates: int  # calls beyond one per entry
     open_calls: int  # calls with no end, abort or kill to close them
+    max_deliveries: int  # the highest delivery count a handler saw
     overlaps: tuple[Overlap, ...]
     stale_starts: tuple[StaleStart, ...]
     order_violations: tuple[OrderViolation, ...]
@@ -208,6 +209,7 @@ class Report:
             "handler calls": self.calls,
             "duplicates": self.duplicates,
             "open calls": self.open_calls,
+            "max deliveries": self.max_deliveries,
             "overlaps": len(self.overlaps),
             "stale starts": len(self.stale_starts),
             "order violations": len(self.order_violations),
@@ -351,6 +353,7 @@ def check(
         calls=len(starts),
         duplicates=len(starts) - len({(r.key, r.id) for r in starts}),
         open_calls=sum(c.how == "open" for c in calls),
+        max_deliveries=max((r.deliveries for r in starts), default=0),
         overlaps=tuple(overlaps(calls)),
         stale_starts=tuple(stale_starts(records, ownership, tolerance_s)),
         order_violations=tuple(order_violations(records)),

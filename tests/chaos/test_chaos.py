@@ -198,7 +198,7 @@ class Chaos:
         self.owed = 0  # workers to start in place of those that exited by themselves
         self.redis_down = False
         self.fast = False
-        self.dead: dict[str, int] = {}  # entry id -> deliveries, of what the dead-letter streams hold
+        self.dead: dict[str, int] = {}  # message (mid) -> deliveries, of what the dead-letter streams hold
         self.context = "start-up"
         self.offsets = [self.clock_offset()]
 
@@ -652,7 +652,7 @@ class Chaos:
         pending |= {f"{k}:dlq": int(checker.xlen(f"{k}:dlq")) for k in keys if checker.xlen(f"{k}:dlq")}
         for k in keys:  # dead-lettered: the entry's id in its shard and its delivery count
             for _, fields in checker.xrange(f"{k}:dlq"):
-                self.dead[fields["rscSourceId"]] = int(fields["rscDeliveries"])
+                self.dead[fields.get("mid", fields["rscSourceId"])] = int(fields["rscDeliveries"])
         checker.close()
         return publishes, pending, drain
 
@@ -700,12 +700,15 @@ def summary(run: Chaos, report: Report, pending: dict[str, int], drain: float | 
     drift = abs(run.offsets[-1] - run.offsets[0]) * 1000
     lines.append(f"  clock offset drift (realtime - monotonic) during the run: {drift:.2f} ms")
     lines += report.problems()
-    if dead := [p for p in report.lost if p.id in run.dead]:
-        started = {r.mid for r in run.records() if r.ev == "start"}
-        deliveries = sorted({run.dead[p.id] for p in dead if p.id is not None})
+    if run.dead:  # the chaos handler never raises: nothing should ever be dead-lettered
+        records = run.records()
+        started = {r.mid for r in records if r.ev == "start"}
+        ended = {r.mid for r in records if r.ev == "end"}
         lines.append(
-            f"  {len(dead)} of the lost entries are in a dead-letter stream (rscDeliveries {deliveries}); "
-            f"{sum(p.mid not in started for p in dead)} of those never reached a handler at all"
+            f"dead-lettered although the handler never raises: {len(run.dead)} "
+            f"(rscDeliveries {sorted(set(run.dead.values()))}); {sum(m in ended for m in run.dead)} of them "
+            f"had completed a handler call before, {sum(m not in started for m in run.dead)} never reached "
+            f"a handler, {sum(p.mid in run.dead for p in report.lost)} are lost acknowledged publishes"
         )
     lines.append("timeline (CLOCK_MONOTONIC):")
     lines += [f"  {t:.3f} {what}" for t, what in run.timeline if not what.startswith("FAILURE")]

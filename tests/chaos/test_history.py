@@ -68,6 +68,7 @@ def test_a_clean_history_passes_with_its_figures() -> None:
         "handler calls": 4,
         "duplicates": 1,
         "open calls": 0,
+        "max deliveries": 1,
         "overlaps": 0,
         "stale starts": 0,
         "order violations": 0,
