@@ -187,3 +187,39 @@ async def test_the_poller_survives_a_redis_restart_and_loses_nothing(
     assert sum("Redis unavailable, retrying" in line for line in lines) == 1, lines
     assert sum("Redis answers again" in line for line in lines) == 1, lines
     assert not [r for r in caplog.records if r.exc_info], "no traceback for an outage"
+
+
+async def test_entries_passed_on_unhandled_are_not_dead_lettered_and_a_stuck_one_is(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    """Deliveries count handler starts, not claims: five owners in turn each claim the whole
+    backlog and start (and get stuck on) only its head. The head is dead-lettered once it was
+    started `max_deliveries` times; the entries behind it, never handed to a handler, are not."""
+    settings = attrs.evolve(FAST_POLL, max_deliveries=3)
+    ids = [sync_redis.xadd(shard_key, {"n": str(n)}) for n in range(5)]
+    handled: list[tuple[str, int, bool]] = []
+
+    async def stuck(message: Message) -> None:
+        handled.append((message.id, message.deliveries, message.redelivered))
+        await trio.sleep_forever()
+
+    async def fine(message: Message) -> None:
+        handled.append((message.id, message.deliveries, message.redelivered))
+
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        for owner in range(5):
+            name = f"w{owner}"
+            own(sync_redis, shard_key, name)  # the coordinator moved the shard
+            poller = Poller(r, "billing", name, f"{name}-inc", fine if owner == 4 else stuck, settings)
+            await nursery.start(poller.run)
+            poller.renewed(math.inf)
+            await poller.assigned(frozenset({0}), layout(shard_key))
+            if owner < 4:
+                await wait_for(lambda: len(handled) == owner + 1)  # stuck on the head
+                await poller.lost(frozenset({0}))
+        await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()
+    assert handled[:4] == [(ids[0], 1, False), (ids[0], 2, True), (ids[0], 3, True), (ids[1], 2, True)]
+    assert handled[4:] == [(ids[1], 3, True), (ids[2], 2, True), (ids[3], 2, True), (ids[4], 2, True)]
+    dead = sync_redis.xrange(f"{shard_key}:dlq")
+    assert [(f["rscSourceId"], f["rscDeliveries"]) for _, f in dead] == [(ids[0], "4")]

@@ -71,23 +71,36 @@ READ = (
 return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[1], '>')
 """
 )
+# Claims never count as deliveries (JUSTID): an entry that waited in a queue and was never handed
+# to a handler is not one delivery closer to the dead-letter stream. `START` counts, when a
+# handler actually starts on a redelivered entry.
+_ENTRIES = """
+local function entries(ids)
+  local out = {}
+  for _, id in ipairs(ids) do
+    local e = redis.call('XRANGE', KEYS[1], id, id)
+    if #e > 0 then
+      local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+      out[#out + 1] = {id, e[1][2], p[1] and p[1][4] or 1}
+    end
+  end
+  return out
+end
+"""
 # KEYS: shard, owners; ARGV: group, member, incarnation, consumer, min idle ms, count, cursor
 CLAIM = (
     _CHECK
+    + _ENTRIES
     + """
-local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[4], ARGV[5], ARGV[7], 'COUNT', ARGV[6])
-local out = {}
-for i, e in ipairs(r[2]) do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-  out[i] = {e[1], e[2], p[1] and p[1][4] or 1}
-end
-return {r[1], out}
+local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[4], ARGV[5], ARGV[7], 'COUNT', ARGV[6], 'JUSTID')
+return {r[1], entries(r[2])}
 """
 )
 # Entries idle under *other* consumer names (this consumer's own are retried locally).
 # KEYS: shard, owners; ARGV: group, member, incarnation, consumer, min idle ms, count
 RECLAIM = (
     _CHECK
+    + _ENTRIES
     + """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[5], '-', '+', ARGV[6])
 local ids = {}
@@ -95,12 +108,22 @@ for _, p in ipairs(pending) do
   if p[2] ~= ARGV[4] then ids[#ids + 1] = p[1] end
 end
 if #ids == 0 then return {} end
-local out = {}
-for i, e in ipairs(redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[4], ARGV[5], unpack(ids))) do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-  out[i] = {e[1], e[2], p[1] and p[1][4] or 1}
-end
-return out
+local args = {KEYS[1], ARGV[1], ARGV[4], ARGV[5]}
+for _, id in ipairs(ids) do args[#args + 1] = id end
+args[#args + 1] = 'JUSTID'
+return entries(redis.call('XCLAIM', unpack(args)))
+"""
+)
+# A handler starts on a redelivered entry: count the delivery (XCLAIM to itself increments it).
+# Returns the delivery count, or 0 when the entry is no longer pending here.
+# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, id
+START = (
+    _CHECK
+    + """
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[5], ARGV[5], 1)
+if #p == 0 or p[1][2] ~= ARGV[4] then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[4], 0, ARGV[5], 'RETRYCOUNT', p[1][4] + 1, 'JUSTID')
+return p[1][4] + 1
 """
 )
 # KEYS: shard, owners; ARGV: group, member, incarnation, ids...
@@ -131,9 +154,13 @@ class Message:
     key: str
     id: str
     fields: Mapping[str, str]
+    #: How many times a handler has started on it, this time included (at most one more when
+    #: a process stopped between reading and handling it); > `max_deliveries`: dead-lettered.
     deliveries: int = 1
     #: The member that read it (`<pod ip>/<listener>/<index>` under `rsc worker`).
     member_id: str = ""
+    #: Handed out before (a retry, or pending under an earlier owner): maybe already handled.
+    redelivered: bool = False
 
 
 Handler = Callable[[Message], Awaitable[None]]
@@ -141,6 +168,8 @@ Handler = Callable[[Message], Awaitable[None]]
 
 #: Retries of failed Redis calls: exponential from 50 ms to 2 s, with jitter.
 REDIS_BACKOFF = Backoff(base_s=0.05, cap_s=2.0)
+#: A command Redis refused (`NOGROUP`, `NOPERM`...) is tried again no sooner than this.
+REFUSAL_RETRY_S = 0.5
 
 
 @attrs.frozen
@@ -193,18 +222,25 @@ class RedisHealth:
         self.failures = 0
         self.since: float | None = None
         self.outages = 0
+        self._refused: dict[str, float] = {}
         self._rng = random.Random()
 
     def failed(self, exc: Exception) -> float:
         """Note a failed Redis call; returns how long to wait before the next try."""
-        if self.since is None:
-            self.since = trio.current_time()
-            self.outages += 1
-            if isinstance(exc, RedisUnavailable):
-                log.warning("%s: Redis unavailable, retrying: %s", self.name, exc)
-            else:
-                log.error("%s: Redis refused a command, retrying: %s", self.name, exc)
         self.failures += 1
+        if isinstance(exc, RedisUnavailable):
+            if self.since is None:
+                self.since = trio.current_time()
+                self.outages += 1
+                log.warning("%s: Redis unavailable, retrying: %s", self.name, exc)
+        else:  # a refusal, maybe of one shard only: logged once per distinct message and minute
+            now = trio.current_time()
+            if self._refused.get(str(exc), -math.inf) < now - 60:
+                if len(self._refused) > 100:
+                    self._refused.clear()
+                self._refused[str(exc)] = now
+                log.error("%s: Redis refused a command, retrying: %s", self.name, exc)
+            return max(REFUSAL_RETRY_S, self.delay())
         return self.delay()
 
     def delay(self) -> float:
@@ -257,6 +293,7 @@ class Poller:
         self._reclaim = redis.register_script(RECLAIM)
         self._ack = redis.register_script(ACK)
         self._dead = redis.register_script(DEAD)
+        self._start = redis.register_script(START)
         self._nursery: trio.Nursery | None = None
         self._worker_scopes: list[trio.CancelScope] = []
 
@@ -481,6 +518,7 @@ class Poller:
                     # `lost` cancels the turn's scope, and so does the end of the lease: the
                     # handler in flight stops at once.
                     now = trio.current_time
+                    pause = 0.0
                     with trio.CancelScope(deadline=self.lease_until) as shard.scope:
                         for _ in range(self.settings.turn):
                             # The exclusive-handling rule, per entry: still held (a revoke or a loss
@@ -490,11 +528,21 @@ class Poller:
                             message = shard.queue.popleft()
                             self.buffered -= 1
                             shard.handling = message
-                            await self._handle(shard, message)
+                            try:
+                                await self._handle(shard, message)
+                            except Fenced as exc:
+                                await self._fenced(shard, exc)
+                                break
+                            except (RedisUnavailable, RedisCommandFailed) as exc:
+                                pause = self.health.failed(exc)  # it goes first again, later
+                                break
                             shard.handling = None
                     if shard.scope.cancelled_caught and not shard.stopping:
                         self.cut_by_lease += 1
-                    await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
+                    if pause:
+                        await trio.sleep(pause)
+                    else:
+                        await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
                 finally:
                     if shard.handling is not None and not shard.stopping:
                         # Cut short (the lease ended, or this worker was removed): it is still
@@ -509,6 +557,13 @@ class Poller:
                         self._poke()
 
     async def _handle(self, shard: _Shard, message: Message) -> None:
+        if message.redelivered:
+            # Count this delivery in Redis before the handler starts (a crash in the handler
+            # then counts too); the count decides about the dead-letter stream.
+            reply = await self._call(self._start, shard, [self.member_id, message.id])
+            if not reply:
+                return  # no longer pending here (acknowledged, or claimed by another consumer)
+            message = attrs.evolve(message, deliveries=int(reply))
         if message.deliveries > self.settings.max_deliveries:
             await self._dead_letter(shard, message)
             return
@@ -526,7 +581,7 @@ class Poller:
     ) -> None:
         async def retry() -> None:
             await trio.sleep(self.settings.retry_after_ms / 1000 if after_s is None else after_s)
-            self._enqueue(shard, [attrs.evolve(message, deliveries=deliveries)])
+            self._enqueue(shard, [attrs.evolve(message, deliveries=deliveries, redelivered=True)])
 
         if self._nursery is not None:
             self._nursery.start_soon(retry)
@@ -594,7 +649,10 @@ class Poller:
             )
 
     def _message(self, shard: _Shard, entry: Any) -> Message:
-        return Message(shard.index, shard.key, entry[0], _pairs(entry[1]), int(entry[2]), self.member_id)
+        """A claimed entry (a redelivery: its count goes up when a handler starts on it)."""
+        return Message(
+            shard.index, shard.key, entry[0], _pairs(entry[1]), int(entry[2]), self.member_id, True
+        )
 
     def _poke(self) -> None:
         self._wake.set()
