@@ -166,7 +166,7 @@ class Member:
         sent = trio.current_time()
         response = None
         # A heartbeat slower than a lease is worthless: give up on it then, or at the fence.
-        with trio.move_on_at(min(self._fence_at(), sent + self.lease_s)):
+        with trio.move_on_at(min(self._fence_at(), sent + self.lease_s)) as timeout:
             try:
                 response = await self.transport.heartbeat(request)
             except CoordinatorUnintelligible as exc:
@@ -184,9 +184,9 @@ class Member:
                     log.warning("%s: %s", self.member_id, exc.message)
                 else:
                     raise
+        if timeout.cancelled_caught:
+            self._failed(sent, CoordinatorUnavailable("no answer in time"))
         if response is None:
-            if self.failing_since is None:
-                self._failed(sent, CoordinatorUnavailable("no answer within the lease"))
             if trio.current_time() >= self._fence_at():
                 await self._self_fence()
             await self._give_up_if_unintelligible()
