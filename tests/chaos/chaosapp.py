@@ -10,9 +10,11 @@ random delay (`RSC_CHAOS_DELAY_MS`, "min,max"), so a handler is usually in
 flight when a fault hits.
 
 While the file `block-<pid>` exists in `RSC_CHAOS_CONTROL`, the next handler
-call of this process, after its delay, blocks the whole event loop (as a long
-GC pause or CPU-bound work would) until the file is removed, then returns
-normally; a "block" record marks when it began.
+call of this process on an entry with the field `block=1`, after its delay,
+blocks the whole event loop (as a long GC pause or CPU-bound work would) until
+the file is removed, then returns normally; a "block" record marks when it
+began. (The suite writes such an entry at the head of a batch of its shard,
+so that entries of that shard are queued behind the blocked call.)
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ async def handle(message: Message) -> None:
         record("abort", message)
         raise
     block = os.path.join(CONTROL, f"block-{os.getpid()}") if CONTROL else None
-    if block is not None and os.path.exists(block):
+    if block is not None and message.fields.get("block") == "1" and os.path.exists(block):
         record("block", message)
         while os.path.exists(block):
             time.sleep(0.005)  # blocks the event loop: no heartbeat, no other task, until removed

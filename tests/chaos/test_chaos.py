@@ -505,11 +505,24 @@ class Chaos:
         worker = self.busiest()
         assert worker.tail is not None
         members, held = self.holdings([worker])
+        if not held:
+            self.fail(f"{worker.name} holds no shard to block on")
+            return
         self.burst()
         time.sleep(0.15)
         flag = self.tmp / f"block-{worker.pid}"
         flag.touch()
         tail = worker.tail
+        # A batch for one of its shards, the blocking entry first: the rest of the batch is
+        # read with it and waits in the queue behind the blocked call, so that when the loop
+        # goes on, only the lease rule stands between the next queued entry and a handler.
+        key = self.shard_keys()[min(held)]
+        probe = uuid.uuid4().hex[:8]
+        with redis.Redis.from_url(self.redis.url, decode_responses=True) as client, client.pipeline() as pipe:
+            for n in range(20):
+                fields = {"bkey": f"probe-{probe}", "seq": str(n), "mid": f"probe-{probe}-{n}"}
+                pipe.xadd(key, {**fields, "block": "1" if n == 0 else "0"})
+            pipe.execute()
 
         def blocking() -> bool:
             tail.poll()
