@@ -215,7 +215,7 @@ async def test_entries_passed_on_unhandled_are_not_dead_lettered_and_a_stuck_one
             poller.renewed(math.inf)
             await poller.assigned(frozenset({0}), layout(shard_key))
             if owner < 4:
-                await wait_for(lambda: len(handled) == owner + 1)  # stuck on the head
+                await wait_for(lambda n=owner + 1: len(handled) == n)  # stuck on the head
                 await poller.lost(frozenset({0}))
         await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
         nursery.cancel_scope.cancel()
@@ -223,3 +223,34 @@ async def test_entries_passed_on_unhandled_are_not_dead_lettered_and_a_stuck_one
     assert handled[4:] == [(ids[1], 3, True), (ids[2], 2, True), (ids[3], 2, True), (ids[4], 2, True)]
     dead = sync_redis.xrange(f"{shard_key}:dlq")
     assert [(f["rscSourceId"], f["rscDeliveries"]) for _, f in dead] == [(ids[0], "4")]
+
+
+async def test_entries_whose_read_reply_was_lost_are_handed_out_all_the_same(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    """A read that Redis executed but whose reply never arrived (a timeout, a dropped
+    connection) left entries pending under this consumer, unseen: the next read returns them
+    first. Simulated by reading for the poller's consumer name from outside."""
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+
+    own(sync_redis, shard_key, "w0")
+    first = sync_redis.xadd(shard_key, {"n": "0"})
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", handle, FAST_POLL)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset({0}), layout(shard_key))
+        await wait_for(lambda: handled == [first])
+        with sync_redis.pipeline(transaction=True) as pipe:  # delivered to w0; the reply is "lost"
+            for n in range(1, 4):
+                pipe.xadd(shard_key, {"n": str(n)})
+            pipe.xreadgroup("billing", "w0", {shard_key: ">"})
+            *lost, _ = pipe.execute()
+        later = sync_redis.xadd(shard_key, {"n": "4"})
+        await wait_for(lambda: len(handled) == 5)
+        await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()
+    assert handled == [first, *lost, later]  # in id order, each once

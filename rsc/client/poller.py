@@ -65,10 +65,26 @@ if t['memberId'] ~= ARGV[2] or t['incarnation'] ~= ARGV[3] then
 end
 """
 # KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count
+# Idempotent: entries a read delivered but whose reply was lost (a timeout, a dropped connection)
+# are pending under this consumer past `ARGV[6]`, the highest id it received: they come first
+# (from its own history), so nothing stays pending unseen. Normally that history is empty.
+# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count, highest id received
 READ = (
     _CHECK
     + """
-return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[1], '>')
+local function read(from)
+  return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[1], from)
+end
+local unseen = read(ARGV[6])
+if unseen and unseen[1] then
+  local live = {}
+  for _, e in ipairs(unseen[1][2]) do
+    -- an entry deleted since (XDEL, trimming) has no fields: nothing to hand out
+    if e[2] then live[#live + 1] = e else redis.call('XACK', KEYS[1], ARGV[1], e[1]) end
+  end
+  if #live > 0 then return {{KEYS[1], live}} end
+end
+return read('>')
 """
 )
 # Claims never count as deliveries (JUSTID): an entry that waited in a queue and was never handed
@@ -199,6 +215,8 @@ class _Shard:
         self.busy = False
         self.claimed_backlog = False
         self.claim_cursor = "0-0"
+        #: The highest entry id read or claimed (the ids after it that are pending here are unseen).
+        self.last_read = "0-0"
         self.draining = False
         self.acks: list[str] = []
         self.handling: Message | None = None
@@ -414,10 +432,11 @@ class Poller:
         return len(messages)
 
     async def _read_new(self, shard: _Shard, count: int) -> list[Message]:
-        reply = await self._call(self._read, shard, [self.member_id, count])
+        reply = await self._call(self._read, shard, [self.member_id, count, shard.last_read])
         if not reply:
             return []
-        return [Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in reply[0][1]]
+        entries = reply[0][1]
+        return [Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in entries]
 
     async def _claim_entries(
         self, shard: _Shard, min_idle_ms: int, count: int, cursor: str = "0-0"
@@ -469,6 +488,9 @@ class Poller:
         Redis for the next owner (an entry read after a revoke began is never handled here)."""
         if not messages or shard.stopping or self.shards.get(shard.index) is not shard:
             return
+        highest = messages[-1].id  # reads, claims and reclaims come in id order
+        if _id_order(highest) > _id_order(shard.last_read):
+            shard.last_read = highest
         shard.queue.extend(messages)
         self.buffered += len(messages)
         if not shard.busy and shard not in self.ready:
@@ -661,8 +683,16 @@ class Poller:
             self._work = None
 
 
+def _id_order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _pairs(flat: Any) -> dict[str, str]:
     if isinstance(flat, dict):
         return {str(k): str(v) for k, v in flat.items()}
+    if flat and isinstance(flat[0], str):  # decoded replies (the usual case): pair them as they are
+        it = iter(flat)
+        return dict(zip(it, it, strict=False))
     items = list(flat or [])
     return {str(items[i]): str(items[i + 1]) for i in range(0, len(items), 2)}
