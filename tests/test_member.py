@@ -246,3 +246,29 @@ async def test_a_revoke_longer_than_the_lease_keeps_heartbeating(autojump_clock:
         assert len(ra.reading) == len(rb.reading) == 3
         nursery.cancel_scope.cancel()
     never_overlapping(log)
+
+
+async def test_a_graceful_leave_keeps_heartbeating_while_in_flight_work_finishes(
+    autojump_clock: Clock,
+) -> None:
+    coordinator, log = LocalCoordinator(), []
+    a, ra = member(coordinator, "a", log)
+    b, rb = member(coordinator, "b", log)
+    ra.revoke_delay = 7.0  # longer than the 5 s lease
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.ticks)
+        await nursery.start(a.run)
+        await trio.sleep(2)
+        a.stop()
+        await trio.sleep(6)  # still revoking: still a member, its lease renewed meanwhile
+        assert "a" in coordinator.state.members
+        assert ra.valid_until > trio.current_time()
+        await nursery.start(b.run)
+        await a.wait_left()
+        await trio.sleep(2)
+        assert "a" not in coordinator.state.members
+        assert "a" not in coordinator.state.fenced  # it left; it was not fenced
+        assert rb.reading == set(range(6))
+        nursery.cancel_scope.cancel()
+    assert a.self_fenced == 0
+    never_overlapping(log)

@@ -182,6 +182,8 @@ async def test_the_poller_survives_a_redis_restart_and_loses_nothing(
             published += [sync.xadd(key, {"n": f"after{n}"}) for n in range(100)]
             await wait_for(lambda: set(published) <= set(handled), 20)
             await wait_for(lambda: sync.xpending(key, "billing")["pending"] == 0, 10)
+            # The outage is over once nothing failed for OUTAGE_OVER_S: said once.
+            await wait_for(lambda: any("Redis answers again" in r.getMessage() for r in caplog.records), 10)
             nursery.cancel_scope.cancel()
     lines = [r.getMessage() for r in caplog.records]
     assert sum("Redis unavailable, retrying" in line for line in lines) == 1, lines
@@ -254,3 +256,34 @@ async def test_entries_whose_read_reply_was_lost_are_handed_out_all_the_same(
         await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
         nursery.cancel_scope.cancel()
     assert handled == [first, *lost, later]  # in id order, each once
+
+
+async def test_fewer_workers_let_the_calls_in_flight_finish(
+    standalone_url: str, sync_redis: redis.Redis, prefix: str
+) -> None:
+    keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(3)]
+    started: list[str] = []
+    finished: list[str] = []
+
+    async def handle(message: Message) -> None:
+        started.append(message.id)
+        await trio.sleep(0.3)
+        finished.append(message.id)
+
+    for key in keys:
+        sync_redis.xgroup_create(key, "billing", "0", mkstream=True)
+        own(sync_redis, key, "w0")
+    ids = [sync_redis.xadd(keys[n % 3], {"n": str(n)}) for n in range(9)]
+    three = Layout(1, tuple(Shard(i, k, ShardState.ACTIVE) for i, k in enumerate(keys)))
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", handle, FAST_POLL)
+        await nursery.start(poller.run)
+        await poller.concurrency(3)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset({0, 1, 2}), three)
+        await wait_for(lambda: len(started) == 3)  # three calls in flight, one per shard
+        await poller.concurrency(1)
+        await wait_for(lambda: len(finished) == 9)
+        await wait_for(lambda: all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys))
+        nursery.cancel_scope.cancel()
+    assert sorted(started) == sorted(finished) == sorted(ids)  # none cut short, none run twice

@@ -4,6 +4,7 @@ nothing acknowledged is lost (the Redis keeps an AOF)."""
 
 from __future__ import annotations
 
+import random
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ import trio
 from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import PublishFailed, open_producer
+from rsc.client.routing import DeliveryRetries
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from tests.httpkit import FAST, serve_on
 from tests.redis_servers import DurableServer
@@ -120,3 +122,14 @@ async def test_a_command_redis_refuses_fails_at_once(base_url: str, data: Durabl
         with pytest.raises(PublishFailed, match="wrong kind of value"):
             await producer.publish_many([({"n": str(n)}, None) for n in range(8)])
         assert trio.current_time() - started < 1
+
+
+def test_delivery_retries_try_until_the_timeout_and_the_last_try_is_at_it() -> None:
+    retries = DeliveryRetries(started=100.0, timeout_s=1.0, rng=random.Random(7))
+    now, tries = 100.0, 1
+    while (wait := retries.next_wait(now)) is not None:
+        assert 0 <= wait <= 1.0
+        now += wait
+        tries += 1
+    assert now == pytest.approx(101.0)  # gave up at the timeout, not before the next wait
+    assert tries > 3

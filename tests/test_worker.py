@@ -260,6 +260,7 @@ async def test_a_worker_survives_a_redis_restart_and_a_10_s_outage_and_loses_not
                 publish(100)
                 await until(all_handled_and_acknowledged, 40)
                 assert worker.poll() is None
+                await until(lambda: _true("Redis answers again" in log.read_text()), 10)
                 text = log.read_text()
                 assert "Traceback" not in text, text[-3000:]
                 assert "Redis unavailable, retrying" in text

@@ -13,7 +13,8 @@ What it keeps (PROTOCOL sections 3-4):
 * Self-fencing: when no heartbeat has succeeded within the lease, counted
   from when the last successful request was *sent*, minus a safety margin,
   it drops every shard (`lost`) even while a request is still in flight.
-* Graceful leave on `stop()`: revoke everything, then heartbeat with epoch -1.
+* Graceful leave on `stop()`: revoke everything while heartbeats go on, then heartbeat
+  with epoch -1.
 
 Time is trio's clock, so tests run it under the autojump clock. The transport
 is anything with `heartbeat(request) -> response` (`Coordinator` over HTTP).
@@ -117,7 +118,14 @@ class Member:
         try:
             async with trio.open_nursery() as revokes:
                 self._revokes = revokes
-                while not self._stopping.is_set():
+                while True:
+                    if self._stopping.is_set():
+                        # Leaving: revoke everything while heartbeats go on (the lease holds
+                        # while in-flight work finishes), then send epoch -1.
+                        if self.owned - self.revoking:
+                            await self._revoke(self.owned - self.revoking)
+                        if not self.owned:
+                            break
                     urgent = await self.beat()
                     if urgent:
                         continue
@@ -132,7 +140,8 @@ class Member:
             raise self.gave_up
 
     def stop(self) -> None:
-        """Ask the member to leave (it revokes everything, then heartbeats with epoch -1)."""
+        """Ask the member to leave: it revokes everything while it goes on heartbeating, then
+        heartbeats with epoch -1."""
         self._stopping.set()
         self._wakeup.set()
 
@@ -241,7 +250,7 @@ class Member:
         # Revoked shards never started are acknowledged too: they are not read.
         self.to_ack |= assignment.revoke - self.owned
         start = assignment.assigned - self.owned
-        if start:
+        if start and not self._stopping.is_set():
             await self.lifecycle.assigned(start, self.layout)
             self.owned |= start
         return bool(self.to_ack)

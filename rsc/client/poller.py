@@ -75,12 +75,15 @@ READ = (
 local function read(from)
   return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[1], from)
 end
-local unseen = read(ARGV[6])
-if unseen and unseen[1] then
+local from = ARGV[6]
+while true do
+  local unseen = read(from)
+  if not unseen or not unseen[1] or #unseen[1][2] == 0 then break end
   local live = {}
   for _, e in ipairs(unseen[1][2]) do
     -- an entry deleted since (XDEL, trimming) has no fields: nothing to hand out
     if e[2] then live[#live + 1] = e else redis.call('XACK', KEYS[1], ARGV[1], e[1]) end
+    from = e[1]
   end
   if #live > 0 then return {{KEYS[1], live}} end
 end
@@ -186,6 +189,10 @@ Handler = Callable[[Message], Awaitable[None]]
 REDIS_BACKOFF = Backoff(base_s=0.05, cap_s=2.0)
 #: A command Redis refused (`NOGROUP`, `NOPERM`...) is tried again no sooner than this.
 REFUSAL_RETRY_S = 0.5
+#: An outage is over once no Redis call failed for this long (longer than the backoff's cap).
+OUTAGE_OVER_S = 3.0
+#: Acknowledgements per XACK call (a script cannot unpack many thousands of arguments).
+ACK_CHUNK = 1_000
 
 
 @attrs.frozen
@@ -219,12 +226,23 @@ class _Shard:
         self.last_read = "0-0"
         self.draining = False
         self.acks: list[str] = []
+        #: One acknowledgement call at a time: a revoke waits for the one in flight.
+        self.ack_lock = trio.Lock()
+        #: After a failed read, the shard is read again no sooner than this (trio clock).
+        self.retry_at = -math.inf
         self.handling: Message | None = None
         self.idle = trio.Event()
         self.idle.set()
         self.scope = trio.CancelScope()
         #: A revoke began or the shard was lost: nothing more is read, queued or started.
         self.stopping = False
+
+
+class _Slot:
+    """One handler worker; a retired one ends between two handler calls."""
+
+    def __init__(self) -> None:
+        self.retired = False
 
 
 class RedisHealth:
@@ -239,6 +257,7 @@ class RedisHealth:
         self.backoff = backoff
         self.failures = 0
         self.since: float | None = None
+        self.last_failure = -math.inf
         self.outages = 0
         self._refused: dict[str, float] = {}
         self._rng = random.Random()
@@ -246,6 +265,7 @@ class RedisHealth:
     def failed(self, exc: Exception) -> float:
         """Note a failed Redis call; returns how long to wait before the next try."""
         self.failures += 1
+        self.last_failure = trio.current_time()
         if isinstance(exc, RedisUnavailable):
             if self.since is None:
                 self.since = trio.current_time()
@@ -266,10 +286,13 @@ class RedisHealth:
         return self.backoff.delay(min(self.failures, 16), self._rng)
 
     def ok(self) -> None:
-        if self.since is not None:
+        """A Redis call succeeded. An outage ends when none failed for `OUTAGE_OVER_S` (in a
+        partial one, say one cluster node down, calls to the others go on succeeding)."""
+        if self.since is not None and trio.current_time() - self.last_failure >= OUTAGE_OVER_S:
             log.warning("%s: Redis answers again (after %.1f s)", self.name, trio.current_time() - self.since)
             self.since = None
-        self.failures = 0
+        if self.since is None:
+            self.failures = 0
 
 
 class Poller:
@@ -313,7 +336,7 @@ class Poller:
         self._dead = redis.register_script(DEAD)
         self._start = redis.register_script(START)
         self._nursery: trio.Nursery | None = None
-        self._worker_scopes: list[trio.CancelScope] = []
+        self._worker_slots: list[_Slot] = []
 
     # --- running ----------------------------------------------------------
 
@@ -349,10 +372,13 @@ class Poller:
                 await shard.idle.wait()
         for shard in gone:
             shard.scope.cancel()  # only if it overran the revoke timeout
+            # A handler that ignores the cancellation (a thread, a shield) still holds the
+            # shard: the revoke is not acknowledged before it ends, however long that takes
+            # (past the group's revoke timeout the coordinator fences this member).
+            await shard.idle.wait()
             with trio.move_on_at(max(deadline, trio.current_time() + 1.0)):
-                while shard.acks and self.shards.get(shard.index) is shard:
-                    if not await self._flush(shard):
-                        await trio.sleep(self.health.delay())
+                while self.shards.get(shard.index) is shard and not await self._flush(shard):
+                    await trio.sleep(self.health.delay())
             if self.shards.get(shard.index) is shard:
                 del self.shards[shard.index]
 
@@ -402,7 +428,7 @@ class Poller:
                 room = self.settings.prefetch - self.buffered
                 if room <= 0:
                     break
-                if shard.stopping:
+                if shard.stopping or trio.current_time() < shard.retry_at:
                     continue
                 got += await self._fill(shard, min(room, self.settings.batch))
             if got:
@@ -425,7 +451,7 @@ class Poller:
             await self._fenced(shard, exc)
             return 0
         except (RedisUnavailable, RedisCommandFailed) as exc:
-            await trio.sleep(self.health.failed(exc))
+            shard.retry_at = trio.current_time() + self.health.failed(exc)
             return 0
         self.health.ok()
         self._enqueue(shard, messages)
@@ -453,6 +479,9 @@ class Poller:
             await trio.sleep(self.settings.reclaim_every_s)
             try:
                 await self._measure_drain()
+            except (RedisUnavailable, RedisCommandFailed) as exc:
+                self.health.failed(exc)
+            try:
                 for shard in list(self.shards.values()):
                     if not shard.claimed_backlog or shard.stopping:
                         continue
@@ -511,72 +540,77 @@ class Poller:
     # --- handling -------------------------------------------------------
 
     def _resize(self, workers: int) -> None:
+        """Start workers, or retire some: a retired worker ends between two handler calls."""
         self.workers = max(1, workers)
         if self._nursery is None:
             return
-        while len(self._worker_scopes) < self.workers:
-            scope = trio.CancelScope()
-            self._worker_scopes.append(scope)
-            self._nursery.start_soon(self._worker, scope)
-        while len(self._worker_scopes) > self.workers:
-            self._worker_scopes.pop().cancel()
+        while len(self._worker_slots) < self.workers:
+            slot = _Slot()
+            self._worker_slots.append(slot)
+            self._nursery.start_soon(self._worker, slot)
+        while len(self._worker_slots) > self.workers:
+            self._worker_slots.pop().retired = True
+        self._poke()
 
-    async def _worker(self, scope: trio.CancelScope) -> None:
-        with scope:
-            while True:
-                if not self.ready:
-                    if self._work is None:
-                        self._work = trio.Event()
-                    await self._work.wait()
-                    continue
-                if not self._lease_valid():  # after a pause: nothing runs until a heartbeat confirms
-                    await self._until_lease_valid()
-                    continue
-                shard = self.ready.popleft()
-                shard.busy = True
-                shard.idle = trio.Event()
-                try:
-                    # A turn: up to `turn` entries of this shard, in order, then the next shard.
-                    # `lost` cancels the turn's scope, and so does the end of the lease: the
-                    # handler in flight stops at once.
-                    now = trio.current_time
-                    pause = 0.0
-                    with trio.CancelScope(deadline=self.lease_until) as shard.scope:
-                        for _ in range(self.settings.turn):
-                            # The exclusive-handling rule, per entry: still held (a revoke or a loss
-                            # sets `stopping` first) and the lease valid now.
-                            if not shard.queue or shard.stopping or now() >= self.lease_until:
-                                break
-                            message = shard.queue.popleft()
-                            self.buffered -= 1
-                            shard.handling = message
-                            try:
-                                await self._handle(shard, message)
-                            except Fenced as exc:
-                                await self._fenced(shard, exc)
-                                break
-                            except (RedisUnavailable, RedisCommandFailed) as exc:
-                                pause = self.health.failed(exc)  # it goes first again, later
-                                break
-                            shard.handling = None
-                    if shard.scope.cancelled_caught and not shard.stopping:
-                        self.cut_by_lease += 1
-                    if pause:
-                        await trio.sleep(pause)
-                    else:
-                        await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
-                finally:
-                    if shard.handling is not None and not shard.stopping:
-                        # Cut short (the lease ended, or this worker was removed): it is still
-                        # pending in Redis; it goes first again if the shard stays ours.
-                        shard.queue.appendleft(shard.handling)
-                        self.buffered += 1
-                    shard.busy = False
+    async def _worker(self, slot: _Slot) -> None:
+        while not slot.retired:
+            if not self.ready:
+                if self._work is None:
+                    self._work = trio.Event()
+                await self._work.wait()
+                continue
+            if not self._lease_valid():  # after a pause: nothing runs until a heartbeat confirms
+                await self._until_lease_valid()
+                continue
+            await self._turn(slot, self.ready.popleft())
+
+    async def _turn(self, slot: _Slot, shard: _Shard) -> None:
+        """Up to `turn` entries of `shard`, in order; then the shard waits for a worker again.
+
+        `lost` cancels the turn's scope, and so does the end of the lease: the handler in
+        flight stops at once.
+        """
+        shard.busy = True
+        shard.idle = trio.Event()
+        now = trio.current_time
+        pause = 0.0
+        try:
+            with trio.CancelScope(deadline=self.lease_until) as shard.scope:
+                for _ in range(self.settings.turn):
+                    # The exclusive-handling rule, per entry: still held (a revoke or a loss sets
+                    # `stopping` first) and the lease valid now.
+                    if not shard.queue or shard.stopping or slot.retired or now() >= self.lease_until:
+                        break
+                    message = shard.queue.popleft()
+                    self.buffered -= 1
+                    shard.handling = message
+                    try:
+                        await self._handle(shard, message)
+                    except Fenced as exc:
+                        await self._fenced(shard, exc)
+                        break
+                    except (RedisUnavailable, RedisCommandFailed) as exc:
+                        pause = self.health.failed(exc)  # it goes first again, later
+                        break
                     shard.handling = None
-                    shard.idle.set()
-                    if shard.queue and not shard.stopping and self.shards.get(shard.index) is shard:
-                        self.ready.append(shard)
-                        self._poke()
+            if shard.scope.cancelled_caught and not shard.stopping:
+                self.cut_by_lease += 1
+            if pause:
+                await trio.sleep(pause)
+            else:
+                await trio.lowlevel.checkpoint()  # let the reader and the acker run between turns
+        finally:
+            if shard.handling is not None and not shard.stopping:
+                # Cut short (the lease ended, Redis failed, the poller stops): it is still
+                # pending in Redis; it goes first again if the shard stays ours.
+                shard.queue.appendleft(attrs.evolve(shard.handling, redelivered=True))
+                self.buffered += 1
+            shard.busy = False
+            shard.handling = None
+            shard.idle.set()
+            if shard.queue and not shard.stopping and self.shards.get(shard.index) is shard:
+                self.ready.append(shard)
+                self._poke()
 
     async def _handle(self, shard: _Shard, message: Message) -> None:
         if message.redelivered:
@@ -634,32 +668,33 @@ class Poller:
     # --- acknowledging --------------------------------------------------
 
     async def _acker(self) -> None:
-        wait = self.settings.ack_every_s
         while True:
-            await trio.sleep(wait)
-            wait = self.settings.ack_every_s
+            await trio.sleep(self.settings.ack_every_s)
             for shard in list(self.shards.values()):
-                if shard.acks and not await self._flush(shard):
-                    wait = max(wait, self.health.delay())
-                    break
+                if shard.acks and not shard.ack_lock.locked() and trio.current_time() >= shard.retry_at:
+                    await self._flush(shard)
 
     async def _flush(self, shard: _Shard) -> bool:
-        """Acknowledge what was handled; False when Redis did not take it (the ids are kept)."""
-        if not shard.acks:
+        """Acknowledge what was handled (the call in flight first); False when Redis did not
+        take it all (what it did not take is kept and sent again)."""
+        async with shard.ack_lock:
+            while shard.acks:
+                ids, shard.acks = shard.acks[:ACK_CHUNK], shard.acks[ACK_CHUNK:]
+                try:
+                    await self._call(self._ack, shard, ids)
+                except Fenced as exc:
+                    log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, exc)
+                    await self._fenced(shard, exc)
+                    return True
+                except (RedisUnavailable, RedisCommandFailed) as exc:
+                    shard.acks[:0] = ids  # XACK is idempotent: sent again once Redis answers
+                    shard.retry_at = trio.current_time() + self.health.failed(exc)
+                    return False
+                except BaseException:
+                    shard.acks[:0] = ids  # cancelled mid-call: not lost
+                    raise
+            self.health.ok()
             return True
-        ids, shard.acks = shard.acks, []
-        try:
-            await self._call(self._ack, shard, ids)
-        except Fenced as exc:
-            log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, exc)
-            await self.lost(frozenset({shard.index}))
-            return True
-        except (RedisUnavailable, RedisCommandFailed) as exc:
-            shard.acks[:0] = ids  # XACK is idempotent: sent again once Redis answers
-            self.health.failed(exc)
-            return False
-        self.health.ok()
-        return True
 
     # --- plumbing ---------------------------------------------------------
 

@@ -145,9 +145,9 @@ class Producer(RoutingView):
         state.in_flight += 1
         self._idle = trio.Event() if state.in_flight == 1 else self._idle
         try:
-            targets = state.targets(messages)
             retries = DeliveryRetries(trio.current_time(), self.delivery_timeout_s)
             while True:
+                targets = state.targets(messages)  # again on each try: the layout may have changed
                 try:
                     with redis_call("XADD"):
                         async with self.redis.pipeline(transaction=False) as pipe:

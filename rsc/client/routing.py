@@ -50,12 +50,12 @@ class DeliveryRetries:
     rng: random.Random = attrs.field(factory=random.Random)
 
     def next_wait(self, now: float) -> float | None:
-        """Seconds to wait before the next try; None once the next try would come too late."""
-        wait = self.backoff.delay(min(self.attempts, 16), self.rng)
-        self.attempts += 1
-        if now + wait >= self.started + self.timeout_s:
+        """Seconds to wait before the next try (the last one at the timeout); None after it."""
+        left = self.started + self.timeout_s - now
+        if left <= 0:
             return None
-        return wait
+        self.attempts += 1
+        return min(left, self.backoff.delay(min(self.attempts - 1, 16), self.rng))
 
 
 def entry_ids(results: Iterable[object]) -> list[str]:

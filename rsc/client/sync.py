@@ -45,6 +45,7 @@ from rsc.client.routing import (
     entry_ids,
     publish_failed,
 )
+from rsc.connect import TRANSIENT_CODES
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
@@ -72,6 +73,16 @@ REDIS_UNAVAILABLE = (
     redis.exceptions.MasterDownError,
     OSError,
 )
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Worth retrying: Redis could not answer now (not a wrong password, not a refusal)."""
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return False  # redis-py makes it a ConnectionError: retrying will not help
+    if isinstance(exc, REDIS_UNAVAILABLE):
+        return True
+    code = str(exc).split(" ", 1)[0]
+    return isinstance(exc, redis.exceptions.ResponseError) and code in TRANSIENT_CODES
 
 
 class SyncCoordinator:
@@ -223,25 +234,26 @@ class SyncProducer(RoutingView):
         self._wait_until_open()
         with self._lock:
             self.state.in_flight += 1
-            targets = self.state.targets(messages)
         try:
             retries = DeliveryRetries(time.monotonic(), self.delivery_timeout_s)
             while True:
+                with self._lock:
+                    targets = self.state.targets(messages)  # again on each try: the layout may change
                 pipe = self.redis.pipeline(transaction=False)
                 for target, fields in targets:
                     pipe.xadd(target, fields)
                 try:
                     results = pipe.execute()
                     break
-                except REDIS_UNAVAILABLE as exc:
+                except REDIS_ERRORS as exc:
+                    if not _unavailable(exc):
+                        raise publish_failed(self.stream_prefix, len(targets), exc) from exc
                     wait = retries.next_wait(time.monotonic())
                     if wait is None or self._closing.is_set():
                         raise publish_failed(self.stream_prefix, len(targets), exc) from exc
                     if retries.attempts == 1:
                         log.warning("%s: Redis unavailable, retrying: %s", self.producer_id, exc)
                     time.sleep(wait)
-                except REDIS_ERRORS as exc:
-                    raise publish_failed(self.stream_prefix, len(targets), exc) from exc
             ids = entry_ids(results)
             with self._lock:
                 self.state.published += len(ids)
