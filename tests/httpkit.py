@@ -62,3 +62,12 @@ def wait_for_output(
         assert process.poll() is None, log_path.read_text()
         assert time.monotonic() < deadline, log_path.read_text()
         time.sleep(0.05)
+
+
+async def exited(process: subprocess.Popen[bytes], timeout_s: float = 30) -> int:
+    """The exit code of a child process, waited for without blocking the event loop (a
+    coordinator served by the test itself must go on answering the child meanwhile)."""
+    with trio.fail_after(timeout_s):
+        while process.poll() is None:
+            await trio.sleep(0.05)
+    return process.returncode

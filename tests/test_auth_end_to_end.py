@@ -20,7 +20,7 @@ from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.config import Settings
 from rsc.connect import open_redis
 from rsc.events.auth import credential
-from tests.httpkit import FAST, serve_on
+from tests.httpkit import FAST, exited, serve_on
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMBER_TOKEN = "e2e-member-token-0123456789"
@@ -109,7 +109,7 @@ async def test_worker_producers_and_curl_with_credentials(
             assert sync_redis.llen(f"{stream}:results") == 40
         finally:
             worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=30)
+            await exited(worker)
         assert worker.returncode == 0, log_path.read_text()
 
         # a producer without its credential is refused at once, not retried
@@ -156,7 +156,7 @@ async def test_a_worker_waits_for_its_stream_and_stops_on_a_wrong_credential(
                     await trio.sleep(0.1)
         finally:
             worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=30)
+            await exited(worker)
         assert worker.returncode == 0, log_path.read_text()
 
         # A wrong credential: the worker stops at once, with one line saying why.

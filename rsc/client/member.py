@@ -105,6 +105,7 @@ class Member:
         self._wakeup = trio.Event()
         self._revokes: trio.Nursery | None = None
         self._revoke_scopes: set[trio.CancelScope] = set()
+        self._beat_scope: trio.CancelScope | None = None
 
     # --- driving ----------------------------------------------------------
 
@@ -176,6 +177,7 @@ class Member:
         response = None
         # A heartbeat slower than a lease is worthless: give up on it then, or at the fence.
         with trio.move_on_at(min(self._fence_at(), sent + self.lease_s)) as timeout:
+            self._beat_scope = timeout
             try:
                 response = await self.transport.heartbeat(request)
             except CoordinatorUnintelligible as exc:
@@ -193,6 +195,9 @@ class Member:
                     log.warning("%s: %s", self.member_id, exc.message)
                 else:
                     raise
+        self._beat_scope = None
+        if self._stopping.is_set() and not self.owned:
+            return False  # everything revoked while it waited: leave now, not after the answer
         if timeout.cancelled_caught:
             self._failed(sent, CoordinatorUnavailable("no answer in time"))
         if response is None:
@@ -276,6 +281,8 @@ class Member:
             self.owned -= shards
             self.to_ack |= shards
             self._wakeup.set()  # acknowledge now
+            if self._stopping.is_set() and not self.owned and self._beat_scope is not None:
+                self._beat_scope.cancel()  # leaving: the leave carries the acknowledgement
 
         if self._revokes is None:  # driven by hand (`beat` outside `run`): wait for it
             await revoke()

@@ -151,6 +151,14 @@ class Child:
         lines = self.log.read_text(errors="replace").strip().splitlines() if self.log.exists() else []
         return "\n".join(f"        {line}" for line in lines[-n:])
 
+    def terminate(self, timeout: float = 20) -> int | None:
+        """SIGTERM, then its exit code (None if it did not end within `timeout`)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def death(self) -> str:
         """How it ended: exit code, the size of its log, the innermost exception of a traceback."""
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -571,13 +579,8 @@ class Chaos:
         leaving = self.busiest()
         self.retire(leaving)
         left = now()
-        leaving.process.send_signal(signal.SIGTERM)
         self.note(f"SIGTERM {leaving.name}")
-        try:
-            code = leaving.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code != 0:
+        if leaving.terminate() != 0:
             self.fail(f"{leaving.name} did not leave cleanly on SIGTERM: {leaving.death()}")
         self.wait_converged("a worker leaves (SIGTERM) under load", left)
 
@@ -623,13 +626,7 @@ class Chaos:
         self.context = "the end"
         for producer in self.producers:
             producer.stopped = True
-            producer.process.send_signal(signal.SIGTERM)
-        for producer in self.producers:
-            try:
-                code = producer.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                code = None
-            if code != 0:
+            if producer.terminate() != 0:
                 self.fail(f"producer {producer.name} did not stop cleanly on SIGTERM: {producer.death()}")
         publishes = [
             Publish.from_json(r) for n in range(2) for r in read_jsonl(self.tmp / f"published-{n}.jsonl")
