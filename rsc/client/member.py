@@ -145,6 +145,9 @@ class Member:
         heartbeats with epoch -1."""
         self._stopping.set()
         self._wakeup.set()
+        if self._beat_scope is not None:  # leaving: do not wait a whole lease for an answer
+            limit = trio.current_time() + self._leave_wait_s()
+            self._beat_scope.deadline = min(self._beat_scope.deadline, limit)
 
     async def wait_left(self) -> None:
         await self._left.wait()
@@ -176,7 +179,10 @@ class Member:
         sent = trio.current_time()
         response = None
         # A heartbeat slower than a lease is worthless: give up on it then, or at the fence.
-        with trio.move_on_at(min(self._fence_at(), sent + self.lease_s)) as timeout:
+        deadline = min(self._fence_at(), sent + self.lease_s)
+        if self._stopping.is_set():
+            deadline = min(deadline, sent + self._leave_wait_s())
+        with trio.move_on_at(deadline) as timeout:
             self._beat_scope = timeout
             try:
                 response = await self.transport.heartbeat(request)
@@ -281,8 +287,6 @@ class Member:
             self.owned -= shards
             self.to_ack |= shards
             self._wakeup.set()  # acknowledge now
-            if self._stopping.is_set() and not self.owned and self._beat_scope is not None:
-                self._beat_scope.cancel()  # leaving: the leave carries the acknowledgement
 
         if self._revokes is None:  # driven by hand (`beat` outside `run`): wait for it
             await revoke()
@@ -301,7 +305,7 @@ class Member:
             self.owned = self.revoking = frozenset()
         self.epoch = -1
         request = self.request()
-        with trio.move_on_after(max(self.interval_s, 1.0)):
+        with trio.move_on_after(self._leave_wait_s()):
             try:
                 await self.transport.heartbeat(request)
             except (CoordinatorUnavailable, CoordinatorRejected) as exc:
@@ -310,6 +314,10 @@ class Member:
         self.epoch = 0
 
     # --- time -----------------------------------------------------------
+
+    def _leave_wait_s(self) -> float:
+        """How long a leaving member waits for an answer."""
+        return max(self.interval_s, 1.0)
 
     def _fence_at(self) -> float:
         """When this member must have stopped everything without a successful heartbeat."""
