@@ -29,8 +29,21 @@ async def serve_on(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
             lambda task_status: serve(settings, "127.0.0.1:0", shutdown=shutdown, task_status=task_status)
         )
         async with httpx.AsyncClient(base_url=urls[0], timeout=10) as http:
+            await _until_active(http)
             yield http
         shutdown.set()
+
+
+async def _until_active(http: httpx.AsyncClient, timeout_s: float = 15.0) -> None:
+    """Wait until the coordinator holds the coordinator lease (`/readyz` 200), as far as it can.
+
+    The tests share one Redis: a coordinator that an earlier test killed may still hold the
+    lease for up to its TTL, and meanwhile this one is a standby answering 503. A test of a
+    coordinator that cannot become active (its Redis is down) goes on after `timeout_s`.
+    """
+    with trio.move_on_after(timeout_s):
+        while (await http.get("/readyz")).status_code != 200:
+            await trio.sleep(0.05)
 
 
 def hb(prefix: str, member: str, epoch: int, **extra: Any) -> dict[str, Any]:
