@@ -102,9 +102,13 @@ def error_code(exc: BaseException) -> str | None:
     coredis strips the code from the refusals it has a class for (`LOADING`, `NOGROUP`...);
     those are told apart by their class.
     """
-    if not isinstance(exc, coredis.exceptions.ResponseError):
-        return None
-    code = str(exc).split(" ", 1)[0]
+    return reply_code(exc) if isinstance(exc, coredis.exceptions.ResponseError) else None
+
+
+def reply_code(refusal: BaseException) -> str | None:
+    """The first word of a Redis error reply when it is a code (`BUSY`, `FENCED`), for any
+    client library's refusal (coredis or redis-py)."""
+    code = str(refusal).split(" ", 1)[0]
     return code if code.isupper() else None
 
 

@@ -45,7 +45,7 @@ from rsc.client.routing import (
     entry_ids,
     publish_failed,
 )
-from rsc.connect import TRANSIENT_CODES
+from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
@@ -81,8 +81,7 @@ def _unavailable(exc: BaseException) -> bool:
         return False  # redis-py makes it a ConnectionError: retrying will not help
     if isinstance(exc, REDIS_UNAVAILABLE):
         return True
-    code = str(exc).split(" ", 1)[0]
-    return isinstance(exc, redis.exceptions.ResponseError) and code in TRANSIENT_CODES
+    return isinstance(exc, redis.exceptions.ResponseError) and reply_code(exc) in TRANSIENT_CODES
 
 
 class SyncCoordinator:
