@@ -40,10 +40,11 @@ from rsc.events.commands import (
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import GroupEvent, ShardsInstalled, ShardsReleased, ShardsRevokeAcked
 from rsc.events.model import HeartbeatStatus, ReleaseReason, Timing
+from rsc.events.respond import respond
 from rsc.events.stream import StreamState
 from rsc.events.stream import decide as stream_decide
 from rsc.events.stream import fold as stream_fold
-from rsc.events.wire import HeartbeatResponse, respond
+from rsc.events.wire import HeartbeatResponse
 
 CHURN_KINDS = ("join", "leave", "crash", "slow", "lose", "reshard")
 CHURN_WEIGHTS = (30, 20, 15, 15, 15, 5)

@@ -14,7 +14,8 @@ from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.actors.store import MemoryStore, Store
 from rsc.events.commands import Heartbeat
 from rsc.events.model import Timing
-from rsc.events.wire import HeartbeatResponse, respond
+from rsc.events.respond import respond
+from rsc.events.wire import HeartbeatResponse
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
 SETTINGS = RegistrySettings(

@@ -2,7 +2,7 @@
 
 It implements the member's transport (`heartbeat(request) -> response`) with
 the real pure core (`rsc.events.group`) and the real response rendering
-(`rsc.events.wire.respond`), with trio's clock as time and ticks every 100 ms.
+(`rsc.events.respond.respond`), with trio's clock as time and ticks every 100 ms.
 It can be partitioned from a member (requests hang, as a lost network does).
 """
 
@@ -13,12 +13,14 @@ from collections.abc import Sequence
 import trio
 
 from rsc.client.errors import CoordinatorRejected
-from rsc.events import group
-from rsc.events.commands import CreateGroup, GroupCommand, Tick
+from rsc.events import group, longpoll
+from rsc.events.commands import CreateGroup, GroupCommand, Heartbeat, Tick
 from rsc.events.errors import CoordinationError
 from rsc.events.events import GroupEvent
 from rsc.events.model import DrainProgress, Layout, Shard, Timing
-from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, respond
+from rsc.events.respond import respond
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+from rsc.http.longpoll import hold
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
 
@@ -34,23 +36,41 @@ class LocalCoordinator:
         self.events = list(self.events)
         self.partitioned: set[str] = set()
         self.requests = 0
+        #: Hold long-poll heartbeats (`waitMs`) as the HTTP coordinator does.
+        self.long_poll = True
+        self.changed = trio.Event()
 
     def run(self, command: GroupCommand) -> list[GroupEvent]:
         self.state, events = group.execute(self.state, command)
         self.events.extend(events)
+        if longpoll.wakes(events):
+            self.changed.set()
+            self.changed = trio.Event()
         return events
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         self.requests += 1
         if request.member_id in self.partitioned:
             await trio.sleep_forever()
+        changed = self.changed
+        command = request.to_command(now_ms())
+        response = self.decide(command)
+        if self.long_poll:
+            response = await hold(
+                request, command, response, changed, lambda: self.changed, self.decide_async, now_ms
+            )
+        await trio.sleep(0.005)  # a round trip
+        return response
+
+    def decide(self, command: Heartbeat) -> HeartbeatResponse:
         try:
-            command = request.to_command(now_ms())
             events = self.run(command)
         except CoordinationError as exc:
             raise CoordinatorRejected(400, exc.code, exc.message) from exc
-        await trio.sleep(0.005)  # a round trip
         return respond(self.state, command, events)
+
+    async def decide_async(self, command: Heartbeat) -> HeartbeatResponse:
+        return self.decide(command)
 
     async def ticks(self) -> None:
         while True:

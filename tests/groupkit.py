@@ -9,7 +9,8 @@ from rsc.events.commands import ApplyLayout, CreateGroup, GroupCommand, Heartbea
 from rsc.events.events import GroupEvent
 from rsc.events.model import Layout, Shard, Timing
 from rsc.events.placement import shard_key
-from rsc.events.wire import HeartbeatResponse, respond
+from rsc.events.respond import respond
+from rsc.events.wire import HeartbeatResponse
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=20_000)
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from redis.crc import key_slot as redis_py_key_slot
 
 from rsc.events.commands import ChangeShardCount, CreateStream
-from rsc.events.placement import SLOTS, Primary, Topology, crc16, key_slot, place, shard_key
+from rsc.events.placement import place, shard_key
+from rsc.events.slots import SLOTS, Primary, Topology, crc16, key_slot
 from rsc.events.stream import StreamState, decide, fold
 
 

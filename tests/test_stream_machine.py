@@ -34,7 +34,7 @@ from rsc.events.commands import (
 from rsc.events.errors import CoordinationError
 from rsc.events.events import ShardsAdded, ShardsDraining, ShardsRetired, StreamCreated, StreamEvent
 from rsc.events.model import ShardState, StartFrom
-from rsc.events.placement import SLOTS, Primary, Topology
+from rsc.events.slots import SLOTS, Primary, Topology
 from rsc.events.stream import StreamState, execute, fold, without_liveness
 
 TOPOLOGY = Topology(

@@ -28,7 +28,7 @@ from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import Fenced, StoreUnavailable
 from rsc.actors.keys import STREAMS_KEY, owner_key
 from rsc.events import codec
-from rsc.events.placement import Primary, Topology
+from rsc.events.slots import Primary, Topology
 from rsc.events.wire import OwnerToken
 
 # Create the stream key empty if it does not exist (XADD then trim to 0 keeps the key).

@@ -42,8 +42,8 @@ from rsc.events.commands import (
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
-from rsc.events.model import GroupConfig, Layout, ReshardMode, Timing
-from rsc.events.stream import StreamState, check_name
+from rsc.events.model import GroupConfig, Layout, ReshardMode, Timing, check_name
+from rsc.events.stream import StreamState
 
 log = logging.getLogger("rsc.registry")
 

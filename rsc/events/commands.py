@@ -18,7 +18,7 @@ from rsc.events.model import (
     StartFrom,
     Timing,
 )
-from rsc.events.placement import Topology
+from rsc.events.slots import Topology
 
 # --- group commands -------------------------------------------------------
 

@@ -74,8 +74,12 @@ from rsc.events.model import (
     MemberState,
     ReleaseReason,
     Timing,
+    check_client,
+    check_counter,
+    check_id,
+    check_name,
 )
-from rsc.events.stream import MAX_CONCURRENCY, MAX_SHARDS, check_client, check_counter, check_id, check_name
+from rsc.events.stream import MAX_CONCURRENCY, MAX_SHARDS
 
 #: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.
 FENCED_MEMORY = 1024

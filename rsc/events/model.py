@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from rsc.events.errors import InvalidCommand
+
 #: The minor protocol version this core speaks (PROTOCOL section 7).
 PROTOCOL_VERSION = 1
 #: The oldest minor protocol version still accepted (N/N-1).
@@ -88,6 +90,40 @@ def is_plain_text(value: str, max_length: int) -> bool:
     if value.isprintable():  # the common case, at C speed: no control character, no surrogate
         return True
     return _TEXT.fullmatch(value) is not None and not SURROGATE.search(value)
+
+
+_NAME = re.compile(NAME_PATTERN)
+_ID = re.compile(ID_PATTERN)
+
+
+def check_name(value: str, field: str) -> None:
+    """Refuse names that would make awkward Redis keys (braces, spaces, empty)."""
+    if not _NAME.fullmatch(value):
+        raise InvalidCommand(f"{field} must be 1-200 characters of letters, digits, '.', '_', ':' or '-'")
+
+
+def check_id(value: str, field: str) -> None:
+    """Refuse an id that is not 1-256 printable ASCII characters (`ID_PATTERN`)."""
+    if not _ID.fullmatch(value):
+        raise InvalidCommand(f"{field} must be 1 to 256 printable ASCII characters")
+
+
+def check_client(client: ClientInfo) -> None:
+    """Refuse a client name or version that is too long or holds control characters."""
+    if not is_plain_text(client.name, MAX_CLIENT_NAME):
+        raise InvalidCommand(
+            f"client.name must be at most {MAX_CLIENT_NAME} characters, no control characters"
+        )
+    if not is_plain_text(client.version, MAX_CLIENT_VERSION):
+        raise InvalidCommand(
+            f"client.version must be at most {MAX_CLIENT_VERSION} characters, no control characters"
+        )
+
+
+def check_counter(value: int, field: str) -> None:
+    """Refuse an epoch or version outside JSON's safe integers."""
+    if not -1 <= value <= MAX_COUNTER:
+        raise InvalidCommand(f"{field} must be at most {MAX_COUNTER}")
 
 
 class ShardState(enum.Enum):

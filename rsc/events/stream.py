@@ -18,7 +18,6 @@ Rules:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -57,12 +56,6 @@ from rsc.events.events import (
     StreamEvent,
 )
 from rsc.events.model import (
-    ID_PATTERN,
-    MAX_CLIENT_NAME,
-    MAX_CLIENT_VERSION,
-    MAX_COUNTER,
-    NAME_PATTERN,
-    ClientInfo,
     Layout,
     PauseState,
     Producer,
@@ -70,6 +63,10 @@ from rsc.events.model import (
     Shard,
     ShardState,
     StartFrom,
+    check_client,
+    check_counter,
+    check_id,
+    check_name,
     is_plain_text,
 )
 from rsc.events.placement import place
@@ -80,8 +77,6 @@ MAX_SHARDS = 16_384
 MAX_REASON = 200
 #: The most workers one member may be told to run (`maxConcurrency`).
 MAX_CONCURRENCY = 1_024
-_NAME = re.compile(NAME_PATTERN)
-_ID = re.compile(ID_PATTERN)
 
 
 @attrs.frozen
@@ -102,36 +97,6 @@ class StreamState:
     def shard_count(self) -> int:
         """The number of ACTIVE shards: what producers route over."""
         return len(self.layout.active)
-
-
-def check_name(value: str, field: str) -> None:
-    """Refuse names that would make awkward Redis keys (braces, spaces, empty)."""
-    if not _NAME.fullmatch(value):
-        raise InvalidCommand(f"{field} must be 1-200 characters of letters, digits, '.', '_', ':' or '-'")
-
-
-def check_id(value: str, field: str) -> None:
-    """Refuse an id that is not 1-256 printable ASCII characters (`ID_PATTERN`)."""
-    if not _ID.fullmatch(value):
-        raise InvalidCommand(f"{field} must be 1 to 256 printable ASCII characters")
-
-
-def check_client(client: ClientInfo) -> None:
-    """Refuse a client name or version that is too long or holds control characters."""
-    if not is_plain_text(client.name, MAX_CLIENT_NAME):
-        raise InvalidCommand(
-            f"client.name must be at most {MAX_CLIENT_NAME} characters, no control characters"
-        )
-    if not is_plain_text(client.version, MAX_CLIENT_VERSION):
-        raise InvalidCommand(
-            f"client.version must be at most {MAX_CLIENT_VERSION} characters, no control characters"
-        )
-
-
-def check_counter(value: int, field: str) -> None:
-    """Refuse an epoch or version outside JSON's safe integers."""
-    if not -1 <= value <= MAX_COUNTER:
-        raise InvalidCommand(f"{field} must be at most {MAX_COUNTER}")
 
 
 def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:

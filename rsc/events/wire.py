@@ -1,11 +1,14 @@
-"""The heartbeat wire schema and the pure rendering of a heartbeat response.
+"""The heartbeat wire schema: what members and producers send and are answered.
 
 Wire types made per heartbeat are plain (not frozen) attrs classes: a frozen
 class's constructor costs several times more, and these are built and
 thrown away for every heartbeat. Nothing mutates them.
 
 These types are what goes over HTTP (camelCase JSON through `rsc.events.codec`)
-and the one module that both the server and `rsc.client` share.
+and the one module that both the server and `rsc.client` share. It knows no
+aggregate: rendering a response from an aggregate's state is
+`rsc.events.respond`, so importing a client loads no assignor, placement or
+aggregate.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ import attrs
 
 from rsc.events.commands import Heartbeat, ProducerHeartbeat
 from rsc.events.errors import UnsupportedProtocolVersion
-from rsc.events.events import GroupEvent, HeartbeatRejected
-from rsc.events.group import GroupState
 from rsc.events.model import (
     ID_PATTERN,
     MAX_COUNTER,
@@ -29,9 +30,10 @@ from rsc.events.model import (
     Layout,
     wire_field,
 )
-from rsc.events.stream import StreamState
 
 _SHARD_INDEX = {"minimum": 0, "maximum": 16_383}
+#: The longest a heartbeat may ask to be held (`waitMs`).
+MAX_WAIT_MS = 60_000
 
 
 @attrs.define
@@ -52,6 +54,9 @@ class HeartbeatRequest:
     revoked_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items=_SHARD_INDEX)
     drain_progress: tuple[DrainProgress, ...] = ()
     client: ClientInfo = ClientInfo()
+    #: Long poll: the most the coordinator may hold the answer while shards targeted to this
+    #: member are pending, waiting for them to become installable (0: answer at once).
+    wait_ms: int = wire_field(0, minimum=0, maximum=MAX_WAIT_MS)
 
     def to_command(self, now_ms: int) -> Heartbeat:
         """The core command for this request, arrived at `now_ms`."""
@@ -86,9 +91,6 @@ class ShardAssignment:
     revoke: frozenset[int] = frozenset()
 
 
-_NOTHING = ShardAssignment()
-
-
 @attrs.define
 class HeartbeatResponse:
     """The coordinator's answer to one heartbeat."""
@@ -104,43 +106,6 @@ class HeartbeatResponse:
     max_concurrency: int
     layout: Layout | None = None
     fence_reason: FenceReason | None = None
-
-
-def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> HeartbeatResponse:
-    """Render the response to `command`, given the state after its `events`.
-
-    FENCED and UNKNOWN_MEMBER answers tell the member to send epoch 0 next;
-    a leave is answered with epoch -1.
-    """
-    layout = state.layout
-    status, member_epoch, assignment, reason = HeartbeatStatus.OK, -1, _NOTHING, None
-    rejected = next((e for e in events if isinstance(e, HeartbeatRejected)), None)
-    member = state.members.get(command.member_id)
-    if rejected is not None:
-        status, member_epoch, reason = rejected.status, 0, rejected.reason
-    elif command.member_epoch != -1 and member is not None:
-        member_epoch = member.member_epoch
-        pending = state.pending_of(member)
-        if pending or member.assigned or member.revoking:
-            assignment = ShardAssignment(member.assigned, pending, member.revoking)
-        if command.metadata_version > layout.metadata_version:
-            status = HeartbeatStatus.SYNC_METADATA
-        elif pending or member.revoking:
-            status = HeartbeatStatus.REVOKE_PENDING
-    # One construction (no attrs.evolve): this runs for every heartbeat.
-    return HeartbeatResponse(
-        status=status,
-        member_epoch=member_epoch,
-        group_epoch=state.group_epoch,
-        assignment_epoch=state.assignment_epoch,
-        heartbeat_interval_ms=state.timing.heartbeat_interval_ms,
-        lease_ttl_ms=state.timing.lease_ttl_ms,
-        metadata_version=layout.metadata_version,
-        assignment=assignment,
-        max_concurrency=state.config.max_concurrency,
-        layout=layout if command.metadata_version != layout.metadata_version else None,
-        fence_reason=reason,
-    )
 
 
 @attrs.frozen
@@ -192,26 +157,6 @@ class ProducerHeartbeatResponse:
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     layout: Layout | None = None
-
-
-def respond_producer(
-    state: StreamState, command: ProducerHeartbeat, heartbeat_interval_ms: int
-) -> ProducerHeartbeatResponse:
-    """Render the answer to a producer heartbeat from the stream state after it."""
-    layout = state.layout
-    stale = command.metadata_version != layout.metadata_version
-    ahead = command.metadata_version > layout.metadata_version
-    return ProducerHeartbeatResponse(
-        status=HeartbeatStatus.SYNC_METADATA if ahead else HeartbeatStatus.OK,
-        producer_id=command.producer_id,
-        metadata_version=layout.metadata_version,
-        routing=layout.routing,
-        shard_count=state.shard_count,
-        paused=state.paused is not None,
-        heartbeat_interval_ms=heartbeat_interval_ms,
-        lease_ttl_ms=command.lease_ttl_ms,
-        layout=layout if stale else None,
-    )
 
 
 @attrs.frozen

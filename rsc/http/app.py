@@ -26,21 +26,17 @@ from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.connect import first_leaf
-from rsc.events import codec
+from rsc.events import codec, longpoll
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.model import SURROGATE
-from rsc.events.wire import (
-    HeartbeatRequest,
-    HeartbeatResponse,
-    ProducerHeartbeatRequest,
-    respond,
-    respond_producer,
-)
+from rsc.events.respond import respond, respond_producer
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, ProducerHeartbeatRequest
 from rsc.http import views
 from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.errors import ApiError
+from rsc.http.longpoll import GroupChanges
 from rsc.http.metrics import Metrics
 from rsc.http.throttle import FailureThrottle
 
@@ -177,19 +173,20 @@ def _add_member_routes(
     app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, settings: Settings
 ) -> None:
     max_batch_items, auto_groups = settings.max_batch_items, settings.auto_create_groups
-
-    async def heartbeat_of(body: HeartbeatRequest) -> HeartbeatResponse:
-        caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
-        command = body.to_command(registry.clock.now_ms())
-        create = auto_groups and gate.may_create(caller)
-        reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
-        return respond(reply.state, command, reply.events)
+    changes = GroupChanges(registry)
 
     @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
         with metrics.heartbeat_seconds.labels("single").time():
             body = structure(await json_body(), HeartbeatRequest)
-            return json_response(await heartbeat_of(body))
+            caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+            command = body.to_command(registry.clock.now_ms())
+            create = auto_groups and gate.may_create(caller)
+            changed = changes.event(body.stream_prefix, body.consumer_group)
+            reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
+            response = respond(reply.state, command, reply.events)
+        # A long poll (`waitMs`) is held outside the timing: the histogram is the decision's cost.
+        return json_response(await changes.hold(body, command, response, changed))
 
     @app.post("/v1/producers/heartbeat")
     async def producer_heartbeat() -> Response:
@@ -206,13 +203,35 @@ def _add_member_routes(
     async def heartbeats() -> Response:
         with metrics.heartbeat_seconds.labels("batch").time():
             batch = structure(await json_body(), HeartbeatBatch)
-            return await _answer_batch(registry, gate, batch, max_batch_items, auto_groups)
+            results, held = await _answer_batch(registry, gate, batch, max_batch_items, auto_groups, changes)
+        if held:  # long polls: the answer goes once every held item has its own
+            async with trio.open_nursery() as nursery:
+                for index, hold in held.items():
+                    nursery.start_soon(_held_item, results, index, changes, hold)
+        return json_response({"responses": results}, plain=True)
+
+
+async def _held_item(
+    results: list[Any], index: int, changes: GroupChanges, hold: _Hold
+) -> None:
+    response = await changes.hold(*hold)
+    results[index] = codec.wire.unstructure(response)
+
+
+_Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, trio.Event]
 
 
 async def _answer_batch(
-    registry: Registry, gate: Gate, batch: HeartbeatBatch, max_batch_items: int, auto_groups: bool
-) -> Response:
-    """Answer every item; the items of one group go to its actor together, in order."""
+    registry: Registry,
+    gate: Gate,
+    batch: HeartbeatBatch,
+    max_batch_items: int,
+    auto_groups: bool,
+    changes: GroupChanges,
+) -> tuple[list[Any], dict[int, _Hold]]:
+    """Answer every item; the items of one group go to its actor together, in order.
+
+    Items that ask for a long poll and are worth holding come back apart (`changes.hold`)."""
     if len(batch.heartbeats) > max_batch_items:
         raise ApiError(
             413,
@@ -227,6 +246,7 @@ async def _answer_batch(
     now_ms = registry.clock.now_ms()
     create = auto_groups and gate.may_create(gate.principal())
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
+    bodies: dict[int, HeartbeatRequest] = {}
     allowed: set[str] = set()  # the streams already authorized in this batch
     for index, raw in enumerate(batch.heartbeats):
         try:
@@ -242,8 +262,11 @@ async def _answer_batch(
             results[index] = error_body(error.code, error.message)
             continue
         by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
+        bodies[index] = body
+    held: dict[int, _Hold] = {}
 
     async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
+        changed = changes.event(*key)
         try:
             replies = await registry.ask_group_many(*key, [command for _, command in items], create=create)
         except CoordinationError as error:
@@ -253,8 +276,11 @@ async def _answer_batch(
         for (index, command), reply in zip(items, replies, strict=True):
             if isinstance(reply, CoordinationError):
                 results[index] = error_body(reply.code, reply.message)
-            else:
-                results[index] = codec.wire.unstructure(respond(reply.state, command, reply.events))
+                continue
+            response = respond(reply.state, command, reply.events)
+            if longpoll.should_hold(bodies[index], response):
+                held[index] = (bodies[index], command, response, changed)
+            results[index] = codec.wire.unstructure(response)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -265,7 +291,7 @@ async def _answer_batch(
         if retry is None:
             raise
         raise first_leaf(retry) from group  # answered 503: the client retries the whole batch
-    return json_response({"responses": results}, plain=True)
+    return results, held
 
 
 def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None:
