@@ -6,7 +6,7 @@ import trio
 import trio.testing
 
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnintelligible
-from rsc.client.member import Member
+from rsc.client.member import Member, MemberSettings
 from rsc.events.commands import ConfigureGroup
 from rsc.events.model import GroupConfig, HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
@@ -124,10 +124,10 @@ async def test_a_fenced_member_drops_everything_and_rejoins(autojump_clock: Cloc
 async def test_sync_metadata_adopts_the_stored_layout(autojump_clock: Clock) -> None:
     coordinator, log = LocalCoordinator(), []
     a, _ = member(coordinator, "a", log)
-    a.metadata_version = 9  # it knew a layout the coordinator no longer has
+    a.machine.metadata_version = 9  # it knew a layout the coordinator no longer has
     await a.beat()
     assert a.status is HeartbeatStatus.SYNC_METADATA
-    assert a.metadata_version == 1
+    assert a.machine.metadata_version == 1
     assert a.request().metadata_version == 1
     await a.beat()
     assert a.status is HeartbeatStatus.OK
@@ -272,3 +272,56 @@ async def test_a_graceful_leave_keeps_heartbeating_while_in_flight_work_finishes
         nursery.cancel_scope.cancel()
     assert a.self_fenced == 0
     never_overlapping(log)
+
+
+async def handoff_gap(long_poll: bool) -> float:
+    """Trio seconds from a's revoke ack to b's start of a moved shard (heartbeat interval 1 s)."""
+    coordinator, log = LocalCoordinator(), []
+    coordinator.long_poll = long_poll
+    settings = MemberSettings(heartbeat_interval_ms=1_000, long_poll=long_poll)
+    ra, rb = Recorder("a", log), Recorder("b", log)
+    a = Member(coordinator, "s", "g", "a", ra, incarnation="a-1", settings=settings)
+    b = Member(coordinator, "s", "g", "b", rb, incarnation="b-1", settings=settings)
+    ra.revoke_delay = 0.1  # a short revoke: b hears of it at its next interval, ~0.4 s later
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.ticks)
+        await nursery.start(a.run)
+        await trio.sleep(2.5)
+        await nursery.start(b.run)
+        await trio.sleep(5)
+        assert len(ra.reading) == len(rb.reading) == 3
+        nursery.cancel_scope.cancel()
+    never_overlapping(log)
+    revoked_at = max(t for t, name, what, _ in log if name == "a" and what == "revoke")
+    assigned_at = max(t for t, name, what, _ in log if name == "b" and what == "assigned")
+    return assigned_at - revoked_at
+
+
+async def test_a_waiting_member_gets_a_released_shard_within_a_round_trip(autojump_clock: Clock) -> None:
+    """The long poll: b's heartbeat is held while its shards are pending and answered once a
+    releases them, instead of b hearing of them at its next interval."""
+    assert await handoff_gap(long_poll=True) < 0.05  # a's ack and b's answer: two round trips
+    assert await handoff_gap(long_poll=False) > 0.2  # interval-only: wherever b's interval falls
+
+
+async def test_a_long_poll_is_not_faster_polling_against_a_coordinator_that_does_not_hold(
+    autojump_clock: Clock,
+) -> None:
+    """An older coordinator ignores `waitMs` and answers at once: the member still heartbeats
+    once per interval while it waits, not in a loop."""
+    coordinator, log = LocalCoordinator(), []
+    coordinator.long_poll = False
+    a, ra = member(coordinator, "a", log)
+    b, rb = member(coordinator, "b", log)
+    ra.revoke_delay = 4.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.ticks)
+        await nursery.start(a.run)
+        await trio.sleep(2)
+        await nursery.start(b.run)
+        await trio.sleep(0.5)
+        before = coordinator.requests
+        await trio.sleep(3)  # b waits for pending shards; a revokes (acks once)
+        assert b.machine.pending or rb.reading
+        assert coordinator.requests - before <= 8  # ~3 each at 1 s, plus acks
+        nursery.cancel_scope.cancel()

@@ -4,7 +4,8 @@
 waits at most `linger_s` for the other members of the process to heartbeat
 too, then one request carries them all and each member gets its own answer
 (or its own error). Members started together heartbeat at the same interval,
-so after the first round they travel together.
+so after the first round they travel together. A long-poll heartbeat (`wait_ms`,
+sent while a member waits for pending shards) goes on its own request.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class BatchingTransport:
             await trio.sleep_forever()
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        if self._nursery is None:
+        # A long poll goes on its own: held in a batch, it would hold every other answer.
+        if self._nursery is None or request.wait_ms:
             return await self.coordinator.heartbeat(request)
         slot = _Slot(request)
         self._pending.append(slot)

@@ -139,6 +139,7 @@ class Coordinator:
         ca_bundle: str | None = None,
     ) -> None:
         self.retries = retries
+        self.timeout_s = timeout_s
         self.backoff = backoff
         self.rng = rng or random.Random()
         self.failover = Failover(base_url)
@@ -162,8 +163,9 @@ class Coordinator:
     # --- the protocol ---------------------------------------------------
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        """One member's heartbeat (`POST /v1/heartbeat`)."""
-        data = await self._post("/v1/heartbeat", codec.wire.unstructure(request))
+        """One member's heartbeat (`POST /v1/heartbeat`); a long poll (`wait_ms`) may be held."""
+        body = codec.wire.unstructure(request)
+        data = await self._send("POST", "/v1/heartbeat", body, request.wait_ms / 1000)
         return structure(data, HeartbeatResponse)
 
     async def heartbeats(
@@ -210,13 +212,16 @@ class Coordinator:
         """The coordinator URL in use now."""
         return self.failover.url
 
-    async def _send(self, method: str, path: str, body: Any) -> Any:
+    async def _send(self, method: str, path: str, body: Any, held_s: float = 0.0) -> Any:
+        """`held_s`: how long the coordinator may hold the answer (a long poll), on top of the timeout."""
         last: Exception | None = None
+        timeout = httpx.Timeout(self.timeout_s + held_s) if held_s else httpx.USE_CLIENT_DEFAULT
         for wait, index in self.failover.attempts(self.retries, self.backoff, self.rng):
             if wait:
                 await trio.sleep(wait)
             try:
-                response = await self.http.request(method, self.failover.urls[index] + path, json=body)
+                url = self.failover.urls[index] + path
+                response = await self.http.request(method, url, json=body, timeout=timeout)
             except httpx.HTTPError as exc:  # connect, read, timeouts, protocol errors
                 last = exc
                 self.failover.failed(index)

@@ -1,0 +1,353 @@
+"""The member side of the protocol as one sans-IO machine (PROTOCOL sections 3-4).
+
+`MemberMachine` is what one member believes and decides; it does no I/O and
+reads no clock: every method that depends on time takes `now` (seconds on
+any monotonic clock). The shell that drives it (the trio runtime
+`rsc.client.member.Member`, `rsc simulate`, the demo, the hypothesis model)
+sends the heartbeats it builds, performs the `Steps` it returns, and tells
+it what happened:
+
+    request = machine.request(now)              # send it
+    steps = machine.receive(request, response, now)   # or machine.failed(request, now)
+    ... perform steps: lost, concurrency, stop, start ...
+    steps = machine.revoked(shards)             # once stopped shards are idle
+    steps = machine.silent(now)                 # when woken with no answer
+    machine.next_heartbeat_at(now)              # when to send the next one
+
+The rules it keeps:
+
+* Reconciliation: shards in `revoke`, and shards it holds that are no longer
+  in `assigned`, are stopped (`Steps.stop`) and acknowledged in the next
+  heartbeat once the shell reports them idle (`revoked`); it reports them
+  owned until then, so the coordinator installs them nowhere else. A shard is
+  started (`Steps.start`) only once it is in `assigned`. Revoked shards it
+  never started are acknowledged at once.
+* SYNC_METADATA: it adopts the stored layout and reports that version.
+* FENCED or UNKNOWN_MEMBER: every shard is dropped at once (`Steps.lost`) and
+  it rejoins with epoch 0 at once.
+* The lease rule: what it holds is its own until the lease, counted from when
+  the last successful heartbeat was *sent*, minus a safety margin
+  (`Steps.renew_until`). When no heartbeat has succeeded by then, it drops
+  every shard (`silent`, `failed`), even while a request is still in flight.
+* Graceful leave (`stop`): everything is revoked while heartbeats go on;
+  once nothing is held, the next request is the leave (epoch -1).
+* Push-speed handoff: while shards targeted to it are pending (another member
+  still holds them) and it has nothing to acknowledge, its heartbeat asks the
+  coordinator to hold the answer until they are installable (`waitMs`, a long
+  poll) instead of learning of them one interval later. The next heartbeat
+  after a long poll is due one interval after it was *sent*, so a coordinator
+  that does not hold answers is not polled faster.
+* Answers it cannot read for a whole lease make it give up: it drops
+  everything and leaves (`Steps.gave_up`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rsc.events.model import (
+    EMPTY_LAYOUT,
+    PROTOCOL_VERSION,
+    ClientInfo,
+    DrainProgress,
+    HeartbeatStatus,
+    Layout,
+)
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+
+NOTHING: frozenset[int] = frozenset()
+
+
+@attrs.frozen
+class MemberSettings:
+    #: Self-fence this long before the lease would end (a fraction of the lease).
+    safety_margin: float = 0.2
+    #: After a failed heartbeat, try again this soon (never later than the interval).
+    retry_interval_s: float = 0.5
+    #: Until the coordinator says otherwise.
+    heartbeat_interval_ms: int = 3_000
+    lease_ttl_ms: int = 10_000
+    #: Ask the coordinator to hold a heartbeat while shards are pending (long poll).
+    long_poll: bool = True
+
+
+DEFAULT_SETTINGS = MemberSettings()
+
+
+@attrs.frozen
+class Steps:
+    """What the shell must do after one input, in this order: `lost`, `renew_until`,
+    `concurrency`, `stop`, `start`."""
+
+    #: Drop these at once, without acknowledging (fenced, self-fenced, gave up).
+    lost: frozenset[int] = NOTHING
+    #: Stop reading these; in-flight work finishes; then call `revoked(shards)`.
+    stop: frozenset[int] = NOTHING
+    #: Start reading these, with `layout`.
+    start: frozenset[int] = NOTHING
+    layout: Layout = EMPTY_LAYOUT
+    #: The number of workers the coordinator now allows (None: unchanged).
+    concurrency: int | None = None
+    #: What it holds is its own until this time (`-inf`: nothing is).
+    renew_until: float | None = None
+    #: Why, when something went wrong (for the log): one line each.
+    warnings: tuple[str, ...] = ()
+    #: Set when it gives up for good (answers it cannot read): the shell leaves, then raises.
+    gave_up: str | None = None
+
+
+NO_STEPS = Steps()
+
+
+class MemberMachine:
+    """One member id of a group: its epoch, what it holds, and when to heartbeat."""
+
+    def __init__(
+        self,
+        stream_prefix: str,
+        group: str,
+        member_id: str,
+        incarnation: str,
+        client: ClientInfo,
+        settings: MemberSettings = DEFAULT_SETTINGS,
+    ) -> None:
+        self.stream_prefix = stream_prefix
+        self.group = group
+        self.member_id = member_id
+        self.incarnation = incarnation
+        self.client = client
+        self.settings = settings
+        self.epoch = 0
+        #: Shards it holds: reading, or being stopped (`revoking`) until acknowledged.
+        self.owned: frozenset[int] = NOTHING
+        self.revoking: frozenset[int] = NOTHING
+        #: Stopped shards the coordinator has not yet heard of.
+        self.to_ack: frozenset[int] = NOTHING
+        #: Targeted shards someone else still holds (from the last answer).
+        self.pending: frozenset[int] = NOTHING
+        self.layout: Layout = EMPTY_LAYOUT
+        self.metadata_version = 0
+        self.interval_s = settings.heartbeat_interval_ms / 1000
+        self.lease_s = settings.lease_ttl_ms / 1000
+        self.max_concurrency: int | None = None
+        self.status: HeartbeatStatus | None = None
+        #: When the last successful heartbeat was sent (None: none yet).
+        self.last_ok_sent: float | None = None
+        #: Since when heartbeats have failed (None: the last one succeeded).
+        self.failing_since: float | None = None
+        #: Since when every answer has been one it cannot read.
+        self.unintelligible_since: float | None = None
+        self.self_fenced = 0
+        self.gave_up: str | None = None
+        #: `stop()` was called: revoking everything, then the leave.
+        self.leaving = False
+        #: The leave (epoch -1) was sent: nothing more to do.
+        self.left = False
+        self._urgent = True
+        self._sent: tuple[HeartbeatRequest, float] | None = None
+        #: When the next heartbeat is due when nothing is urgent.
+        self._due_at = float("-inf")
+
+    # --- outputs -----------------------------------------------------------
+
+    def request(self, now: float, drain_progress: tuple[DrainProgress, ...] = ()) -> HeartbeatRequest:
+        """The heartbeat to send now (the leave once `stop` has revoked everything)."""
+        leave = self.ready_to_leave
+        wait_ms = round(self.interval_s * 1000) if self.pending and self._may_long_poll() else 0
+        request = HeartbeatRequest(
+            protocol_version=PROTOCOL_VERSION,
+            stream_prefix=self.stream_prefix,
+            consumer_group=self.group,
+            member_id=self.member_id,
+            incarnation=self.incarnation,
+            member_epoch=-1 if leave else self.epoch,
+            metadata_version=self.metadata_version,
+            owned_shards=NOTHING if leave else self.owned,
+            revoked_shards=self.to_ack,
+            drain_progress=drain_progress,
+            client=self.client,
+            wait_ms=wait_ms,
+        )
+        self._sent = (request, now)
+        self._urgent = False
+        return request
+
+    @property
+    def ready_to_leave(self) -> bool:
+        """Leaving and nothing held any more: the next request is the leave."""
+        return self.leaving and not self.owned and not self.left
+
+    def next_heartbeat_at(self, now: float) -> float:
+        """When the next heartbeat should go (`now` or earlier: at once)."""
+        if self.left:
+            return float("inf")
+        if self._urgent or self.ready_to_leave:
+            return now
+        return min(self._due_at, self.fence_at)
+
+    def answer_deadline(self, sent: float) -> float:
+        """Until when to wait for the answer to a request sent at `sent`.
+
+        A heartbeat slower than a lease is worthless; one that arrives after the
+        fence cannot save what is held; a leaving member does not wait long.
+        """
+        deadline = min(self.fence_at, sent + self.lease_s + self._held_s())
+        if self.leaving:
+            deadline = min(deadline, sent + self.leave_wait_s)
+        return deadline
+
+    @property
+    def leave_wait_s(self) -> float:
+        """How long a leaving member waits for an answer."""
+        return max(self.interval_s, 1.0)
+
+    @property
+    def fence_at(self) -> float:
+        """When it must have stopped everything without a successful heartbeat."""
+        if self.last_ok_sent is None or not self.owned:
+            return float("inf")
+        return self.last_ok_sent + self.lease_s * (1 - self.settings.safety_margin)
+
+    # --- inputs -------------------------------------------------------------
+
+    def receive(self, request: HeartbeatRequest, response: HeartbeatResponse, now: float) -> Steps:
+        """The coordinator answered `request`."""
+        sent = self._sent_at(request, now)
+        self._sent = None
+        warnings: list[str] = []
+        if self.failing_since is not None:
+            warnings.append(f"heartbeats succeed again (after {now - self.failing_since:.1f} s)")
+        self.failing_since = self.unintelligible_since = None
+        self.last_ok_sent = sent
+        self.status = response.status
+        self.interval_s = response.heartbeat_interval_ms / 1000
+        self.lease_s = response.lease_ttl_ms / 1000
+        if response.layout is not None:
+            self.layout = response.layout
+        self.metadata_version = response.metadata_version
+        self._due_at = (sent if request.wait_ms else now) + self.interval_s
+        if request.member_epoch == -1:
+            self.left = True
+            self.epoch, self.to_ack, self.pending = 0, NOTHING, NOTHING
+            return Steps(warnings=tuple(warnings))
+        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            if self.owned:
+                why = response.fence_reason.value if response.fence_reason else "not a member"
+                warnings.append(
+                    f"{response.status.value} by the coordinator ({why}); dropping every shard and rejoining"
+                )
+            self._urgent = True  # rejoin now, with epoch 0
+            self.epoch = 0
+            return self._drop_all(warnings)
+        self.epoch = response.member_epoch
+        self.to_ack -= request.revoked_shards  # the coordinator has them
+        concurrency = None
+        if response.max_concurrency != self.max_concurrency:
+            self.max_concurrency = concurrency = response.max_concurrency
+        assignment = response.assignment
+        self.pending = assignment.pending
+        stop = (self.owned - self.revoking) & (assignment.revoke | (self.owned - assignment.assigned))
+        self.revoking |= stop
+        # Revoked shards never started are acknowledged too: they are not read.
+        self.to_ack |= assignment.revoke - self.owned
+        start = NOTHING if self.leaving else assignment.assigned - self.owned
+        self.owned |= start
+        if self.to_ack or (self.pending and not request.wait_ms and self._may_long_poll()):
+            self._urgent = True  # acknowledge now; or wait for the pending shards in a long poll
+        return Steps(
+            stop=stop,
+            start=start,
+            layout=self.layout,
+            concurrency=concurrency,
+            renew_until=sent + self.lease_s * (1 - self.settings.safety_margin),
+            warnings=tuple(warnings),
+        )
+
+    def failed(
+        self, request: HeartbeatRequest, now: float, why: str, *, unintelligible: bool = False
+    ) -> Steps:
+        """No usable answer to `request` (transport failure, 5xx, timeout, refusal to retry).
+
+        Retried sooner than the interval; past the fence, every shard is dropped. An answer
+        it cannot read for a whole lease makes it give up and leave.
+        """
+        sent = self._sent_at(request, now)
+        self._sent = None
+        self._due_at = now + min(self.settings.retry_interval_s, self.interval_s)
+        warnings: list[str] = []
+        if request.member_epoch == -1:  # a leave not acknowledged: the lease will end it
+            self.left = True
+            self.epoch, self.to_ack = 0, NOTHING
+            return Steps(warnings=(f"leave not acknowledged (the lease will end it): {why}",))
+        if self.failing_since is None:
+            self.failing_since = sent
+            warnings.append(f"heartbeat failed, retrying within the lease: {why}")
+        if unintelligible:
+            if self.unintelligible_since is None:
+                self.unintelligible_since = sent
+                warnings.append(f"cannot read the coordinator's answer: {why}")
+            elif now - self.unintelligible_since >= self.lease_s:
+                return self._give_up(warnings)
+        steps = self.silent(now)
+        return attrs.evolve(steps, warnings=(*warnings, *steps.warnings))
+
+    def silent(self, now: float) -> Steps:
+        """Time passed without an answer: the lease rule (drop everything past the fence)."""
+        if now < self.fence_at:
+            return NO_STEPS
+        self.self_fenced += 1
+        return self._drop_all(["no heartbeat succeeded within the lease; dropping every shard"])
+
+    def revoked(self, shards: frozenset[int]) -> Steps:
+        """The shell stopped `shards` (in-flight work finished): acknowledge them now."""
+        done = shards & self.revoking
+        if done:
+            self.revoking -= done
+            self.owned -= done
+            self.to_ack |= done
+            self._urgent = True
+        return NO_STEPS
+
+    def stop(self) -> Steps:
+        """Leave gracefully: stop everything while heartbeats go on, then the leave."""
+        self.leaving = True
+        stop = self.owned - self.revoking
+        self.revoking |= stop
+        self._urgent = True
+        return Steps(stop=stop)
+
+    # --- internals ------------------------------------------------------------
+
+    def _sent_at(self, request: HeartbeatRequest, now: float) -> float:
+        if self._sent is not None and self._sent[0] is request:
+            return self._sent[1]
+        return now
+
+    def _may_long_poll(self) -> bool:
+        """Waiting is all it does: nothing to acknowledge or stop, not leaving, not failing."""
+        return (
+            self.settings.long_poll
+            and not (self.leaving or self.to_ack or self.revoking)
+            and self.failing_since is None
+        )
+
+    def _held_s(self) -> float:
+        sent = self._sent
+        return sent[0].wait_ms / 1000 if sent is not None else 0.0
+
+    def _drop_all(self, warnings: list[str]) -> Steps:
+        lost = self.owned
+        self.owned = self.revoking = self.to_ack = self.pending = NOTHING
+        return Steps(lost=lost, renew_until=float("-inf"), warnings=tuple(warnings))
+
+    def _give_up(self, warnings: list[str]) -> Steps:
+        message = (
+            f"no answer of the coordinator could be read for {self.lease_s:g} s "
+            f"(a coordinator newer than this client {self.client.name} {self.client.version}?); "
+            "leaving the group so that its shards move"
+        )
+        self.gave_up = message
+        steps = self._drop_all([*warnings, message])
+        self.leaving = True
+        self._urgent = True
+        return attrs.evolve(steps, gave_up=message)
