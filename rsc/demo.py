@@ -2,100 +2,110 @@
 
 They join one by one, then one leaves and comes back, so the log shows the
 protocol at work: shards revoked from one member, acknowledged, and only
-then assigned to another. Members behave like the real client: they read
-what `assigned` gives them, keep a shard to revoke until they acknowledge
-it, and rejoin on FENCED or UNKNOWN_MEMBER.
+then assigned to another. The members are the real client runtime
+(`rsc.client.member.Member`, driving the one member machine) over the real
+HTTP client; only their shards' work is pretend: a `ShardLifecycle` that logs
+what it is told, and takes a moment to finish in-flight work on a revoke.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
-import attrs
-import httpx
 import trio
+
+from rsc import __version__
+from rsc.client.coordinator import Coordinator
+from rsc.client.errors import RscError
+from rsc.client.member import Member
+from rsc.events.model import ClientInfo, DrainProgress, Layout
 
 STREAM = "demo-orders"
 GROUP = "demo-billing"
+CLIENT = ClientInfo("rsc-demo", __version__)
+#: Step of the script -> what happens (the script repeats every 18 steps).
+SCRIPT = {0: "join 1", 3: "join 2", 6: "join 3", 10: "leave 2", 14: "join 2"}
 
 
-@attrs.define
-class DemoMember:
-    member_id: str
-    incarnation: str = attrs.field(factory=lambda: uuid.uuid4().hex[:8])
-    epoch: int = 0
-    owned: frozenset[int] = frozenset()
-    to_ack: frozenset[int] = frozenset()
-    status: str = ""
+class DemoShards:
+    """A member's shards as a `ShardLifecycle` that only logs."""
 
-    def request(self, leave: bool = False) -> dict[str, Any]:
-        return {
-            "protocolVersion": 1,
-            "streamPrefix": STREAM,
-            "consumerGroup": GROUP,
-            "memberId": self.member_id,
-            "incarnation": self.incarnation,
-            "memberEpoch": -1 if leave else self.epoch,
-            "ownedShards": sorted(self.owned - self.to_ack),
-            "revokedShards": sorted(self.to_ack),
-            "client": {"name": "rsc-demo", "version": "1"},
-        }
+    def __init__(self, say: Callable[[str], None], revoke_s: float) -> None:
+        self.say = say
+        self.revoke_s = revoke_s
+        self.member: Member | None = None
+        self.reading: frozenset[int] = frozenset()
+        self.revoking: frozenset[int] = frozenset()
 
-    def learn(self, response: dict[str, Any]) -> None:
-        self.status = response["status"]
-        if self.status in ("FENCED", "UNKNOWN_MEMBER"):
-            self.epoch, self.owned, self.to_ack = 0, frozenset(), frozenset()
+    def show(self) -> None:
+        member = self.member
+        if member is None:
             return
-        assignment = response["assignment"]
-        self.epoch = response["memberEpoch"]
-        self.to_ack = frozenset(assignment["revoke"])
-        self.owned = frozenset(assignment["assigned"]) | self.to_ack
+        status = member.status.value if member.status else "-"
+        line = f"{status:<14} reads {sorted(self.reading)}"
+        if self.revoking:
+            line += f", revoking {sorted(self.revoking)}"
+        self.say(f"demo: {member.member_id} epoch {member.epoch:<3} {line}")
+
+    async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
+        self.reading |= shards
+        self.show()
+
+    async def revoke(self, shards: frozenset[int]) -> None:
+        self.reading -= shards
+        self.revoking |= shards
+        self.show()
+        await trio.sleep(self.revoke_s)  # in-flight work finishing
+        self.revoking -= shards
+
+    async def lost(self, shards: frozenset[int]) -> None:
+        self.reading -= shards
+        self.revoking -= shards
+        self.show()
+
+    async def concurrency(self, workers: int) -> None:
+        return None
+
+    def drain_progress(self) -> Sequence[DrainProgress]:
+        return ()
+
+    def renewed(self, until: float) -> None:
+        return None
+
+
+async def _run(member: Member, say: Callable[[str], None]) -> None:
+    try:
+        await member.run()
+    except RscError as exc:  # e.g. refused by the coordinator's policy: the demo goes on
+        say(f"demo: {member.member_id} stopped: {exc}")
 
 
 async def run_demo(
     base_url: str, say: Callable[[str], None], rounds: int | None = None, pace_s: float = 1.0
 ) -> None:
-    """Drive the demo members (forever, or `rounds` heartbeat rounds)."""
-    members = [DemoMember(f"10.0.0.{i}/demo-worker/0") for i in range(1, 4)]
-    active: list[DemoMember] = []
-    script = {0: "join 1", 3: "join 2", 6: "join 3", 10: "leave 2", 14: "join 2"}
-    last: dict[str, str] = {}
-    async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+    """Run the demo script (forever, or for `rounds` steps of `pace_s`); members that are
+    still running at the end stop without leaving, as a crashed process would."""
+    ids = [f"10.0.0.{i}/demo-worker/0" for i in range(1, 4)]
+    active: dict[int, Member] = {}
+    async with Coordinator(base_url) as coordinator, trio.open_nursery() as nursery:
         step = 0
         while rounds is None or step < rounds:
-            action = script.get(step % 18)
+            action = SCRIPT.get(step % 18)
             if action:
                 verb, number = action.split()
-                member = members[int(number) - 1]
-                if verb == "join" and member not in active:
-                    member.epoch, member.owned, member.to_ack = 0, frozenset(), frozenset()
-                    active.append(member)
+                index = int(number) - 1
+                if verb == "join" and index not in active:
+                    shards = DemoShards(say, revoke_s=min(0.5, pace_s))
+                    member = Member(coordinator, STREAM, GROUP, ids[index], shards, client=CLIENT)
+                    shards.member = member
+                    active[index] = member
                     say(f"demo: {member.member_id} starts")
-                elif verb == "leave" and member in active:
-                    active.remove(member)
-                    try:
-                        await client.post("/v1/heartbeat", json=member.request(leave=True))
-                    except httpx.HTTPError as exc:
-                        say(f"demo: {member.member_id} could not leave: {exc}")
-                        continue
+                    nursery.start_soon(_run, member, say)
+                elif verb == "leave" and index in active:
+                    member = active.pop(index)
+                    member.stop()
+                    await member.wait_left()
                     say(f"demo: {member.member_id} leaves gracefully")
-            for member in active:
-                try:
-                    response = await client.post("/v1/heartbeat", json=member.request())
-                except httpx.HTTPError as exc:
-                    say(f"demo: {member.member_id} could not reach the coordinator: {exc}")
-                    continue
-                if response.status_code != 200:  # e.g. 409: a previous run's incarnation still holds the id
-                    say(f"demo: {member.member_id} refused: {response.json().get('message')}")
-                    continue
-                member.learn(response.json())
-                line = f"{member.status:<14} reads {sorted(member.owned - member.to_ack)}"
-                if member.to_ack:
-                    line += f", revoking {sorted(member.to_ack)}"
-                if last.get(member.member_id) != line:
-                    last[member.member_id] = line
-                    say(f"demo: {member.member_id} epoch {member.epoch:<3} {line}")
             step += 1
             await trio.sleep(pace_s)
+        nursery.cancel_scope.cancel()

@@ -230,7 +230,7 @@ async def test_demo_members_show_a_handoff(client: httpx.AsyncClient) -> None:
     from rsc.demo import run_demo
 
     lines: list[str] = []
-    await run_demo(str(client.base_url), lines.append, rounds=18, pace_s=0.01)
+    await run_demo(str(client.base_url), lines.append, rounds=18, pace_s=0.3)
     assert any("revoking" in line for line in lines)
     assert any("leaves gracefully" in line for line in lines)
     view = (await client.get("/v1/streams/demo-orders/groups/demo-billing")).json()
