@@ -12,11 +12,12 @@ from rsc.actors.clock import TrioClock
 from rsc.actors.effects import Effects, MemoryEffects
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.actors.store import MemoryStore, Store
-from rsc.events.commands import Heartbeat
-from rsc.events.model import Timing
+from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.model import ClientInfo, Timing
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatResponse
 
+CLIENT = ClientInfo("actorkit", "1")
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
 SETTINGS = RegistrySettings(
     timing=TIMING,
@@ -40,40 +41,50 @@ async def registry_on(
 
 @attrs.define
 class Member:
-    """A well-behaved member: remembers its epoch and reads what it is given."""
+    """A well-behaved member: the shipped member machine, driven straight against a registry."""
 
     registry: Registry
     stream: str
     group: str
     member_id: str
     incarnation: str = "inc-1"
-    epoch: int = 0
-    owned: frozenset[int] = frozenset()
-    to_ack: frozenset[int] = frozenset()
+    machine: MemberMachine = attrs.field(init=False)
 
-    async def heartbeat(self, ack: bool = True, epoch: int | None = None) -> HeartbeatResponse:
-        acking = self.to_ack if ack else frozenset()
-        command = Heartbeat(
-            member_id=self.member_id,
-            incarnation=self.incarnation,
-            member_epoch=self.epoch if epoch is None else epoch,
-            now_ms=self.registry.clock.now_ms(),
-            metadata_version=0,
-            owned=self.owned - acking,
-            revoked=acking,
+    def __attrs_post_init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Start over as a fresh process would (epoch 0, nothing held)."""
+        settings = MemberSettings(long_poll=False)  # no HTTP here to hold an answer
+        self.machine = MemberMachine(
+            self.stream, self.group, self.member_id, self.incarnation, CLIENT, settings
         )
+
+    @property
+    def owned(self) -> frozenset[int]:
+        return self.machine.owned
+
+    @property
+    def epoch(self) -> int:
+        return self.machine.epoch
+
+    async def heartbeat(self, ack: bool = True) -> HeartbeatResponse:
+        """One heartbeat; `ack`: revokes asked for earlier have finished and are acknowledged."""
+        machine = self.machine
+        now_ms = self.registry.clock.now_ms()
+        if ack:
+            machine.revoked(machine.revoking)
+        request = machine.request(now_ms / 1000)
+        command = request.to_command(now_ms)
         reply = await self.registry.ask_group(self.stream, self.group, command)
         response = respond(reply.state, command, reply.events)
-        if response.member_epoch in (0, -1) and response.status.value in ("FENCED", "UNKNOWN_MEMBER"):
-            self.epoch, self.owned, self.to_ack = 0, frozenset(), frozenset()
-        elif command.member_epoch != -1:
-            self.epoch = response.member_epoch
-            self.owned = response.assignment.assigned | (self.owned & response.assignment.revoke)
-            self.to_ack = response.assignment.revoke
+        machine.receive(request, response, now_ms / 1000)
         return response
 
     async def leave(self) -> HeartbeatResponse:
-        self.owned = self.to_ack = frozenset()
-        response = await self.heartbeat(epoch=-1)
-        self.epoch = 0
+        """A graceful leave: stop everything, then the leave (epoch -1); then start over."""
+        self.machine.stop()
+        response = await self.heartbeat()
+        assert self.machine.left
+        self.forget()
         return response

@@ -50,7 +50,10 @@ from rsc.actors.redis_store import RedisStore
 from rsc.client.coordinator import Backoff, Coordinator
 from rsc.client.member import Member
 from rsc.config import Settings
-from rsc.events.wire import OwnerToken
+from rsc.events import codec
+from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.model import ClientInfo
+from rsc.events.wire import HeartbeatResponse, OwnerToken
 from rsc.http.serve import serve
 from tests import redis_servers
 from tests.clientkit import Recorder
@@ -524,59 +527,68 @@ class Answer:
 
 
 class RawMember:
-    """A member speaking the protocol by hand (httpx), with every coordinator URL.
+    """The shipped member machine over hand-made HTTP (httpx, camelCase JSON), with every
+    coordinator URL.
 
-    It stops a shard the moment an answer no longer lists it in `assigned`,
-    acknowledges revokes at once, and on a failed request or a 503 moves to
-    the active coordinator a standby named, else to the other URL.
+    It finishes revokes at once (stopping a shard takes no time here), and on a failed
+    request or a 503 moves to the active coordinator a standby named, else to the other URL.
     """
 
     def __init__(self, http: httpx.AsyncClient, urls: list[str], prefix: str, name: str) -> None:
         self.http = http
         self.urls = urls
-        self.prefix = prefix
-        self.member_id = f"10.0.0.9/{name}/0"
-        self.incarnation = uuid.uuid4().hex
         self.current = 0
-        self.epoch = 0
-        self.metadata_version = 0
-        self.owned: frozenset[int] = frozenset()
-        self.to_ack: frozenset[int] = frozenset()
-        self.interval_s = 0.2
+        settings = MemberSettings(
+            heartbeat_interval_ms=int(PROCESS_ENV["RSC_HEARTBEAT_INTERVAL_MS"]),
+            lease_ttl_ms=int(MEMBER_LEASE_S * 1000),
+            retry_interval_s=0.05,
+        )
+        self.machine = MemberMachine(
+            prefix, "billing", f"10.0.0.9/{name}/0", uuid.uuid4().hex, ClientInfo("raw", "1"), settings
+        )
+        self.member_id = self.machine.member_id
         self.answers: list[Answer] = []
 
+    @property
+    def owned(self) -> frozenset[int]:
+        return self.machine.owned
+
     def request(self) -> dict[str, Any]:
-        return {
-            "protocolVersion": 1,
-            "streamPrefix": self.prefix,
-            "consumerGroup": "billing",
-            "memberId": self.member_id,
-            "incarnation": self.incarnation,
-            "memberEpoch": self.epoch,
-            "metadataVersion": self.metadata_version,
-            "ownedShards": sorted(self.owned),
-            "revokedShards": sorted(self.to_ack),
-        }
+        body: dict[str, Any] = codec.wire.unstructure(self.machine.request(trio.current_time()))
+        return body
 
     async def run(self) -> None:
+        machine = self.machine
         while True:
-            body = self.request()
+            now = trio.current_time()
+            machine.silent(now)
+            if machine.next_heartbeat_at(now) > now:
+                await trio.sleep(machine.next_heartbeat_at(now) - now)
+                continue
+            request = machine.request(now)
             url = self.urls[self.current]
-            sent = trio.current_time()
             try:
-                response = await self.http.post(f"{url}/v1/heartbeat", json=body, timeout=0.5)
-            except httpx.HTTPError:
+                response = await self.http.post(
+                    f"{url}/v1/heartbeat", json=codec.wire.unstructure(request), timeout=0.5
+                )
+            except httpx.HTTPError as exc:
+                machine.failed(request, trio.current_time(), str(exc))
                 self.move(None)
-                await trio.sleep(0.05)
                 continue
             if response.status_code == 503:
+                machine.failed(request, trio.current_time(), "503")
                 self.move(response.json().get("details"))
-                await trio.sleep(0.05)
                 continue
             assert response.status_code == 200, response.text
-            urgent = self.apply(body, response.json(), sent, url)
-            if not urgent:
-                await trio.sleep(self.interval_s)
+            answer = codec.wire.structure(response.json(), HeartbeatResponse)
+            assigned = (
+                answer.assignment.assigned
+                if answer.status.value not in ("FENCED", "UNKNOWN_MEMBER")
+                else frozenset()
+            )
+            self.record(now, url, answer.status.value, assigned)
+            machine.receive(request, answer, trio.current_time())
+            machine.revoked(machine.revoking)  # in-flight work finishes at once here
 
     def move(self, details: Any) -> None:
         active = details.get("active") if isinstance(details, dict) else None
@@ -584,25 +596,6 @@ class RawMember:
             self.current = self.urls.index(active)
         else:
             self.current = (self.current + 1) % len(self.urls)
-
-    def apply(self, body: dict[str, Any], data: dict[str, Any], sent: float, url: str) -> bool:
-        status = data["status"]
-        self.interval_s = data["heartbeatIntervalMs"] / 1000
-        self.metadata_version = data["metadataVersion"]
-        if status in ("FENCED", "UNKNOWN_MEMBER"):
-            self.record(sent, url, status, frozenset())
-            self.epoch, self.owned, self.to_ack = 0, frozenset(), frozenset()
-            return True
-        assignment = data.get("assignment") or {}
-        assigned = frozenset(assignment.get("assigned", ()))
-        revoke = frozenset(assignment.get("revoke", ()))
-        self.record(sent, url, status, assigned)
-        self.epoch = data["memberEpoch"]
-        self.to_ack -= frozenset(body["revokedShards"])
-        stop = self.owned & (revoke | (self.owned - assigned))
-        self.owned = (self.owned - stop) | assigned
-        self.to_ack |= stop | (revoke - self.owned)
-        return bool(self.to_ack)
 
     def record(self, sent: float, url: str, status: str, assigned: frozenset[int]) -> None:
         self.answers.append(Answer(self.member_id, sent, trio.current_time(), url, status, assigned))
