@@ -101,8 +101,10 @@ async def test_a_batch_with_a_held_item_is_answered_on_the_release(
             while not answers:
                 await trio.sleep(0.01)
     held, other = answers[0]
-    assert held["assignment"]["assigned"] == a["assignment"]["revoke"]
-    assert other["memberEpoch"] > 0  # c joined in the same batch
+    # c joined in the same batch, so b's target shrank; what it got is what a released
+    assert other["memberEpoch"] > 0
+    assert held["assignment"]["assigned"]
+    assert set(held["assignment"]["assigned"]) <= set(a["assignment"]["revoke"])
 
 
 @pytest.mark.parametrize("wait", [-1, 60_001, "soon", None])
