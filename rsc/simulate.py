@@ -39,6 +39,7 @@ from rsc.events.commands import (
 )
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import GroupEvent, ShardsInstalled, ShardsReleased, ShardsRevokeAcked
+from rsc.events.liveness import Leases
 from rsc.events.model import HeartbeatStatus, ReleaseReason, Timing
 from rsc.events.respond import respond
 from rsc.events.stream import StreamState
@@ -118,6 +119,8 @@ class Simulation:
         )
         self.state, _ = group.execute(None, CreateGroup("sim", "sim-group", stream.layout, timing))
         self.members: dict[str, SimMember] = {}
+        #: The coordinator's lease table (liveness is kept beside the state, as the actor does).
+        self.leases = Leases()
         self.next_member = 0
         self.incarnations = 0
         self.readers: dict[int, set[str]] = {}
@@ -166,7 +169,7 @@ class Simulation:
             case "heartbeat":
                 self.heartbeat(arg)
             case "tick":
-                self.execute(Tick(self.now))
+                self.execute(Tick(self.now, self.leases))
                 self.at(self.now + self.config.tick_ms, "tick")
             case "churn":
                 self.churn()
@@ -178,6 +181,7 @@ class Simulation:
     def execute(self, command: GroupCommand) -> list[GroupEvent]:
         before = self.state.target
         self.state, events = group.execute(self.state, command)
+        self.leases.apply(events)
         self.stats.steps += 1
         self.observe(events, before)
         return events

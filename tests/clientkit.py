@@ -17,6 +17,7 @@ from rsc.events import group, longpoll
 from rsc.events.commands import CreateGroup, GroupCommand, Heartbeat, Tick
 from rsc.events.errors import CoordinationError
 from rsc.events.events import GroupEvent
+from rsc.events.liveness import Leases
 from rsc.events.model import DrainProgress, Layout, Shard, Timing
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
@@ -34,6 +35,7 @@ class LocalCoordinator:
         layout = Layout(1, tuple(Shard(i, f"s:{{s:{i}}}") for i in range(shards)))
         self.state, self.events = group.execute(None, CreateGroup("s", "g", layout, timing))
         self.events = list(self.events)
+        self.leases = Leases()  # the lease table, kept beside the state as an actor keeps it
         self.partitioned: set[str] = set()
         self.requests = 0
         #: Hold long-poll heartbeats (`waitMs`) as the HTTP coordinator does.
@@ -42,6 +44,7 @@ class LocalCoordinator:
 
     def run(self, command: GroupCommand) -> list[GroupEvent]:
         self.state, events = group.execute(self.state, command)
+        self.leases.apply(events)
         self.events.extend(events)
         if longpoll.wakes(events):
             self.changed.set()
@@ -75,7 +78,7 @@ class LocalCoordinator:
     async def ticks(self) -> None:
         while True:
             await trio.sleep(0.1)
-            self.run(Tick(now_ms()))
+            self.run(Tick(now_ms(), self.leases))
 
 
 class Recorder:

@@ -1,4 +1,4 @@
-"""A small driver for the pure group aggregate, shared by the core tests."""
+"""A small driver for the pure group aggregate and its lease table, shared by the core tests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import attrs
 from rsc.events import group
 from rsc.events.commands import ApplyLayout, CreateGroup, GroupCommand, Heartbeat, Tick
 from rsc.events.events import GroupEvent
+from rsc.events.liveness import Leases
 from rsc.events.model import Layout, Shard, Timing
 from rsc.events.placement import shard_key
 from rsc.events.respond import respond
@@ -21,11 +22,12 @@ def layout(shards: int, version: int = 1) -> Layout:
 
 @attrs.define
 class Group:
-    """Holds a group's state and every event it emitted; time is set by hand."""
+    """Holds a group's state, its lease table and every event it emitted; time is set by hand."""
 
     state: group.GroupState
     events: list[GroupEvent]
     now: int = 0
+    leases: Leases = attrs.field(factory=Leases)
 
     @classmethod
     def create(cls, shards: int = 6, timing: Timing = TIMING) -> Group:
@@ -33,8 +35,14 @@ class Group:
         return cls(state, events)
 
     def run(self, command: GroupCommand) -> list[GroupEvent]:
-        self.state, events = group.execute(self.state, command)
+        """Execute `command`, then bring the lease table up to date (as an actor does after its write)."""
+        events = self.execute(command)
+        self.leases.apply(events)
         self.events.extend(events)
+        return events
+
+    def execute(self, command: GroupCommand) -> list[GroupEvent]:
+        self.state, events = group.execute(self.state, command)
         return events
 
     def hb(
@@ -60,7 +68,7 @@ class Group:
 
     def tick(self, advance_ms: int = 0) -> list[GroupEvent]:
         self.now += advance_ms
-        return self.run(Tick(self.now))
+        return self.run(Tick(self.now, self.leases))
 
     def scale(self, shards: int, version: int) -> list[GroupEvent]:
         return self.run(ApplyLayout(layout(shards, version), self.now))

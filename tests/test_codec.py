@@ -14,7 +14,8 @@ from rsc.events import codec, commands, events, model, wire
 from rsc.events.commands import GroupCommand, StreamCommand
 from rsc.events.events import GroupEvent, MemberJoined, StreamEvent
 from rsc.events.group import GroupState
-from rsc.events.model import ClientInfo
+from rsc.events.model import ClientInfo, Producer
+from rsc.events.stream import StreamState
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from tests.groupkit import Group
 
@@ -92,3 +93,18 @@ def test_snapshot_round_trip_of_a_busy_group() -> None:
     g.hb("b", 0)
     g.hb("a", r.member_epoch, owned=r.assignment.assigned)
     assert codec.from_json(codec.to_json(g.state), GroupState) == g.state
+
+
+def test_a_checkpoint_written_with_lease_deadlines_still_reads() -> None:
+    """Checkpoints from before leases left the state hold `leaseDeadlineMs` per producer: ignored."""
+    old = (
+        '{"streamPrefix":"orders","layout":{"metadataVersion":1,"shards":[{"index":0,'
+        '"key":"orders:{orders:0}","state":"ACTIVE"}],"routing":"jump-v1"},"createdAtMs":0,'
+        '"reshardMode":"online","groups":{"billing":"earliest"},"producers":{"p1":{"producerId":"p1",'
+        '"ackedVersion":1,"quiesced":false,"leaseTtlMs":1000,"registeredAtMs":5,'
+        '"client":{"name":"rsc","version":"1"},"leaseDeadlineMs":1005}},"paused":null,"deleted":false}'
+    )
+    state = codec.from_json(old, StreamState)
+    assert state.producers["p1"] == Producer("p1", 1, False, 1_000, 5, ClientInfo("rsc", "1"))
+    assert "leaseDeadlineMs" not in codec.to_json(state)
+    assert "leases" not in codec.to_json(Group.create().state)

@@ -284,6 +284,10 @@ class GroupMachine(RuleBasedStateMachine):
     def fold_of_events_is_the_state(self) -> None:
         assert group.fold(self.g.events) == self.g.state
 
+    @invariant()
+    def the_lease_table_holds_exactly_the_live_members(self) -> None:
+        assert set(self.g.leases) == set(self.g.state.members)
+
 
 GroupMachine.TestCase.settings = settings(
     max_examples=150,

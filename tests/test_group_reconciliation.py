@@ -39,7 +39,7 @@ def test_first_member_gets_every_shard_and_is_stable() -> None:
 def test_stable_to_stable_changes_nothing_durable() -> None:
     g = Group.create()
     r = g.hb("a", 0)
-    events = g.run(Tick(0))
+    events = g.run(Tick(0, g.leases))
     again = g.hb("a", r.member_epoch, owned=r.assignment.assigned)
     assert again == attrs.evolve(r, layout=None)
     assert [e for e in events if e.durable] == []
@@ -308,7 +308,7 @@ def test_invalid_heartbeats_are_refused(bad: dict[str, object]) -> None:
 
 def test_commands_before_creation_are_refused_and_creation_is_idempotent() -> None:
     with pytest.raises(AggregateNotFound):
-        group.decide(None, Tick(0))
+        group.decide(None, Tick(0, {}))
     g = Group.create()
     assert group.decide(g.state, CreateGroup("orders", "billing", layout(3), TIMING)) == []
 

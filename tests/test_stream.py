@@ -19,17 +19,24 @@ from rsc.events.commands import (
 from rsc.events.errors import AggregateNotFound, InvalidCommand
 from rsc.events.events import (
     ProducerAcknowledged,
+    ProducerExpired,
     ProducerHeartbeated,
+    ProducerLeasesRestarted,
     ProducerLeft,
     ProducerRegistered,
 )
+from rsc.events.liveness import Leases
 from rsc.events.model import PauseState, ShardState, StartFrom
-from rsc.events.stream import StreamState, decide, fold, without_liveness
+from rsc.events.stream import StreamState, decide, fold
 
 
-def run(state: StreamState | None, *commands: StreamCommand) -> StreamState:
+def run(state: StreamState | None, *commands: StreamCommand, leases: Leases | None = None) -> StreamState:
+    """Decide and fold each command; with `leases`, keep that lease table up to date too."""
     for command in commands:
-        state = fold(decide(state, command), state)
+        events = decide(state, command)
+        state = fold(events, state)
+        if leases is not None:
+            leases.apply(events)
     assert state is not None
     return state
 
@@ -103,13 +110,15 @@ def beat(producer: str, version: int, now: int, quiesced: bool = False) -> Produ
 def test_a_producer_registers_once_then_renews_without_journaling() -> None:
     s = run(None, CreateStream("orders", 4))
     events = decide(s, beat("p1", 1, now=100))
-    assert [type(e) for e in events] == [ProducerRegistered]
-    s = run(s, beat("p1", 1, now=100))
-    assert s.producers["p1"].lease_deadline_ms == 1_100
+    assert [type(e) for e in events] == [ProducerRegistered, ProducerHeartbeated]  # its lease starts
+    leases = Leases()
+    s = run(s, beat("p1", 1, now=100), leases=leases)
+    assert dict(leases) == {"p1": 1_100}
     renewal = decide(s, beat("p1", 1, now=600))
     assert [type(e) for e in renewal] == [ProducerHeartbeated]
     assert not any(e.durable for e in renewal)
-    assert run(s, beat("p1", 1, now=600)).producers["p1"].lease_deadline_ms == 1_600
+    assert run(s, beat("p1", 1, now=600), leases=leases) == s  # liveness only: the state stays
+    assert dict(leases) == {"p1": 1_600}
 
 
 def test_a_new_acknowledged_version_or_quiesced_flag_is_journaled() -> None:
@@ -128,11 +137,18 @@ def test_a_version_the_coordinator_never_issued_acknowledges_nothing() -> None:
 
 
 def test_producers_expire_on_the_tick_after_their_lease() -> None:
-    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0), beat("p2", 1, now=500))
-    assert decide(s, Tick(999)) == []
-    s = run(s, Tick(1_000))
-    assert set(s.producers) == {"p2"}
-    assert run(s, Tick(1_500)).producers == {}
+    leases = Leases()
+    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0), beat("p2", 1, now=500), leases=leases)
+    assert decide(s, Tick(999, leases)) == []
+    s = run(s, Tick(1_000, leases), leases=leases)
+    assert set(s.producers) == set(leases) == {"p2"}
+    assert run(s, Tick(1_500, leases), leases=leases).producers == {}
+    assert dict(leases) == {}
+
+
+def test_a_producer_missing_from_the_lease_table_counts_as_expired() -> None:
+    s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0))
+    assert decide(s, Tick(10, {})) == [ProducerExpired("p1", 10)]
 
 
 def test_a_leaving_producer_is_forgotten_at_once_and_a_stranger_leaving_changes_nothing() -> None:
@@ -146,11 +162,12 @@ def test_a_leaving_producer_is_forgotten_at_once_and_a_stranger_leaving_changes_
 
 def test_recovery_gives_every_producer_a_whole_lease_again() -> None:
     s = run(None, CreateStream("orders", 4), beat("p1", 1, now=0))
-    recovered = without_liveness(s)
-    assert recovered.producers["p1"].lease_deadline_ms == 0
-    events = decide(recovered, RestartTimers(5_000))
+    events = decide(s, RestartTimers(5_000))
+    assert [type(e) for e in events] == [ProducerLeasesRestarted, ProducerHeartbeated]
     assert not any(e.durable for e in events)
-    assert run(recovered, RestartTimers(5_000)).producers["p1"].lease_deadline_ms == 6_000
+    stale = Leases({"p1": 1_000, "gone": 2_000})  # what a table kept across a reload may say
+    stale.apply(events)
+    assert dict(stale) == {"p1": 6_000}
     assert decide(run(None, CreateStream("orders", 1)), RestartTimers(5_000)) == []
 
 

@@ -17,12 +17,20 @@ The rules it keeps:
   they fail, the actor repairs everything on its next batch.
 * Time-driven commands (ticks) are injected by the actor itself when no
   command arrives before the next tick is due.
+* Liveness is the actor's, not the aggregate's: it keeps the aggregate's
+  lease table (`leases`, see `rsc.events.liveness`), hands it to each tick,
+  and applies a batch's liveness events to it only once the batch's write
+  succeeded. After any reload (a conflict, or a failed write) the table no
+  longer matches the state: the next batch starts with the aggregate's
+  `recovered()` command (`RestartTimers`: every lease and revoke timeout in
+  full) and drops the commands the actor injected itself (ticks), so a
+  reloaded state never meets a stale table.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
@@ -33,12 +41,14 @@ from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, Sto
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Loaded, Store
 from rsc.events.errors import CoordinationError
+from rsc.events.events import GroupEvent, StreamEvent
+from rsc.events.liveness import Leases
 
 log = logging.getLogger("rsc.actors")
 
 S = TypeVar("S")
 C = TypeVar("C")
-E = TypeVar("E")
+E = TypeVar("E", bound=GroupEvent | StreamEvent)
 
 MAX_CONFLICT_RETRIES = 8
 
@@ -60,12 +70,12 @@ class Aggregate(Protocol[S, C, E]):
 
     def state_from_json(self, data: str) -> S: ...
 
-    def tick(self, state: S | None, now_ms: int) -> C | None:
-        """The command to inject when a tick is due (None: nothing to do)."""
+    def tick(self, state: S | None, leases: Mapping[str, int], now_ms: int) -> C | None:
+        """The command to inject when a tick is due, reading `leases` (None: nothing to do)."""
         ...
 
     def recovered(self, state: S, now_ms: int) -> C | None:
-        """The command to run once after loading an existing aggregate."""
+        """The command that restarts liveness after loading an existing aggregate (or reloading it)."""
         ...
 
     async def after_persist(self, before: S | None, after: S, events: Sequence[E]) -> None:
@@ -172,6 +182,10 @@ class Actor(Generic[S, C, E]):
         self.clock = clock
         self.settings = settings
         self.state: S | None = None
+        #: The lease table of the aggregate: what the liveness events of persisted batches say.
+        self.leases = Leases()
+        #: Set by a reload: the next batch must start with `recovered()` (the table is stale).
+        self._restart_pending = False
         self.revision = 0
         self.checkpoint_revision = 0
         self.writes = 0
@@ -262,7 +276,7 @@ class Actor(Generic[S, C, E]):
                 batch.append(await self._receive.receive())
             if not batch:
                 next_tick = trio.current_time() + self.settings.tick_interval_s
-                tick = self.aggregate.tick(self.state, self.clock.now_ms())
+                tick = self.aggregate.tick(self.state, self.leases, self.clock.now_ms())
                 if tick is None:
                     continue
                 batch.append((tick, None))
@@ -278,13 +292,14 @@ class Actor(Generic[S, C, E]):
         self._in_flight = [p for _, p in batch if p is not None]
         try:
             for _ in range(MAX_CONFLICT_RETRIES):
+                if self._restart_pending:
+                    batch = self._with_recovery(batch)
                 try:
                     await self._decide_and_persist(batch)
                 except ConcurrencyConflict as conflict:
                     self.conflicts += 1
                     log.info("%s: %s; reloading", self.aggregate.aggregate_id, conflict)
                     await self._reload()
-                    batch = self._with_recovery(batch)
                 else:
                     self._in_flight = []
                     return
@@ -297,11 +312,18 @@ class Actor(Generic[S, C, E]):
             await self._reload_quietly()
 
     def _with_recovery(self, batch: Sequence[tuple[C, _Answer | None]]) -> Sequence[tuple[C, _Answer | None]]:
-        """After a reload, liveness starts over (leases in full) before the batch is decided again."""
-        if self.state is None:
-            return batch
-        command = self.aggregate.recovered(self.state, self.clock.now_ms())
-        return batch if command is None else [(command, None), *batch]
+        """After a reload, liveness starts over (leases in full) before the batch is decided again.
+
+        The commands nobody waits for (ticks, an earlier restart) were injected
+        against the table before the reload: they are dropped.
+        """
+        asked = [(command, pending) for command, pending in batch if pending is not None]
+        command = None if self.state is None else self.aggregate.recovered(self.state, self.clock.now_ms())
+        if command is None:  # nothing holds a lease: the table starts empty
+            self.leases.clear()
+            self._restart_pending = False
+            return asked
+        return [(command, None), *asked]
 
     async def _decide_and_persist(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
         working = self.state
@@ -332,6 +354,8 @@ class Actor(Generic[S, C, E]):
                     self.needs_repair = True
         finally:
             self.state = working
+            self.leases.apply(every)  # the write succeeded (or there was none): liveness follows
+            self._restart_pending = False
         for pending, answer in answers:
             if pending is None:
                 continue
@@ -364,6 +388,7 @@ class Actor(Generic[S, C, E]):
         self.revision = loaded.revision
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
         self.needs_repair = True
+        self._restart_pending = True  # the lease table describes the state before the reload
 
     async def _reload_quietly(self) -> None:
         try:
@@ -372,11 +397,10 @@ class Actor(Generic[S, C, E]):
             log.warning("%s: reload failed: %s", self.aggregate.aggregate_id, exc)
 
     async def _recover(self) -> None:
+        """Restart liveness (an empty batch starts with `recovered()`) and repair side effects."""
         if self.state is None:
             return
-        command = self.aggregate.recovered(self.state, self.clock.now_ms())
-        if command is not None:
-            await self._process([(command, None)])
+        await self._process([])
         if self.needs_repair and self.state is not None:
             await self._repair(self.state)
 

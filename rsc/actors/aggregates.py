@@ -7,7 +7,7 @@ side effects its events imply on Redis.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from rsc.actors.effects import Effects
@@ -58,14 +58,10 @@ class _Journaled(Generic[S, E]):
         return event
 
     def checkpoint_json(self, state: S) -> str:
-        return codec.to_json(self.durable_view(state))
+        return codec.to_json(state)
 
     def state_from_json(self, data: str) -> S:
         return codec.from_json(data, self.state_type)
-
-    def durable_view(self, state: S) -> S:
-        """What of `state` a checkpoint keeps (all of it, unless liveness must be dropped)."""
-        return state
 
 
 class GroupAggregate(_Journaled[GroupState, GroupEvent]):
@@ -87,11 +83,8 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
     def evolve(self, state: GroupState | None, event: GroupEvent) -> GroupState:
         return group.evolve(state, event)
 
-    def durable_view(self, state: GroupState) -> GroupState:
-        return group.without_liveness(state)
-
-    def tick(self, state: GroupState | None, now_ms: int) -> GroupCommand | None:
-        return Tick(now_ms) if state is not None and state.members else None
+    def tick(self, state: GroupState | None, leases: Mapping[str, int], now_ms: int) -> GroupCommand | None:
+        return Tick(now_ms, leases) if state is not None and state.members else None
 
     def recovered(self, state: GroupState, now_ms: int) -> GroupCommand | None:
         return RestartTimers(now_ms) if state.members else None
@@ -187,11 +180,8 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
     def evolve(self, state: StreamState | None, event: StreamEvent) -> StreamState:
         return stream.evolve(state, event)
 
-    def durable_view(self, state: StreamState) -> StreamState:
-        return stream.without_liveness(state)
-
-    def tick(self, state: StreamState | None, now_ms: int) -> StreamCommand | None:
-        return Tick(now_ms) if state is not None and state.producers else None
+    def tick(self, state: StreamState | None, leases: Mapping[str, int], now_ms: int) -> StreamCommand | None:
+        return Tick(now_ms, leases) if state is not None and state.producers else None
 
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:
         return RestartTimers(now_ms) if state.producers else None

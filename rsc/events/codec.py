@@ -37,11 +37,8 @@ def _is_set(tp: Any) -> bool:
 
 
 def _renames(cl: Any) -> dict[str, Any]:
-    """camelCase names; liveness fields (`metadata={"liveness": True}`) are never written or read."""
-    return {
-        a.name: override(omit=True) if a.metadata.get("liveness") else override(rename=camel(a.name))
-        for a in attrs.fields(cl)
-    }
+    """camelCase names."""
+    return {a.name: override(rename=camel(a.name)) for a in attrs.fields(cl)}
 
 
 def make_converter(strict: bool = False, detailed: bool = True) -> cattrs.Converter:

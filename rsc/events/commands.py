@@ -1,11 +1,14 @@
 """Commands: what someone asks an aggregate to do, in the imperative.
 
 A command carries every input its decision needs, including the time
-(`now_ms`), so deciding is a pure function. Commands are validated by
+(`now_ms`) and, for a `Tick`, the lease table, so deciding is a pure
+function: it never changes the state or the table it is given. Commands are validated by
 `decide`; they are never stored, only the events they produce are.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import attrs
 
@@ -56,9 +59,15 @@ class Heartbeat:
 
 @attrs.frozen
 class Tick:
-    """Time passed: fence expired leases and missed revokes, refresh the target."""
+    """Time passed: fence (or expire) those whose lease ended, and missed revokes; refresh the target.
+
+    `leases` is the lease table of the aggregate (`rsc.events.liveness`), as
+    of the state the tick is decided on: member or producer id -> deadline.
+    It is only read; an id missing from it counts as expired.
+    """
 
     now_ms: int
+    leases: Mapping[str, int]
 
 
 @attrs.frozen
@@ -86,7 +95,11 @@ class RemoveMember:
 
 @attrs.frozen
 class RestartTimers:
-    """After recovery every member gets a whole lease and revoke timeout again."""
+    """After recovery (or a reload) every lease starts again in full, and every revoke timeout.
+
+    For a group, `TimersRestarted` and one `MemberHeartbeated` per member; for a
+    stream, `ProducerLeasesRestarted` and one `ProducerHeartbeated` per producer.
+    """
 
     now_ms: int
 

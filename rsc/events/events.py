@@ -2,8 +2,9 @@
 
 Folding an aggregate's events from nothing gives its state. Events marked
 `durable = False` record liveness (a heartbeat was heard) or an answer that
-changed nothing (a heartbeat was rejected): they are applied but never
-journaled, because liveness restarts in full on recovery.
+changed nothing (a heartbeat was rejected): they change no state and are
+never journaled, because liveness restarts in full on recovery. The liveness
+events feed the lease table kept beside the state (`rsc.events.liveness`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ class GroupConfigured:
 
 @attrs.frozen
 class TimersRestarted:
+    """After recovery every revoke timeout and lease starts again (a `MemberHeartbeated` each follows)."""
+
     durable: ClassVar[bool] = True
     restarted_at_ms: int
 
@@ -280,7 +283,7 @@ class ProducerLeft:
 
 @attrs.frozen
 class ProducerLeasesRestarted:
-    """After recovery every producer gets a whole lease again (liveness only)."""
+    """After recovery every lease starts again (a `ProducerHeartbeated` each follows); liveness only."""
 
     durable: ClassVar[bool] = False
     restarted_at_ms: int

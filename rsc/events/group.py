@@ -16,12 +16,18 @@ The rules this module keeps (PROTOCOL sections 2-4):
 
 `decide(state, command)` validates a command and returns the events it
 causes; `evolve(state, event)` applies one event. Folding the events from
-`None` gives the state.
+`None` gives the state. Neither changes what it is given.
+
+Leases are not part of the state (`rsc.events.liveness`): a heartbeat emits
+`MemberHeartbeated` (also after `MemberJoined`, and for every member after
+`TimersRestarted`), the driver keeps the lease table, and a `Tick` brings it
+in to fence those whose lease ended.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import assert_never
 
 import attrs
 
@@ -64,6 +70,7 @@ from rsc.events.events import (
     TargetAssignmentUpdated,
     TimersRestarted,
 )
+from rsc.events.liveness import expired
 from rsc.events.model import (
     FencedMember,
     FenceReason,
@@ -107,10 +114,6 @@ class GroupState:
     fenced: Mapping[str, FencedMember] = attrs.field(factory=dict)
     #: Deleted by the Admin API: refuses everything until created afresh.
     deleted: bool = False
-    #: Liveness: member id -> lease deadline. The one part of the state updated in place
-    #: (a heartbeat renews a lease without copying the state): never journaled, never
-    #: serialized, never compared, rebuilt in full on recovery (`RestartTimers`).
-    leases: dict[str, int] = attrs.field(factory=dict, eq=False, repr=False, metadata={"liveness": True})
 
     def target_of(self, member_id: str) -> frozenset[int]:
         """The shards the current target gives `member_id`."""
@@ -154,11 +157,9 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
         case GroupDeleted():
             if state.members:
                 raise CorruptHistory("group deleted with live members")
-            state.leases.clear()
             return attrs.evolve(state, deleted=True, target={}, fenced={}, assignment_computed_at_ms=None)
         case MemberHeartbeated():
-            _member(state, event.member_id)
-            state.leases[event.member_id] = event.lease_deadline_ms
+            _member(state, event.member_id)  # liveness only: the lease table takes the deadline
             return state
         case MemberLeft():
             return _drop_member(state, event.member_id, event.group_epoch)
@@ -222,6 +223,8 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             return _restart_timers(state, event.restarted_at_ms)
         case HeartbeatRejected():
             return state
+        case _:
+            assert_never(event)
 
 
 def fold(events: Iterable[GroupEvent], state: GroupState | None = None) -> GroupState | None:
@@ -260,14 +263,11 @@ def _drop_member(state: GroupState, member_id: str, group_epoch: int) -> GroupSt
         raise CorruptHistory(f"{member_id} removed while holding shards")
     members = {k: v for k, v in state.members.items() if k != member_id}
     target = {k: v for k, v in state.target.items() if k != member_id}
-    state.leases.pop(member_id, None)
     return attrs.evolve(state, members=members, target=target, group_epoch=group_epoch)
 
 
 def _restart_timers(state: GroupState, now_ms: int) -> GroupState:
-    """Every member gets a whole lease, and every revoke in progress a whole timeout, from `now_ms`."""
-    state.leases.clear()
-    state.leases.update(dict.fromkeys(state.members, now_ms + state.timing.lease_ttl_ms))
+    """Every revoke in progress gets a whole timeout from `now_ms` (the leases restart by events)."""
     revoke = now_ms + state.timing.revoke_timeout_ms
     members = {
         k: attrs.evolve(m, revoke_deadline_ms=revoke if m.revoking else None)
@@ -285,7 +285,6 @@ def _join(state: GroupState, event: MemberJoined) -> GroupState:
         client=event.client,
         joined_at_ms=event.joined_at_ms,
     )
-    state.leases[event.member_id] = event.joined_at_ms + state.timing.lease_ttl_ms
     fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
     return attrs.evolve(
         state,
@@ -340,7 +339,7 @@ def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
         case Heartbeat():
             _heartbeat(decision, command)
         case Tick():
-            _tick(decision, command.now_ms)
+            _tick(decision, command)
         case ApplyLayout():
             _apply_layout(decision, command)
         case ConfigureGroup():
@@ -354,14 +353,15 @@ def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
             _fence(decision, command.member_id, FenceReason.REMOVED, command.now_ms)
             _refresh_target(decision, command.now_ms)
         case RestartTimers():
-            if decision.group.members:
-                decision.emit(TimersRestarted(command.now_ms))
+            _restart(decision, command.now_ms)
         case DeleteGroup():
             members = sorted(decision.group.members)
             if members:
                 shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
                 raise NotEmpty(f"the group has {len(members)} live member(s): {shown}; stop them first")
             decision.emit(GroupDeleted(command.now_ms))
+        case _:
+            assert_never(command)
     return decision
 
 
@@ -374,8 +374,10 @@ def _decide_deleted(state: GroupState, command: GroupCommand) -> _Decision:
             _create(decision, command)
         case DeleteGroup() | Tick() | RestartTimers():
             pass
-        case _:
+        case Heartbeat() | ApplyLayout() | ConfigureGroup() | RemoveMember():
             raise Deleted(f"group {state.group!r} of {state.stream_prefix!r} was deleted")
+        case _:
+            assert_never(command)
     return decision
 
 
@@ -474,10 +476,22 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
         decision.emit(ShardsInstalled(member.member_id, free))
 
 
-def _tick(decision: _Decision, now_ms: int) -> None:
+def _restart(decision: _Decision, now_ms: int) -> None:
+    """Every member's lease and revoke timeout start again in full (after a recovery or a reload)."""
+    group = decision.group
+    if not group.members:
+        return
+    decision.emit(TimersRestarted(now_ms))
+    deadline = now_ms + group.timing.lease_ttl_ms
+    for member_id in sorted(group.members):
+        decision.emit(MemberHeartbeated(member_id, deadline))
+
+
+def _tick(decision: _Decision, tick: Tick) -> None:
+    now_ms = tick.now_ms
     for member_id in sorted(decision.group.members):
         member = decision.group.members[member_id]
-        if now_ms >= decision.group.leases.get(member_id, 0):
+        if expired(tick.leases, member_id, now_ms):
             _fence(decision, member_id, FenceReason.LEASE_EXPIRED, now_ms)
         elif member.revoke_deadline_ms is not None and now_ms >= member.revoke_deadline_ms:
             _fence(decision, member_id, FenceReason.REVOKE_TIMEOUT, now_ms)
@@ -532,13 +546,3 @@ def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
     for report in hb.drain_progress:
         if report.shard < 0 or report.pending < 0 or (report.lag is not None and report.lag < 0):
             raise InvalidCommand("drainProgress figures are never negative")
-
-
-def without_liveness(state: GroupState) -> GroupState:
-    """`state` without its lease table: what the journal alone determines.
-
-    Lease renewals are never journaled (they restart in full on recovery); the
-    table is excluded from equality and from snapshots anyway, so this view
-    only makes that explicit where a replay is compared.
-    """
-    return attrs.evolve(state, leases={})

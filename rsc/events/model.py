@@ -266,7 +266,8 @@ class Member:
 
     `assigned` and `revoking` together are the shards installed to the member
     (the current assignment): no other live member has any of them installed.
-    Its lease is liveness, not history: it lives in `GroupState.leases`.
+    Its lease is liveness, not history: it is kept beside the state, in the
+    lease table of whoever drives the group (`rsc.events.liveness.Leases`).
     """
 
     member_id: str
@@ -292,7 +293,9 @@ class Producer:
 
     `acked_version` is the layout version it routes with; `quiesced` says it
     has stopped publishing and flushed (asked for while the stream is paused).
-    `lease_deadline_ms` is liveness only, never journaled.
+    Its lease is liveness, not history: it is kept beside the state, in the
+    lease table of whoever drives the stream (`rsc.events.liveness.Leases`).
+    (Checkpoints written before that hold a `leaseDeadlineMs`: it is ignored.)
     """
 
     producer_id: str
@@ -301,7 +304,6 @@ class Producer:
     lease_ttl_ms: int
     registered_at_ms: int
     client: ClientInfo = ClientInfo()
-    lease_deadline_ms: int = 0
 
 
 @attrs.frozen

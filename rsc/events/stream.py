@@ -12,13 +12,17 @@ Rules:
   layout; clients never compute them.
 * Producers register by heartbeat. Registration, a change of the layout
   version a producer acknowledges (or of its `quiesced` flag), expiry and the
-  pause state are journaled; lease renewals are liveness only and restart in
-  full on recovery, as members' do.
+  pause state are journaled. Leases are not part of the state
+  (`rsc.events.liveness`): every heartbeat, a registration's included, emits
+  `ProducerHeartbeated`, the driver keeps the lease table, and a `Tick`
+  brings it in to expire those whose lease ended. They restart in full on
+  recovery, as members' do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import assert_never
 
 import attrs
 
@@ -55,6 +59,7 @@ from rsc.events.events import (
     StreamDeleted,
     StreamEvent,
 )
+from rsc.events.liveness import expired
 from rsc.events.model import (
     Layout,
     PauseState,
@@ -105,6 +110,7 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
         if not isinstance(event, StreamCreated):
             raise CorruptHistory(f"{type(event).__name__} before StreamCreated")
         return StreamState(event.stream_prefix, event.layout, event.created_at_ms)
+    producers = state.producers
     match event:
         case StreamCreated():
             raise CorruptHistory("StreamCreated twice")
@@ -123,13 +129,6 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
             if state.groups or state.producers:
                 raise CorruptHistory("stream deleted with groups or producers")
             return attrs.evolve(state, deleted=True, paused=None)
-        case _:
-            return _evolve_producers(state, event)
-
-
-def _evolve_producers(state: StreamState, event: StreamEvent) -> StreamState:
-    producers = state.producers
-    match event:
         case ProducerRegistered():
             producer = Producer(
                 event.producer_id,
@@ -138,7 +137,6 @@ def _evolve_producers(state: StreamState, event: StreamEvent) -> StreamState:
                 event.lease_ttl_ms,
                 event.registered_at_ms,
                 event.client,
-                lease_deadline_ms=event.registered_at_ms + event.lease_ttl_ms,
             )
             return attrs.evolve(state, producers={**producers, event.producer_id: producer})
         case ProducerAcknowledged():
@@ -146,26 +144,21 @@ def _evolve_producers(state: StreamState, event: StreamEvent) -> StreamState:
             changed = attrs.evolve(producer, acked_version=event.acked_version, quiesced=event.quiesced)
             return attrs.evolve(state, producers={**producers, event.producer_id: changed})
         case ProducerHeartbeated():
-            producer = attrs.evolve(
-                _producer(state, event.producer_id), lease_deadline_ms=event.lease_deadline_ms
-            )
-            return attrs.evolve(state, producers={**producers, event.producer_id: producer})
+            _producer(state, event.producer_id)  # liveness only: the lease table takes the deadline
+            return state
         case ProducerExpired() | ProducerLeft():
             _producer(state, event.producer_id)
             return attrs.evolve(
                 state, producers={k: p for k, p in producers.items() if k != event.producer_id}
             )
         case ProducerLeasesRestarted():
-            renewed = {
-                k: attrs.evolve(p, lease_deadline_ms=event.restarted_at_ms + p.lease_ttl_ms)
-                for k, p in producers.items()
-            }
-            return attrs.evolve(state, producers=renewed)
+            return state  # liveness only: the heartbeats that follow restart each lease
         case ProducersPaused():
             return attrs.evolve(state, paused=PauseState(event.reason, event.paused_at_ms))
         case ProducersResumed():
             return attrs.evolve(state, paused=None)
-    raise CorruptHistory(f"unexpected {type(event).__name__}")  # pragma: no cover
+        case _:
+            assert_never(event)
 
 
 def _producer(state: StreamState, producer_id: str) -> Producer:
@@ -173,12 +166,6 @@ def _producer(state: StreamState, producer_id: str) -> Producer:
     if producer is None:
         raise CorruptHistory(f"no producer {producer_id!r}")
     return producer
-
-
-def without_liveness(state: StreamState) -> StreamState:
-    """`state` with producer lease deadlines zeroed: what the journal alone determines."""
-    producers = {k: attrs.evolve(p, lease_deadline_ms=0) for k, p in state.producers.items()}
-    return attrs.evolve(state, producers=producers)
 
 
 def fold(events: Iterable[StreamEvent], state: StreamState | None = None) -> StreamState | None:
@@ -195,9 +182,8 @@ def _restate(state: StreamState, indexes: frozenset[int], to: ShardState, versio
 
 def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEvent]:
     """Return the events `command` causes; raise a `CoordinationError` to refuse it."""
-    match command:
-        case CreateStream():
-            return _create(state, command)
+    if isinstance(command, CreateStream):
+        return _create(state, command)
     if state is None:
         raise AggregateNotFound("the stream does not exist")
     if state.deleted:
@@ -237,13 +223,21 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
             return [ProducersResumed(command.now_ms)] if state.paused is not None else []
         case Tick():
             return [
-                ProducerExpired(p.producer_id, command.now_ms)
-                for p in state.producers.values()
-                if command.now_ms >= p.lease_deadline_ms
+                ProducerExpired(producer_id, command.now_ms)
+                for producer_id in state.producers
+                if expired(command.leases, producer_id, command.now_ms)
             ]
         case RestartTimers():
-            return [ProducerLeasesRestarted(command.now_ms)] if state.producers else []
-    return []
+            if not state.producers:
+                return []
+            restarted: list[StreamEvent] = [ProducerLeasesRestarted(command.now_ms)]
+            restarted.extend(
+                ProducerHeartbeated(p.producer_id, command.now_ms + p.lease_ttl_ms)
+                for p in state.producers.values()
+            )
+            return restarted
+        case _:
+            assert_never(command)
 
 
 def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[StreamEvent]:
@@ -261,20 +255,15 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     known = state.producers.get(command.producer_id)
     if command.leave:
         return [] if known is None else [ProducerLeft(command.producer_id, command.now_ms)]
-    if known is None:
-        return [
-            ProducerRegistered(
-                command.producer_id,
-                acked,
-                command.quiesced,
-                command.lease_ttl_ms,
-                command.client,
-                command.now_ms,
-            )
-        ]
     events: list[StreamEvent] = []
-    if (known.acked_version, known.quiesced) != (acked, command.quiesced):
+    if known is None:
+        registered = ProducerRegistered(
+            command.producer_id, acked, command.quiesced, command.lease_ttl_ms, command.client, command.now_ms
+        )
+        events.append(registered)
+    elif (known.acked_version, known.quiesced) != (acked, command.quiesced):
         events.append(ProducerAcknowledged(command.producer_id, acked, command.quiesced))
+    # Its lease starts (a registration) or is renewed: liveness for the lease table.
     events.append(ProducerHeartbeated(command.producer_id, command.now_ms + command.lease_ttl_ms))
     return events
 

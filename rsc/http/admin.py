@@ -236,7 +236,7 @@ async def _stream_resource(registry: Registry, stream_prefix: str) -> Response:
     g.revision = actor.revision
     body = {
         "spec": StreamSpec(state.shard_count, state.reshard_mode),
-        "status": stream_view(state, registry.clock.now_ms()),
+        "status": stream_view(state, actor.leases, registry.clock.now_ms()),
         "revision": actor.revision,
     }
     return _with_etag(json_response(body), actor.revision)

@@ -211,9 +211,7 @@ def _add_member_routes(
         return json_response({"responses": results}, plain=True)
 
 
-async def _held_item(
-    results: list[Any], index: int, changes: GroupChanges, hold: _Hold
-) -> None:
+async def _held_item(results: list[Any], index: int, changes: GroupChanges, hold: _Hold) -> None:
     response = await changes.hold(*hold)
     results[index] = codec.wire.unstructure(response)
 
@@ -314,9 +312,10 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
 
     @app.get("/v1/streams/<stream_prefix>")
     async def stream(stream_prefix: str) -> Response:
-        state = await existing_stream(stream_prefix)
+        actor = await existing_stream_actor(stream_prefix)
+        state = actor.state
         stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
-        return json_response(views.stream_view(state, registry.clock.now_ms(), stats))
+        return json_response(views.stream_view(state, actor.leases, registry.clock.now_ms(), stats))
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
     async def group(stream_prefix: str, consumer_group: str) -> Response:
@@ -326,19 +325,21 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
                 404, "UNKNOWN_GROUP", f"group {consumer_group!r} of {stream_prefix!r} does not exist"
             )
         try:  # a read never creates: a group being deleted is just gone
-            group_state = (await registry.group(stream_prefix, consumer_group, create=False)).state
+            actor = await registry.group(stream_prefix, consumer_group, create=False)
         except UnknownGroup as exc:
             raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
-        if group_state is None:
+        if actor.state is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
-        return json_response(views.group_view(group_state, registry.clock.now_ms()))
+        return json_response(views.group_view(actor.state, actor.leases, registry.clock.now_ms()))
 
     async def existing_stream(stream_prefix: str) -> Any:
+        return (await existing_stream_actor(stream_prefix)).state
+
+    async def existing_stream_actor(stream_prefix: str) -> Any:
         try:
-            state = (await registry.stream(stream_prefix, create=False)).state
+            return await registry.stream(stream_prefix, create=False)
         except UnknownStream as exc:
             raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
-        return state
 
     @app.get("/v1/version")
     async def version() -> Response:

@@ -1,7 +1,8 @@
 """Monitoring views: what operators read, built from aggregate state.
 
 Plain attrs values rendered by the codec (camelCase JSON); no logic beyond
-arranging what the state already says.
+arranging what the state already says. Leases are not in the state: the
+views read them from the lease table of the actor that owns the aggregate.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def routing_view(state: StreamState) -> RoutingView:
     )
 
 
-def producer_views(state: StreamState, now_ms: int) -> tuple[ProducerView, ...]:
+def producer_views(state: StreamState, leases: Mapping[str, int], now_ms: int) -> tuple[ProducerView, ...]:
     version = state.layout.metadata_version
     return tuple(
         ProducerView(
@@ -187,7 +188,7 @@ def producer_views(state: StreamState, now_ms: int) -> tuple[ProducerView, ...]:
             acked_version=p.acked_version,
             up_to_date=p.acked_version == version,
             quiesced=p.quiesced,
-            lease_left_ms=max(0, p.lease_deadline_ms - now_ms),
+            lease_left_ms=max(0, leases.get(p.producer_id, 0) - now_ms),
             client=p.client,
             registered_at_ms=p.registered_at_ms,
         )
@@ -195,8 +196,13 @@ def producer_views(state: StreamState, now_ms: int) -> tuple[ProducerView, ...]:
     )
 
 
-def stream_view(state: StreamState, now_ms: int, stats: Mapping[str, ShardStats] | None = None) -> StreamView:
-    """The layout and producers, with Redis figures per shard when `stats` is given."""
+def stream_view(
+    state: StreamState,
+    leases: Mapping[str, int],
+    now_ms: int,
+    stats: Mapping[str, ShardStats] | None = None,
+) -> StreamView:
+    """The layout and producers (leases from `leases`), with Redis figures per shard when `stats` is given."""
     layout = state.layout
     stats = stats or {}
     shards = []
@@ -210,7 +216,7 @@ def stream_view(state: StreamState, now_ms: int, stats: Mapping[str, ShardStats]
         shards.append(ShardStatusView(shard.index, shard.key, shard.state, found.length, node, found.groups))
         if node is not None and shard.state is ShardState.ACTIVE:
             per_primary[node] = per_primary.get(node, 0) + 1
-    producers = producer_views(state, now_ms)
+    producers = producer_views(state, leases, now_ms)
     return StreamView(
         state.stream_prefix,
         layout.metadata_version,
@@ -233,13 +239,13 @@ def stream_summary(state: StreamState) -> StreamSummary:
     )
 
 
-def group_view(state: GroupState, now_ms: int) -> GroupView:
+def group_view(state: GroupState, leases: Mapping[str, int], now_ms: int) -> GroupView:
     members = tuple(
         MemberView(
             member_id=m.member_id,
             member_epoch=m.member_epoch,
             state=state.member_state(m),
-            lease_left_ms=max(0, state.leases.get(m.member_id, 0) - now_ms),
+            lease_left_ms=max(0, leases.get(m.member_id, 0) - now_ms),
             assigned=m.assigned,
             pending=state.pending_of(m),
             revoking=m.revoking,
