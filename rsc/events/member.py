@@ -250,7 +250,8 @@ class MemberMachine:
         self.revoking |= stop
         # Revoked shards never started are acknowledged too: they are not read.
         self.to_ack |= assignment.revoke - self.owned
-        start = NOTHING if self.leaving else assignment.assigned - self.owned
+        # (`assigned` and `revoke` never overlap in a coordinator's answer; if they did, revoke wins.)
+        start = NOTHING if self.leaving else assignment.assigned - self.owned - assignment.revoke
         self.owned |= start
         if self.to_ack or (self.pending and not request.wait_ms and self._may_long_poll()):
             self._urgent = True  # acknowledge now; or wait for the pending shards in a long poll
