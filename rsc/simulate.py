@@ -1,9 +1,12 @@
 """`rsc simulate`: the pure core with simulated members and simulated time.
 
 No Redis, no HTTP, no clock: a seeded random schedule of heartbeats, ticks
-and churn (joins, graceful leaves, crashes, restarts, slow revoke acks, lost
-responses, shard-count changes) drives one group aggregate, and observers
-check the protocol from outside:
+and churn (joins, graceful leaves, crashes, restarts, slow revokes, lost
+responses, shard-count changes) drives one group aggregate. Each simulated
+member is the shipped member machine (`rsc.events.member.MemberMachine`, the
+one the trio runtime drives), and the coordinator holds long-poll heartbeats
+by the shipped rules (`rsc.events.longpoll`), so what is checked here is
+what runs. Observers check the protocol from outside:
 
 * exclusivity: no shard is read by two members that are both live in the
   coordinator at once (a fenced member still reading is counted apart, as
@@ -21,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import random
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from rsc.events import assignor, group
+from rsc.events import assignor, group, longpoll
 from rsc.events.commands import (
     ApplyLayout,
     ChangeShardCount,
@@ -40,13 +44,15 @@ from rsc.events.commands import (
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import GroupEvent, ShardsInstalled, ShardsReleased, ShardsRevokeAcked
 from rsc.events.liveness import Leases
-from rsc.events.model import HeartbeatStatus, ReleaseReason, Timing
+from rsc.events.member import MemberMachine, MemberSettings, Steps
+from rsc.events.model import ClientInfo, ReleaseReason, Timing
 from rsc.events.respond import respond
 from rsc.events.stream import StreamState
 from rsc.events.stream import decide as stream_decide
 from rsc.events.stream import fold as stream_fold
-from rsc.events.wire import HeartbeatResponse
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
+SIM_CLIENT = ClientInfo("rsc-simulate", "1")
 CHURN_KINDS = ("join", "leave", "crash", "slow", "lose", "reshard")
 CHURN_WEIGHTS = (30, 20, 15, 15, 15, 5)
 
@@ -68,17 +74,21 @@ class SimConfig:
 
 @attrs.define
 class SimMember:
-    """One simulated member process and what it believes."""
+    """One simulated member process: the shipped member machine and the process around it."""
 
-    member_id: str
-    incarnation: str
-    epoch: int = 0
-    owned: frozenset[int] = frozenset()  # the shards it reads now
-    to_ack: frozenset[int] = frozenset()
+    machine: MemberMachine
     running: bool = True
-    slow_until: int = 0  # does not ack revokes before this time
+    slow_until: int = 0  # revokes do not finish before this time
     lose_next: int = 0  # responses still to be lost
-    last_success_sent_ms: int = 0
+    #: The heartbeat event that counts (earlier scheduled ones are stale).
+    beat: int = 0
+    fences_counted: int = 0
+    #: A long poll the coordinator holds: request, command, first and latest answer, deadline.
+    held: tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, HeartbeatResponse, int] | None = None
+
+    @property
+    def member_id(self) -> str:
+        return self.machine.member_id
 
 
 @attrs.define
@@ -94,6 +104,7 @@ class Stats:
     fenced: int = 0
     lost_responses: int = 0
     self_fenced: int = 0
+    long_polls: int = 0
     churn: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(CHURN_KINDS, 0))
 
 
@@ -124,8 +135,11 @@ class Simulation:
         self.next_member = 0
         self.incarnations = 0
         self.readers: dict[int, set[str]] = {}
+        self.reading: dict[str, frozenset[int]] = {}
         self.holder: dict[int, str] = {}
         self.acked: dict[str, frozenset[int]] = {}
+        self.revokes: dict[int, tuple[SimMember, frozenset[int]]] = {}
+        self.wake_due = False
 
     # --- scheduling ------------------------------------------------------
 
@@ -175,6 +189,12 @@ class Simulation:
                 self.churn()
             case "restart":
                 self.restart(arg)
+            case "revoked":
+                self.revoked(int(arg))
+            case "wake":
+                self.wake_held()
+            case "held":
+                self.answer_held(arg)
 
     # --- the coordinator side ----------------------------------------------
 
@@ -184,6 +204,9 @@ class Simulation:
         self.leases.apply(events)
         self.stats.steps += 1
         self.observe(events, before)
+        if not self.wake_due and longpoll.wakes(events) and any(m.held for m in self.members.values()):
+            self.wake_due = True  # held long polls are decided again, after this step
+            self.at(self.now, "wake")
         return events
 
     def observe(self, events: list[GroupEvent], previous_target: Any) -> None:
@@ -222,93 +245,144 @@ class Simulation:
         index = self.next_member
         self.next_member += 1
         member_id = f"10.{index // 65536}.{index // 256 % 256}.{index % 256}/sim/0"
-        self.incarnations += 1
-        self.members[member_id] = SimMember(member_id, f"inc-{self.incarnations}")
-        self.at(self.now, "heartbeat", member_id)
+        self.start_member(member_id)
 
-    def heartbeat(self, member_id: str) -> None:
-        member = self.members.get(member_id)
-        if member is None or not member.running:
-            return
-        self.self_fence_if_silent(member)
-        acking = member.to_ack if self.now >= member.slow_until else frozenset()
-        command = Heartbeat(
-            member_id=member_id,
-            incarnation=member.incarnation,
-            member_epoch=member.epoch,
-            now_ms=self.now,
-            metadata_version=self.state.layout.metadata_version,
-            owned=member.owned - acking,
-            revoked=acking,
+    def start_member(self, member_id: str) -> None:
+        self.incarnations += 1
+        cfg = self.config
+        settings = MemberSettings(
+            heartbeat_interval_ms=cfg.heartbeat_interval_ms, lease_ttl_ms=cfg.lease_ttl_ms
         )
-        self.set_reading(member, member.owned - acking)
+        machine = MemberMachine(
+            "sim", "sim-group", member_id, f"inc-{self.incarnations}", SIM_CLIENT, settings
+        )
+        self.members[member_id] = SimMember(machine)
+        self.schedule(self.members[member_id])
+
+    @property
+    def seconds(self) -> float:
+        return self.now / 1000
+
+    def schedule(self, member: SimMember) -> None:
+        """The member's next heartbeat, when its machine says (earlier ones become stale)."""
+        due = member.machine.next_heartbeat_at(self.seconds)
+        if due == float("inf") or member.held is not None:
+            return
+        member.beat += 1
+        self.at(max(self.now, math.ceil(due * 1000)), "heartbeat", f"{member.member_id}#{member.beat}")
+
+    def heartbeat(self, arg: str) -> None:
+        member_id, beat = arg.rsplit("#", 1)
+        member = self.members.get(member_id)
+        if member is None or not member.running or member.beat != int(beat) or member.held:
+            return
+        machine = member.machine
+        self.perform(member, machine.silent(self.seconds))
+        request = machine.request(self.seconds)
+        command = request.to_command(self.now)
         self.stats.heartbeats += 1
         try:
             events = self.execute(command)
-        except IncarnationMismatch:  # the previous incarnation's lease has not ended yet
-            self.at(self.now + self.config.heartbeat_interval_ms, "heartbeat", member_id)
+        except IncarnationMismatch as exc:  # the previous incarnation's lease has not ended yet
+            self.perform(member, machine.failed(request, self.seconds, str(exc)))
+            self.schedule(member)
             return
+        response = respond(self.state, command, events)
+        if longpoll.should_hold(request, response):
+            self.stats.long_polls += 1
+            deadline = self.now + longpoll.hold_ms(request, response)
+            member.held = (request, command, response, response, deadline)
+            self.at(deadline, "held", member_id)
+            return
+        self.deliver(member, request, response)
+
+    def deliver(self, member: SimMember, request: HeartbeatRequest, response: HeartbeatResponse) -> None:
+        machine = member.machine
         if member.lose_next > 0:
             member.lose_next -= 1
             self.stats.lost_responses += 1
+            self.perform(member, machine.failed(request, self.seconds, "response lost"))
         else:
-            self.learn(member, respond(self.state, command, events))
-        interval = self.config.heartbeat_interval_ms
-        self.at(self.now + interval - self.rng.randrange(interval // 10 + 1), "heartbeat", member_id)
-
-    def learn(self, member: SimMember, response: HeartbeatResponse) -> None:
-        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
-            member.epoch, member.to_ack = 0, frozenset()
+            self.perform(member, machine.receive(request, response, self.seconds))
+        if machine.left:
+            self.members.pop(member.member_id, None)
             self.set_reading(member, frozenset())
             return
-        member.last_success_sent_ms = self.now
-        member.epoch = response.member_epoch
-        member.to_ack = response.assignment.revoke
-        # It keeps reading shards it must revoke until it acks them.
-        self.set_reading(member, response.assignment.assigned | (member.owned & response.assignment.revoke))
+        self.schedule(member)
 
-    def self_fence_if_silent(self, member: SimMember) -> None:
-        """No successful response within the lease (less a margin): stop reading everything."""
-        margin = self.config.lease_ttl_ms // 5
-        if member.owned and self.now - member.last_success_sent_ms > self.config.lease_ttl_ms - margin:
-            self.stats.self_fenced += 1
-            self.set_reading(member, frozenset())
-            member.epoch, member.to_ack = 0, frozenset()
+    def wake_held(self) -> None:
+        self.wake_due = False
+        for member_id in sorted(m for m, s in self.members.items() if s.held):
+            self.answer_held(member_id, woken=True)
+
+    def answer_held(self, member_id: str, woken: bool = False) -> None:
+        """Decide a held long poll again; answer it if that says something new or time is up."""
+        member = self.members.get(member_id)
+        if member is None or member.held is None or not member.running:
+            return
+        request, command, first, latest, deadline = member.held
+        again = longpoll.again(command, latest, self.now)
+        with contextlib.suppress(IncarnationMismatch):
+            latest = respond(self.state, again, self.execute(again))
+        if woken and self.now < deadline and not longpoll.worth_answering(request, first, latest):
+            member.held = (request, again, first, latest, deadline)
+            return
+        member.held = None
+        self.deliver(member, request, latest)
+
+    def perform(self, member: SimMember, steps: Steps) -> None:
+        """What the member's shell does: read what it owns, and finish revokes after a while."""
+        self.stats.self_fenced += member.machine.self_fenced - member.fences_counted
+        member.fences_counted = member.machine.self_fenced
+        if steps.stop:
+            self.seq += 1
+            self.revokes[self.seq] = (member, steps.stop)
+            done = max(self.now + self.rng.randrange(1, 200), member.slow_until)
+            self.at(done, "revoked", str(self.seq))
+        self.set_reading(member, member.machine.owned)
+
+    def revoked(self, token: int) -> None:
+        member, shards = self.revokes.pop(token)
+        if not member.running or self.members.get(member.member_id) is not member:
+            return
+        self.perform(member, member.machine.revoked(shards))
+        self.schedule(member)  # acknowledge now
 
     def set_reading(self, member: SimMember, shards: frozenset[int]) -> None:
-        for s in member.owned - shards:
-            self.readers[s].discard(member.member_id)
-        for s in shards - member.owned:
+        member_id = member.member_id
+        before = self.reading.get(member_id, frozenset())
+        for s in before - shards:
+            self.readers[s].discard(member_id)
+        for s in shards - before:
             others = self.readers.setdefault(s, set())
             for other in others:
-                if self.live(other) and self.live(member.member_id):
+                if self.live(other) and self.live(member_id):
                     self.stats.exclusivity_violations += 1
                 else:
                     self.stats.stale_reader_overlaps += 1
-            others.add(member.member_id)
-        member.owned = shards
+            others.add(member_id)
+        self.reading[member_id] = shards
 
     def live(self, member_id: str) -> bool:
         live = self.state.members.get(member_id)
         member = self.members.get(member_id)
-        return live is not None and member is not None and live.incarnation == member.incarnation
+        return live is not None and member is not None and live.incarnation == member.machine.incarnation
 
     # --- churn -----------------------------------------------------------
 
     def churn(self) -> None:
         kind = self.rng.choices(CHURN_KINDS, CHURN_WEIGHTS)[0]
-        running = sorted(m for m, s in self.members.items() if s.running)
+        running = sorted(m for m, s in self.members.items() if s.running and not s.machine.leaving)
         if kind not in {"join", "reshard"} and not running:
             kind = "join"
         self.stats.churn[kind] += 1
         match kind:
             case "join":
                 self.spawn()
-            case "leave":
-                member = self.members.pop(self.rng.choice(running))
-                self.set_reading(member, frozenset())
-                with contextlib.suppress(IncarnationMismatch):  # a restart whose old self is still live
-                    self.execute(Heartbeat(member.member_id, member.incarnation, -1, self.now))
+            case "leave":  # graceful: revoke everything while heartbeating, then the leave
+                member = self.members[self.rng.choice(running)]
+                self.perform(member, member.machine.stop())
+                self.schedule(member)
             case "crash":
                 member = self.members[self.rng.choice(running)]
                 member.running = False
@@ -331,11 +405,7 @@ class Simulation:
         member = self.members.get(member_id)
         if member is None or member.running:
             return
-        self.incarnations += 1
-        self.members[member_id] = SimMember(
-            member_id, f"inc-{self.incarnations}", last_success_sent_ms=self.now
-        )
-        self.at(self.now, "heartbeat", member_id)
+        self.start_member(member_id)
 
     def reshard(self) -> None:
         count = self.stream.shard_count + self.rng.randint(1, max(1, self.stream.shard_count // 4))
@@ -353,7 +423,7 @@ class Simulation:
         if set(state.members) != running or state.group_epoch != state.assignment_epoch:
             return False
         for member in state.members.values():
-            sim = self.members[member.member_id]
+            sim = self.members[member.member_id].machine
             if member.revoking or state.pending_of(member) or sim.owned != member.assigned or sim.to_ack:
                 return False
         read = {s for s, r in self.readers.items() if r}
@@ -392,6 +462,7 @@ class Simulation:
             "staleReaderOverlaps": st.stale_reader_overlaps,
             "fenced": st.fenced,
             "selfFenced": st.self_fenced,
+            "longPolls": st.long_polls,
             "lostResponses": st.lost_responses,
             "churn": st.churn,
             "seed": self.config.seed,

@@ -34,34 +34,29 @@ from rsc.events.events import (
     ShardsReleased,
     ShardsRevokeAcked,
 )
-from rsc.events.model import HeartbeatStatus, MemberState, ReleaseReason
+from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.model import ClientInfo, HeartbeatStatus, MemberState, ReleaseReason
+from rsc.events.respond import respond
 from rsc.events.stream import StreamState
 from rsc.events.stream import decide as stream_decide
 from rsc.events.stream import fold as stream_fold
-from rsc.events.wire import HeartbeatResponse
 from tests.groupkit import TIMING, Group
 
+CLIENT = ClientInfo("hypothesis", "1")
 MEMBER_IDS = [f"10.0.0.{i}/worker/0" for i in range(6)]
 REJECTED = (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER)
 
 
 @attrs.define
 class Client:
-    """What an honest member process believes."""
+    """An honest member process: the shipped member machine, and whether the process runs."""
 
-    incarnation: str
-    epoch: int = 0
-    owned: frozenset[int] = frozenset()
-    to_ack: frozenset[int] = frozenset()
+    machine: MemberMachine
     crashed: bool = False
 
-    def learn(self, r: HeartbeatResponse) -> None:
-        if r.status in REJECTED:
-            self.epoch, self.owned, self.to_ack = 0, frozenset(), frozenset()
-            return
-        self.epoch = r.member_epoch
-        self.owned = r.assignment.assigned | r.assignment.revoke  # keeps reading until it acks
-        self.to_ack = r.assignment.revoke
+    @property
+    def incarnation(self) -> str:
+        return self.machine.incarnation
 
 
 class GroupMachine(RuleBasedStateMachine):
@@ -81,30 +76,43 @@ class GroupMachine(RuleBasedStateMachine):
 
     # --- helpers ---------------------------------------------------------
 
-    def new_incarnation(self) -> str:
+    def new_client(self, member_id: str) -> Client:
         self.incarnations += 1
-        return f"inc-{self.incarnations}"
+        settings = MemberSettings(
+            heartbeat_interval_ms=TIMING.heartbeat_interval_ms, lease_ttl_ms=TIMING.lease_ttl_ms
+        )
+        return Client(
+            MemberMachine("orders", "billing", member_id, f"inc-{self.incarnations}", CLIENT, settings)
+        )
 
     def honest(self, member_id: str, ack: bool) -> None:
-        client = self.clients[member_id]
-        revoked = client.to_ack if ack else frozenset()
+        """The member's shell: the lease rule, revokes finished (`ack`) or not, one heartbeat."""
+        machine = self.clients[member_id].machine
+        now = self.g.now / 1000
+        machine.silent(now)
+        if ack:
+            machine.revoked(machine.revoking)  # in-flight work finished
+        request = machine.request(now)
+        command = request.to_command(self.g.now)
         try:
-            r = self.g.hb(member_id, client.epoch, client.owned - revoked, revoked, client.incarnation)
+            events = self.g.run(command)
         except IncarnationMismatch:
-            assert self.g.state.members[member_id].incarnation != client.incarnation
+            assert self.g.state.members[member_id].incarnation != machine.incarnation
+            machine.failed(request, now, "another incarnation is live")
             return
+        r = respond(self.g.state, command, events)
         if r.status is HeartbeatStatus.OK:
             assert not r.assignment.pending
             assert not r.assignment.revoke
-        client.learn(r)
+        machine.receive(request, r, now)
 
     # --- rules -------------------------------------------------------------
 
     @rule(member_id=st.sampled_from(MEMBER_IDS))
     def join(self, member_id: str) -> None:
-        client = self.clients.setdefault(member_id, Client(self.new_incarnation()))
+        """A new process joins, or a paused one resumes (the lease rule applies first)."""
+        client = self.clients.setdefault(member_id, self.new_client(member_id))
         client.crashed = False
-        client.epoch = 0
         self.honest(member_id, ack=False)
 
     @rule(member_id=st.sampled_from(MEMBER_IDS), ack=st.booleans())
@@ -132,23 +140,27 @@ class GroupMachine(RuleBasedStateMachine):
         if r.status not in REJECTED and epoch > 0:
             assert live is not None
             assert epoch in (live.member_epoch, live.previous_epoch)
-        client = self.clients.get(member_id)
-        if client is not None and client.incarnation == incarnation:
-            client.learn(r)  # the process sent it, so it sees the answer
 
     @rule(member_id=st.sampled_from(MEMBER_IDS))
     def leave(self, member_id: str) -> None:
-        client = self.clients.pop(member_id, None)
+        """A graceful leave: everything revoked (and finished), then the leave."""
+        client = self.clients.get(member_id)
         if client is None or client.crashed:
             return
+        machine = client.machine
         live = self.g.state.members.get(member_id)
+        machine.stop()
+        machine.revoked(machine.revoking)
+        request = machine.request(self.g.now / 1000)
+        assert request.member_epoch == -1
         try:
-            r = self.g.hb(member_id, -1, frozenset(), frozenset(), client.incarnation)
+            r = self.g.hb(member_id, -1, frozenset(), request.revoked_shards, client.incarnation)
         except IncarnationMismatch:
             assert live is not None
             assert live.incarnation != client.incarnation
-            self.clients[member_id] = client  # still waiting for the old incarnation's lease
+            del self.clients[member_id]  # it gave up; the old incarnation's lease ends it
             return
+        del self.clients[member_id]
         assert member_id not in self.g.state.members
         assert r.status is (HeartbeatStatus.OK if live else HeartbeatStatus.UNKNOWN_MEMBER)
 
@@ -160,7 +172,7 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(member_id=st.sampled_from(MEMBER_IDS))
     def restart(self, member_id: str) -> None:
         """The process comes back with a new incarnation and joins."""
-        self.clients[member_id] = Client(self.new_incarnation())
+        self.clients[member_id] = self.new_client(member_id)
         self.honest(member_id, ack=False)
 
     @rule(advance=st.integers(min_value=0, max_value=6_000))
@@ -215,7 +227,7 @@ class GroupMachine(RuleBasedStateMachine):
         assert set(state.owners) == set(state.layout.readable_indexes) if live else not state.owners
         for member in state.members.values():
             assert state.member_state(member) is MemberState.STABLE
-            assert self.clients[member.member_id].owned == member.assigned
+            assert self.clients[member.member_id].machine.owned == member.assigned
         sizes = [len(m.assigned) for m in state.members.values()]
         assert not sizes or max(sizes) - min(sizes) <= 1
 
@@ -225,7 +237,7 @@ class GroupMachine(RuleBasedStateMachine):
         return set(state.members) == honest and all(
             state.member_state(m) is MemberState.STABLE
             and self.clients[m.member_id].incarnation == m.incarnation
-            and self.clients[m.member_id].owned == m.assigned
+            and self.clients[m.member_id].machine.owned == m.assigned
             for m in state.members.values()
         )
 

@@ -8,6 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from rsc.cli import main
+from rsc.events.member import MemberMachine, Steps
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.simulate import SimConfig, Simulation
 
 REQUIRED = {
@@ -75,3 +77,21 @@ def test_nonsense_timing_is_refused() -> None:
     )
     assert result.exit_code == 2
     assert "lease" in result.output
+
+
+def test_the_simulator_checks_the_shipped_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deliberate bug in the member machine (acknowledging a revoke while still reading the
+    shard) shows in the simulator: the simulated members are the shipped machine."""
+    assert Simulation(SimConfig(members=10, shards=32, churn=40, seed=1)).run()["exclusivityViolations"] == 0
+    receive = MemberMachine.receive
+
+    def acks_before_it_stops(
+        self: MemberMachine, request: HeartbeatRequest, response: HeartbeatResponse, now: float
+    ) -> Steps:
+        steps = receive(self, request, response, now)
+        self.to_ack |= self.revoking  # the bug: acknowledged at once, still reading
+        return steps
+
+    monkeypatch.setattr(MemberMachine, "receive", acks_before_it_stops)
+    report = Simulation(SimConfig(members=10, shards=32, churn=40, seed=1)).run()
+    assert report["exclusivityViolations"] > 0

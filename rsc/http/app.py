@@ -182,11 +182,12 @@ def _add_member_routes(
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
             command = body.to_command(registry.clock.now_ms())
             create = auto_groups and gate.may_create(caller)
-            changed = changes.event(body.stream_prefix, body.consumer_group)
+            changed = changes.event(body.stream_prefix, body.consumer_group) if body.wait_ms else None
             reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
             response = respond(reply.state, command, reply.events)
-        # A long poll (`waitMs`) is held outside the timing: the histogram is the decision's cost.
-        return json_response(await changes.hold(body, command, response, changed))
+        if changed is not None:  # a long poll is held outside the timing: that is the decision's cost
+            response = await changes.hold(body, command, response, changed)
+        return json_response(response)
 
     @app.post("/v1/producers/heartbeat")
     async def producer_heartbeat() -> Response:
