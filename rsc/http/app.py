@@ -212,12 +212,13 @@ def _add_member_routes(
         return json_response({"responses": results}, plain=True)
 
 
+#: A batch item worth holding: its request, command, first answer and the group's change event.
+_Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, trio.Event]
+
+
 async def _held_item(results: list[Any], index: int, changes: GroupChanges, hold: _Hold) -> None:
     response = await changes.hold(*hold)
     results[index] = codec.wire.unstructure(response)
-
-
-_Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, trio.Event]
 
 
 async def _answer_batch(
