@@ -57,9 +57,13 @@ def redacted(url: str) -> str:
 
 
 def client_options(
-    url: str, *, connect_timeout_s: float | None = None, command_timeout_s: float | None = None
+    url: str,
+    *,
+    connect_timeout_s: float | None = None,
+    command_timeout_s: float | None = None,
+    max_connections: int | None = None,
 ) -> dict[str, Any]:
-    """coredis keyword arguments for `url`: credentials, TLS (`rediss://`), timeouts.
+    """coredis keyword arguments for `url`: credentials, TLS (`rediss://`), timeouts, pool size.
 
     TLS options follow redis-py's URL form: `rediss://host:port?ssl_ca_certs=/ca.pem`
     (also `ssl_certfile`, `ssl_keyfile`, `ssl_cert_reqs=none|optional|required`,
@@ -79,6 +83,8 @@ def client_options(
         options["connect_timeout"] = connect_timeout_s
     if command_timeout_s is not None:
         options["stream_timeout"] = command_timeout_s
+    if max_connections is not None:
+        options["max_connections"] = max_connections
     if parsed.scheme == "rediss":
         query = dict(parse_qsl(parsed.query))
         context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
@@ -138,16 +144,21 @@ async def open_redis(
     *,
     connect_timeout_s: float | None = None,
     command_timeout_s: float | None = None,
+    max_connections: int | None = None,
 ) -> AsyncIterator[RedisClient]:
     """Connect to `url`; if that node runs in cluster mode, yield a cluster client instead.
 
     Raises `RedisUnreachable` when nothing answers and `RedisRefused` when Redis
     refuses the credentials. With `command_timeout_s`, a command that gets no answer
-    in time fails with `TimeoutError` (do not use it for blocking reads).
+    in time fails with `TimeoutError` (a blocking read must block for less). Blocking
+    commands hold a connection each: `max_connections` (per node on a cluster) bounds them.
     """
     try:
         options = client_options(
-            url, connect_timeout_s=connect_timeout_s, command_timeout_s=command_timeout_s
+            url,
+            connect_timeout_s=connect_timeout_s,
+            command_timeout_s=command_timeout_s,
+            max_connections=max_connections,
         )
     except (ValueError, OSError) as exc:
         raise RedisRefused(f"unusable Redis URL {redacted(url)}: {exc}") from exc
@@ -168,6 +179,8 @@ async def open_redis(
         raise RedisUnreachable(f"cannot reach Redis at {where}: {group.exceptions[0]}") from group
     client: Any
     if info.get("cluster_enabled") in (1, "1"):
+        if max_connections is not None:
+            options["max_connections_per_node"] = True  # the limit is per node, as for one Redis
         client = coredis.RedisCluster(**options)
     else:
         db_text = urlsplit(url).path.lstrip("/") or "0"

@@ -13,11 +13,13 @@ from pathlib import Path
 CLIENT = Path(__file__).resolve().parent.parent / "rsc" / "client"
 #: Modules that talk to Redis through coredis (the sync producer maps redis-py's errors itself).
 TRIO_MODULES = ["poller.py", "producer.py"]
+#: The attributes that hold a coredis client (the poller's blocking wake-up reads have their own).
+CLIENTS = {"redis", "wakeups"}
 
 
 def redis_uses(tree: ast.Module) -> list[ast.AST]:
-    """Each `self.redis` use and each call of a script registered with `register_script`,
-    outside `__init__` (registering a script does not talk to Redis)."""
+    """Each use of a client (`self.redis`, `CLIENTS`) and each call of a script registered with
+    `register_script`, outside `__init__` (registering a script does not talk to Redis)."""
     scripts = {
         target.attr
         for node in ast.walk(tree)
@@ -34,7 +36,7 @@ def redis_uses(tree: ast.Module) -> list[ast.AST]:
             continue
         for node in ast.walk(function):
             if _is_self_attribute(node) and (
-                node.attr == "redis" or (node.attr in scripts and _called_or_passed(function, node))
+                node.attr in CLIENTS or (node.attr in scripts and _called_or_passed(function, node))
             ):
                 uses.append(node)
     return uses

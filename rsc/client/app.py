@@ -41,6 +41,9 @@ DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
 FAILOVER_TIMEOUT_S = 2.0
 #: Connect and command timeout of the data plane's Redis calls (none of them blocks in Redis).
 REDIS_TIMEOUT_S = 5.0
+#: Connections of the wake-up client (one per member on a standalone Redis, one per owned
+#: hash slot and member on a cluster, per node): blocked reads each hold one.
+WAKEUP_CONNECTIONS = 10_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$")
 
 
@@ -131,6 +134,14 @@ class App:
             open_redis(
                 redis_url, connect_timeout_s=REDIS_TIMEOUT_S, command_timeout_s=REDIS_TIMEOUT_S
             ) as redis,
+            # The pollers' blocking wake-up reads, on connections of their own: they never hold up
+            # the commands above. Its timeout: the longest block, plus the usual one.
+            open_redis(
+                redis_url,
+                connect_timeout_s=REDIS_TIMEOUT_S,
+                command_timeout_s=self._wake_block_s() + REDIS_TIMEOUT_S,
+                max_connections=WAKEUP_CONNECTIONS,
+            ) as wakeups,
             trio.open_nursery() as services,
         ):
             transport = BatchingTransport(coordinator)
@@ -138,25 +149,31 @@ class App:
             async with trio.open_nursery() as members:
                 for listener in self.listeners:
                     for index in range(listener.concurrency):
-                        await self._start_member(members, services, transport, redis, ip, listener, index)
+                        await self._start_member(
+                            members, services, transport, (redis, wakeups), ip, listener, index
+                        )
                 task_status.started()
                 await self._stop.wait()
                 for member in self.members:
                     member.stop()
             services.cancel_scope.cancel()
 
+    def _wake_block_s(self) -> float:
+        return max((listener.poller.wake_block_s for listener in self.listeners), default=0.0)
+
     async def _start_member(
         self,
         members: trio.Nursery,
         services: trio.Nursery,
         transport: BatchingTransport,
-        redis: object,
+        clients: tuple[object, object],
         ip: str,
         listener: Listener,
         index: int,
     ) -> None:
         member_id = f"{ip}/{listener.name}/{index}"
         incarnation = uuid.uuid4().hex
+        redis, wakeups = clients
         poller = Poller(
             redis,
             listener.group,
@@ -165,6 +182,7 @@ class App:
             listener.handler,
             listener.poller,
             self.redis_health,
+            wakeups,
         )
         await services.start(poller.run)
         member = Member(

@@ -20,6 +20,13 @@
 * Fair: owned shards are read round robin, `batch` entries at a time, and at
   most `prefetch` entries wait in memory, so a busy shard never starves the
   others.
+* Woken, not polling: a shard whose fenced read caught up is not read again until
+  a plain `XREAD BLOCK` (a signal only: no side effect, no pending entry), on a
+  client of its own, sees an entry past the last id that read returned (so no
+  entry appended meanwhile is missed). One blocked read per member on a
+  standalone Redis, one per hash slot on a cluster; revokes, losses and stops
+  end it at once. An idle member sends one command per `wake_block_s`. It polls
+  only where Redis refuses XREAD (`POLL_FALLBACK_S`).
 * `max_concurrency` workers (from the coordinator, resized live) run the
   handler; entries of one shard are handled in order, one at a time.
 * Fenced: every read, claim and acknowledgement goes through a script that
@@ -46,12 +53,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import coredis
 import trio
 
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
 from rsc.client.redis_calls import redis_call
 from rsc.events.model import DrainProgress, Layout, ShardState
+from rsc.events.slots import key_slot
 from rsc.events.wire import owner_key
 
 log = logging.getLogger("rsc.client.poller")
@@ -64,11 +73,14 @@ if t['memberId'] ~= ARGV[2] or t['incarnation'] ~= ARGV[3] then
   return redis.error_reply('FENCED owned by another member')
 end
 """
-# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count
+# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count, highest id received
 # Idempotent: entries a read delivered but whose reply was lost (a timeout, a dropped connection)
 # are pending under this consumer past `ARGV[6]`, the highest id it received: they come first
 # (from its own history), so nothing stays pending unseen. Normally that history is empty.
-# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count, highest id received
+# Returns {entries, tail}: `tail` is the id of the stream's last entry ('0-0' when it has none)
+# when the read caught up (fewer than `count` new entries: every entry up to `tail` has been
+# delivered to the group), else ''. A wake-up XREAD blocks from `tail`: read in the same atomic
+# script as the entries, so nothing appended after the read can slip past it.
 READ = (
     _CHECK
     + """
@@ -85,9 +97,15 @@ while true do
     if e[2] then live[#live + 1] = e else redis.call('XACK', KEYS[1], ARGV[1], e[1]) end
     from = e[1]
   end
-  if #live > 0 then return {{KEYS[1], live}} end
+  if #live > 0 then return {live, ''} end
 end
-return read('>')
+local new = read('>')
+local entries = new and new[1] and new[1][2] or {}
+if #entries < tonumber(ARGV[5]) then
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  return {entries, last[1] and last[1][1] or '0-0'}
+end
+return {entries, ''}
 """
 )
 # Claims never count as deliveries (JUSTID): an entry that waited in a queue and was never handed
@@ -193,6 +211,11 @@ REFUSAL_RETRY_S = 0.5
 OUTAGE_OVER_S = 3.0
 #: Acknowledgements per XACK call (a script cannot unpack many thousands of arguments).
 ACK_CHUNK = 1_000
+#: After Redis refused a wake-up read (no XREAD permission, a proxy without blocking commands),
+#: the shards it names are polled for this long before blocking is tried again.
+POLL_FALLBACK_S = 60.0
+#: The longest pause between two polls of the fallback (from `idle_sleep_s`, doubling).
+POLL_MAX_S = 0.2
 
 
 @attrs.frozen
@@ -201,6 +224,12 @@ class PollerSettings:
     prefetch: int = 1_000
     #: Entries one worker handles from a shard before moving on to the next ready shard.
     turn: int = 20
+    #: How long one wake-up read (XREAD BLOCK) waits in Redis before it is sent again: an idle
+    #: member costs one command per this many seconds per blocked connection. Capped at half
+    #: the command timeout of the client that sends it.
+    wake_block_s: float = 10.0
+    #: Only where blocking cannot serve (Redis refused XREAD): the first pause of the polling
+    #: fallback, doubling up to 0.2 s.
     idle_sleep_s: float = 0.05
     #: A failed entry is handled again this much later (it stays pending meanwhile).
     retry_after_ms: int = 1_000
@@ -236,6 +265,36 @@ class _Shard:
         self.scope = trio.CancelScope()
         #: A revoke began or the shard was lost: nothing more is read, queued or started.
         self.stopping = False
+        #: None: to be read (new entries may wait). Else the stream's last id when a fenced read
+        #: caught up: nothing to read until a wake-up read sees an entry past it.
+        self.tail: str | None = None
+        self.watch: _Watch | None = None
+
+
+class _Watch:
+    """The wake-up of a group of shards that one XREAD may name: all of a member's shards on a
+    standalone Redis, those of one hash slot on a cluster (a command's keys share a slot).
+
+    It blocks only once no shard of the group is waiting to be read (so the shards it names
+    are all it needs to watch), naming each shard with its `tail`.
+    """
+
+    def __init__(self, group: int) -> None:
+        self.group = group
+        self.shards: dict[int, _Shard] = {}
+        self.changed = trio.Event()
+        #: The XREAD in flight (None: none) and the shards it names.
+        self.blocking: trio.CancelScope | None = None
+        self.blocked_on: frozenset[int] = frozenset()
+        self.scope = trio.CancelScope()
+        #: Polling instead of blocking until then (trio clock): Redis refused XREAD.
+        self.poll_until = -math.inf
+        self.poll_sleep = 0.0
+
+    def touch(self) -> None:
+        """Something changed (a shard caught up, failed, came or went): look again."""
+        self.changed.set()
+        self.changed = trio.Event()
 
 
 class _Slot:
@@ -307,8 +366,20 @@ class Poller:
         handler: Handler,
         settings: PollerSettings = PollerSettings(),
         health: RedisHealth | None = None,
+        wakeups: Any = None,
     ) -> None:
         self.redis = redis
+        #: The client of the blocking wake-up reads: give one of its own (`App` does), whose
+        #: command timeout exceeds `wake_block_s`, so that blocked connections never hold up
+        #: the others; by default `redis` (the block is then capped below its command timeout).
+        self.wakeups = redis if wakeups is None else wakeups
+        self.wake_block_ms = _block_ms(self.wakeups, settings.wake_block_s)
+        self._clustered = isinstance(self.wakeups, coredis.RedisCluster)
+        self._watches: dict[int, _Watch] = {}
+        #: The reader waits for room in the queue: the workers wake it when there is.
+        self._room_wanted = False
+        self._acks_waiting = trio.Event()
+        self._polling_logged = -math.inf
         self.group = group
         self.member_id = member_id
         self.incarnation = incarnation
@@ -346,6 +417,8 @@ class Poller:
             nursery.start_soon(self._reader)
             nursery.start_soon(self._acker)
             nursery.start_soon(self._reclaimer)
+            for watch in self._watches.values():  # assigned before it ran
+                nursery.start_soon(self._watch, watch)
             self._resize(self.workers)
             task_status.started()
 
@@ -357,6 +430,7 @@ class Poller:
             shard = _Shard(index, by_index[index].key)
             shard.draining = by_index[index].state is ShardState.DRAINING
             self.shards[index] = shard
+            self._attach(shard)
         self._poke()
 
     async def revoke(self, shards: frozenset[int]) -> None:
@@ -365,6 +439,7 @@ class Poller:
         gone = [self.shards[i] for i in shards if i in self.shards]
         for shard in gone:
             shard.stopping = True
+            self._detach(shard)  # its wake-up read ends now
             self._drop_queue(shard)
         deadline = trio.current_time() + self.settings.revoke_timeout_s
         with trio.move_on_at(deadline):
@@ -388,6 +463,7 @@ class Poller:
             shard = self.shards.pop(index, None)
             if shard is not None:
                 shard.stopping = True
+                self._detach(shard)
                 self._drop_queue(shard)
                 shard.scope.cancel()
                 shard.acks.clear()
@@ -420,49 +496,203 @@ class Poller:
     # --- reading ----------------------------------------------------------
 
     async def _reader(self) -> None:
-        sleep = self.settings.idle_sleep_s
+        """Reads the shards that may have entries (`tail` None: assigned, woken, or not caught
+        up), round robin, `batch` at a time; when none may, waits to be woken (see `_watch`)."""
         while True:
             await self._until_lease_valid()
-            got = 0
+            read = False
             for shard in list(self.shards.values()):
                 room = self.settings.prefetch - self.buffered
                 if room <= 0:
                     break
-                if shard.stopping or trio.current_time() < shard.retry_at:
+                if shard.tail is not None or shard.stopping or trio.current_time() < shard.retry_at:
                     continue
-                got += await self._fill(shard, min(room, self.settings.batch))
-            if got:
-                sleep = self.settings.idle_sleep_s
+                await self._fill(shard, min(room, self.settings.batch))
+                read = True
+            if read:
+                await self._probe()
                 continue
-            with trio.move_on_after(sleep):
-                await self._wake.wait()
-            self._wake = trio.Event()
-            sleep = min(sleep * 2, 0.2)
+            await self._idle()
+
+    async def _idle(self) -> None:
+        """Nothing to read now: wait for a poke (a wake-up read saw entries, a shard came, room
+        in the queue, a lease) or for the next retry of a failed read."""
+        retry = math.inf
+        if self.buffered >= self.settings.prefetch:
+            self._room_wanted = True  # the workers wake it (`_freed`)
+        else:
+            now = trio.current_time()
+            retry = min(
+                (s.retry_at for s in self.shards.values() if s.tail is None and s.retry_at > now),
+                default=math.inf,
+            )
+        with trio.move_on_at(retry):
+            await self._wake.wait()
+        self._wake = trio.Event()
 
     async def _fill(self, shard: _Shard, count: int) -> int:
+        tail = None
         try:
             if not shard.claimed_backlog:
                 messages, cursor = await self._claim_entries(shard, 0, count, shard.claim_cursor)
                 shard.claim_cursor = cursor
                 shard.claimed_backlog = cursor == "0-0"
             else:
-                messages = await self._read_new(shard, count)
+                messages, tail = await self._read_new(shard, count)
         except Fenced as exc:
             await self._fenced(shard, exc)
             return 0
         except (RedisUnavailable, RedisCommandFailed) as exc:
             shard.retry_at = trio.current_time() + self.health.failed(exc)
+            if shard.watch is not None:
+                shard.watch.touch()  # the others of its group can be watched meanwhile
             return 0
         self.health.ok()
         self._enqueue(shard, messages)
+        if messages and shard.watch is not None:
+            shard.watch.poll_sleep = self.settings.idle_sleep_s
+        if tail is not None:
+            self._caught_up(shard, tail)
         return len(messages)
 
-    async def _read_new(self, shard: _Shard, count: int) -> list[Message]:
+    async def _read_new(self, shard: _Shard, count: int) -> tuple[list[Message], str | None]:
+        """New entries (fenced), and the stream's last id if the read caught up (else None)."""
         reply = await self._call(self._read, shard, [self.member_id, count, shard.last_read])
-        if not reply:
-            return []
-        entries = reply[0][1]
-        return [Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in entries]
+        entries, tail = reply[0] or [], str(reply[1] or "")
+        messages = [Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in entries]
+        return messages, tail or None
+
+    # --- waking -------------------------------------------------------------
+    #
+    # A fenced read is a script, and a script cannot block. So once a shard's read caught up,
+    # the shard is not read again until a plain XREAD BLOCK (no side effect, no pending entry:
+    # only a signal) sees an entry past the tail that read returned, on a connection of its own.
+    # Entries appended after the read are past its tail, whenever the XREAD starts: none is
+    # missed. Polling remains only where Redis refuses XREAD (`POLL_FALLBACK_S`).
+
+    def _attach(self, shard: _Shard) -> None:
+        group = key_slot(shard.key) if self._clustered else 0
+        watch = self._watches.get(group)
+        if watch is None:
+            watch = self._watches[group] = _Watch(group)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._watch, watch)
+        watch.shards[shard.index] = shard
+        shard.watch = watch
+        watch.touch()
+
+    def _detach(self, shard: _Shard) -> None:
+        """The shard is no longer read: a wake-up read naming it ends at once."""
+        watch, shard.watch = shard.watch, None
+        if watch is None or watch.shards.get(shard.index) is not shard:
+            return
+        del watch.shards[shard.index]
+        if watch.blocking is not None and shard.index in watch.blocked_on:
+            watch.blocking.cancel()
+        if not watch.shards:
+            watch.scope.cancel()
+            if self._watches.get(watch.group) is watch:
+                del self._watches[watch.group]
+        watch.touch()
+
+    def _caught_up(self, shard: _Shard, tail: str) -> None:
+        if shard.stopping or self.shards.get(shard.index) is not shard or shard.watch is None:
+            return
+        shard.tail = tail
+        watch = shard.watch
+        if watch.blocking is not None and shard.index not in watch.blocked_on:
+            watch.blocking.cancel()  # block again, naming this one too (rare: see `_quiet`)
+        watch.touch()
+
+    def _woken(self, watch: _Watch, keys: Any) -> None:
+        """Entries wait past the tails of these shards' keys: read them."""
+        woken = False
+        for shard in list(watch.shards.values()):
+            if shard.key in keys and shard.tail is not None:
+                shard.tail = None
+                woken = True
+        if woken:
+            self._poke()
+            watch.touch()
+
+    async def _watch(self, watch: _Watch) -> None:
+        with watch.scope:
+            while True:
+                tails = await self._quiet(watch)
+                if trio.current_time() < watch.poll_until:  # Redis refused XREAD: poll
+                    polled = {watch.shards[i].key for i in tails}
+                    await trio.sleep(watch.poll_sleep)
+                    watch.poll_sleep = min(max(2 * watch.poll_sleep, 0.001), POLL_MAX_S)
+                    self._woken(watch, polled)
+                    continue
+                keys = {watch.shards[i].key: tail for i, tail in tails.items()}
+                # During an outage, a shorter block: it returns to say that Redis answers again.
+                block_ms = self.wake_block_ms
+                if self.health.since is not None:
+                    block_ms = min(block_ms, int(OUTAGE_OVER_S * 1000) + 100)
+                watch.blocked_on = frozenset(tails)
+                try:
+                    with trio.CancelScope() as watch.blocking:
+                        with redis_call(f"XREAD BLOCK {', '.join(keys)}"):
+                            reply = await self.wakeups.xread(keys, count=1, block=block_ms)
+                        self.health.ok()
+                        self._woken(watch, reply or {})
+                except (RedisUnavailable, RedisCommandFailed) as exc:
+                    await self._wake_failed(watch, exc, set(keys))
+                finally:
+                    watch.blocking = None
+                    watch.blocked_on = frozenset()
+
+    async def _quiet(self, watch: _Watch) -> dict[int, str]:
+        """Wait until no shard of the group is to be read now and one has caught up; their tails.
+
+        While the reader reads some shards of the group, the others are checked after each of
+        its rounds instead (`_probe`), so a wake-up read rarely has to start again to name a
+        shard that caught up while it blocked (only one whose failed read is retried later).
+        """
+        while True:
+            now = trio.current_time()
+            tails = {i: s.tail for i, s in watch.shards.items() if s.tail is not None and not s.stopping}
+            if tails and not any(_to_read(s, now) for s in watch.shards.values()):
+                return tails
+            await watch.changed.wait()
+
+    async def _wake_failed(
+        self, watch: _Watch, exc: RedisUnavailable | RedisCommandFailed, keys: set[str]
+    ) -> None:
+        """A wake-up read failed. Unavailable: back off, then read the shards again (their
+        reads back off too while Redis is away). Refused: poll them for `POLL_FALLBACK_S`."""
+        if isinstance(exc, RedisCommandFailed) and exc.code != "UNBLOCKED":  # UNBLOCKED: a failover
+            now = trio.current_time()
+            if now - self._polling_logged >= POLL_FALLBACK_S:
+                self._polling_logged = now
+                log.warning("%s: Redis refused XREAD, polling instead for a while: %s", self.member_id, exc)
+            watch.poll_until = now + POLL_FALLBACK_S
+            watch.poll_sleep = self.settings.idle_sleep_s
+        else:
+            await trio.sleep(self.health.failed(exc))
+        self._woken(watch, keys)
+
+    async def _probe(self) -> None:
+        """After a round of reads: in each group that is not blocked because some of its shards
+        are still to be read, check the caught-up ones for new entries (one plain XREAD)."""
+        for watch in list(self._watches.values()):
+            if watch.blocking is not None:
+                continue
+            now = trio.current_time()
+            shards = list(watch.shards.values())
+            if not any(_to_read(s, now) for s in shards):
+                continue
+            keys = {s.key: s.tail for s in shards if s.tail is not None and not s.stopping}
+            if not keys:
+                continue
+            try:
+                with redis_call(f"XREAD {', '.join(keys)}"):
+                    reply = await self.redis.xread(keys, count=1)
+            except (RedisUnavailable, RedisCommandFailed) as exc:
+                self.health.failed(exc)
+                reply = keys  # cannot tell: read them all
+            self._woken(watch, reply or {})
 
     async def _claim_entries(
         self, shard: _Shard, min_idle_ms: int, count: int, cursor: str = "0-0"
@@ -531,6 +761,15 @@ class Poller:
         shard.queue.clear()
         if shard in self.ready:
             self.ready.remove(shard)
+        self._freed()
+
+    def _freed(self) -> None:
+        """Entries left the queue: wake a reader that waits for room for a batch."""
+        if self._room_wanted and self.settings.prefetch - self.buffered >= min(
+            self.settings.batch, self.settings.prefetch
+        ):
+            self._room_wanted = False
+            self._wake.set()
 
     async def _fenced(self, shard: _Shard, exc: Fenced) -> None:
         if self.shards.get(shard.index) is shard and not shard.stopping:  # else revoked meanwhile
@@ -583,6 +822,7 @@ class Poller:
                         break
                     message = shard.queue.popleft()
                     self.buffered -= 1
+                    self._freed()
                     shard.handling = message
                     try:
                         await self._handle(shard, message)
@@ -631,6 +871,7 @@ class Poller:
             return
         self.handled += 1
         shard.acks.append(message.id)
+        self._acks_waiting.set()
 
     def _retry_later(
         self, shard: _Shard, message: Message, deliveries: int, after_s: float | None = None
@@ -668,7 +909,11 @@ class Poller:
     # --- acknowledging --------------------------------------------------
 
     async def _acker(self) -> None:
+        """Acknowledges what was handled every `ack_every_s`, and sleeps while nothing was."""
         while True:
+            if not any(shard.acks for shard in self.shards.values()):
+                await self._acks_waiting.wait()
+                self._acks_waiting = trio.Event()
             await trio.sleep(self.settings.ack_every_s)
             for shard in list(self.shards.values()):
                 if shard.acks and not shard.ack_lock.locked() and trio.current_time() >= shard.retry_at:
@@ -716,6 +961,21 @@ class Poller:
         if self._work is not None:
             self._work.set()  # wakes every idle worker
             self._work = None
+
+
+def _block_ms(client: Any, wanted_s: float) -> int:
+    """How long a wake-up read on `client` may block: `wanted_s`, at most half its command
+    timeout (a longer block would time out as if Redis did not answer)."""
+    pool = getattr(client, "connection_pool", None)
+    timeout = getattr(pool, "connection_kwargs", {}).get("stream_timeout")
+    if timeout:
+        wanted_s = min(wanted_s, timeout / 2)
+    return max(1, int(wanted_s * 1000))
+
+
+def _to_read(shard: _Shard, now: float) -> bool:
+    """The shard may have entries and can be read now (no failed read waits for its retry)."""
+    return shard.tail is None and not shard.stopping and now >= shard.retry_at
 
 
 def _id_order(entry_id: str) -> tuple[int, int]:
