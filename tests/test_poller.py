@@ -208,15 +208,15 @@ async def test_the_scripts_check_the_owner_token(
         assert sync_redis.xpending(key, "billing")["pending"] == 1
         shard = poller.shards[3]
         impostor = Poller(env.redis, "billing", "w0", "another-incarnation", _ignore)
-        for script, args in [
-            (impostor._ack, [entry]),
-            (impostor._read, ["w0", 10]),
-            (impostor._claim, ["w0", 0, 10, "0-0"]),
-        ]:
-            with pytest.raises(Fenced):
-                await impostor._call(script, shard, args)
+        with pytest.raises(Fenced):
+            await impostor._call(impostor._claim, shard, ["w0", 0, 10, "0-0"])
+        # Reads and acknowledgements take several shards at once: a refusal per shard.
+        keys = [key, owner_key(key)]
+        read = await impostor._read(keys=keys, args=["billing", "w0", "another-incarnation", "w0", 10, "0-0"])
+        assert [r[0] for r in read] == ["FENCED owned by another member"]
+        assert await impostor._acknowledge([(shard, [entry])]) == ["FENCED owned by another member"]
         assert sync_redis.xpending(key, "billing")["pending"] == 1
-        assert await poller._call(poller._ack, shard, [entry]) == 1  # the owner's own ack goes through
+        assert await poller._acknowledge([(shard, [entry])]) == [1]  # the owner's own ack goes through
 
 
 async def _ignore(message: Message) -> None:

@@ -336,6 +336,41 @@ async def test_where_redis_refuses_xread_the_member_polls(
     assert sum("Redis refused XREAD, polling instead" in line for line in lines) == 1, lines
 
 
+async def test_shards_read_together_are_refused_one_by_one(
+    standalone_url: str, sync_redis: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shards of a standalone Redis are read (and acknowledged) in one call, each checked
+    on its own: a shard that moved is dropped and one whose read fails is retried later, while
+    the others go on."""
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.fields["n"])
+
+    caplog.set_level(logging.ERROR, "rsc.client.poller")
+    keys = shard_keys(prefix, 3, sync_redis)
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        settings = attrs.evolve(
+            ONLY_WAKEUPS, redis_backoff=attrs.evolve(ONLY_WAKEUPS.redis_backoff, cap_s=0.2)
+        )
+        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, settings)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset(range(3)), layout(keys))
+        await wait_for(lambda: caught_up(poller))
+        own(sync_redis, keys[1], "another")
+        sync_redis.xgroup_destroy(keys[2], "billing")  # its reads fail (NOGROUP) until it is back
+        for n, key in enumerate(keys):
+            sync_redis.xadd(key, {"n": str(n)})
+        await wait_for(lambda: handled == ["0"] and 1 not in poller.shards)
+        assert any("NOGROUP" in r.getMessage() for r in caplog.records)
+        sync_redis.xgroup_create(keys[2], "billing", "0")
+        await wait_for(lambda: handled == ["0", "2"])
+        await wait_for(lambda: all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys))
+        nursery.cancel_scope.cancel()
+    assert sync_redis.xinfo_groups(keys[1])[0]["lag"] == 1  # left for its new owner
+
+
 def test_a_wake_up_blocks_for_less_than_its_clients_command_timeout() -> None:
     class Client:
         def __init__(self, timeout: float | None) -> None:

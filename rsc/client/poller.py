@@ -46,6 +46,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import random
@@ -59,6 +60,7 @@ import trio
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
 from rsc.client.redis_calls import redis_call
+from rsc.connect import reply_code
 from rsc.events.model import DrainProgress, Layout, ShardState
 from rsc.events.slots import key_slot
 from rsc.events.wire import owner_key
@@ -73,39 +75,69 @@ if t['memberId'] ~= ARGV[2] or t['incarnation'] ~= ARGV[3] then
   return redis.error_reply('FENCED owned by another member')
 end
 """
-# KEYS: shard, owners; ARGV: group, member, incarnation, consumer, count, highest id received
-# Idempotent: entries a read delivered but whose reply was lost (a timeout, a dropped connection)
-# are pending under this consumer past `ARGV[6]`, the highest id it received: they come first
-# (from its own history), so nothing stays pending unseen. Normally that history is empty.
-# Returns {entries, tail}: `tail` is the id of the stream's last entry ('0-0' when it has none)
-# when the read caught up (fewer than `count` new entries: every entry up to `tail` has been
-# delivered to the group), else ''. A wake-up XREAD blocks from `tail`: read in the same atomic
-# script as the entries, so nothing appended after the read can slip past it.
-READ = (
-    _CHECK
-    + """
-local function read(from)
-  return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', ARGV[5], 'STREAMS', KEYS[1], from)
-end
-local from = ARGV[6]
-while true do
-  local unseen = read(from)
-  if not unseen or not unseen[1] or #unseen[1][2] == 0 then break end
-  local live = {}
-  for _, e in ipairs(unseen[1][2]) do
-    -- an entry deleted since (XDEL, trimming) has no fields: nothing to hand out
-    if e[2] then live[#live + 1] = e else redis.call('XACK', KEYS[1], ARGV[1], e[1]) end
-    from = e[1]
+# The scripts that read and acknowledge take several shards at once (one round trip for all the
+# shards of a member on a standalone Redis; on a cluster, those of one hash slot), each checked
+# against its own owner token: one reply per shard, whose refusal ('FENCED ...', or the error of
+# a command that failed there) concerns that shard only.
+_PER_SHARD = """
+local function refused(owners)
+  local token = redis.call('HGET', owners, ARGV[1])
+  if not token then return 'FENCED no owner' end
+  local t = cjson.decode(token)
+  if t['memberId'] ~= ARGV[2] or t['incarnation'] ~= ARGV[3] then
+    return 'FENCED owned by another member'
   end
-  if #live > 0 then return {live, ''} end
+  return false
 end
-local new = read('>')
-local entries = new and new[1] and new[1][2] or {}
-if #entries < tonumber(ARGV[5]) then
-  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  return {entries, last[1] and last[1][1] or '0-0'}
+local function failure(e)
+  return type(e) == 'table' and e.err or tostring(e)
 end
-return {entries, ''}
+"""
+# KEYS: shard, owners, shard, owners...; ARGV: group, member, incarnation, consumer, then per
+# shard: count, highest id received. Returns per shard {refusal or '', entries, tail}.
+# Idempotent: entries a read delivered but whose reply was lost (a timeout, a dropped connection)
+# are pending under this consumer past the highest id it received: they come first (from its
+# own history), so nothing stays pending unseen. Normally that history is empty.
+# `tail` is the id of the stream's last entry ('0-0' when it has none) when the read caught up
+# (fewer than `count` new entries: every entry up to `tail` has been delivered to the group),
+# else ''. A wake-up XREAD blocks from `tail`: read in the same atomic script as the entries,
+# so nothing appended after the read can slip past it.
+READ = (
+    _PER_SHARD
+    + """
+local function read_shard(key, count, from)
+  local function read(id)
+    return redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', count, 'STREAMS', key, id)
+  end
+  while true do
+    local unseen = read(from)
+    if not unseen or not unseen[1] or #unseen[1][2] == 0 then break end
+    local live = {}
+    for _, e in ipairs(unseen[1][2]) do
+      -- an entry deleted since (XDEL, trimming) has no fields: nothing to hand out
+      if e[2] then live[#live + 1] = e else redis.call('XACK', key, ARGV[1], e[1]) end
+      from = e[1]
+    end
+    if #live > 0 then return {'', live, ''} end
+  end
+  local new = read('>')
+  local entries = new and new[1] and new[1][2] or {}
+  if #entries < count then
+    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+    return {'', entries, last[1] and last[1][1] or '0-0'}
+  end
+  return {'', entries, ''}
+end
+local out = {}
+for i = 1, #KEYS / 2 do
+  local ok, reply = pcall(function()
+    local why = refused(KEYS[2 * i])
+    if why then return {why, {}, ''} end
+    return read_shard(KEYS[2 * i - 1], tonumber(ARGV[3 + 2 * i]), ARGV[4 + 2 * i])
+  end)
+  out[i] = ok and reply or {failure(reply), {}, ''}
+end
+return out
 """
 )
 # Claims never count as deliveries (JUSTID): an entry that waited in a queue and was never handed
@@ -163,11 +195,25 @@ redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[4], 0, ARGV[5], 'RETRYCOUNT', p[1][4
 return p[1][4] + 1
 """
 )
-# KEYS: shard, owners; ARGV: group, member, incarnation, ids...
+# KEYS: shard, owners, shard, owners...; ARGV: group, member, incarnation, then per shard the
+# number of its ids, then the ids. Returns per shard the number acknowledged, or its refusal.
 ACK = (
-    _CHECK
+    _PER_SHARD
     + """
-return redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 4))
+local out = {}
+local at = 4 + #KEYS / 2
+for i = 1, #KEYS / 2 do
+  local n = tonumber(ARGV[3 + i])
+  local first = at
+  at = at + n
+  local ok, reply = pcall(function()
+    local why = refused(KEYS[2 * i])
+    if why then return why end
+    return redis.call('XACK', KEYS[2 * i - 1], ARGV[1], unpack(ARGV, first, first + n - 1))
+  end)
+  out[i] = ok and reply or failure(reply)
+end
+return out
 """
 )
 # KEYS: shard, owners, dead letters; ARGV: group, member, incarnation, id, deliveries, field/value...
@@ -269,6 +315,9 @@ class _Shard:
         #: caught up: nothing to read until a wake-up read sees an entry past it.
         self.tail: str | None = None
         self.watch: _Watch | None = None
+        #: Shards of one group are read (and acknowledged) together: all on a standalone Redis,
+        #: those of one hash slot on a cluster.
+        self.group = 0
 
 
 class _Watch:
@@ -378,6 +427,7 @@ class Poller:
         self._watches: dict[int, _Watch] = {}
         #: The reader waits for room in the queue: the workers wake it when there is.
         self._room_wanted = False
+        self._rotation = 0
         self._acks_waiting = trio.Event()
         self._polling_logged = -math.inf
         self.group = group
@@ -452,7 +502,7 @@ class Poller:
             # (past the group's revoke timeout the coordinator fences this member).
             await shard.idle.wait()
             with trio.move_on_at(max(deadline, trio.current_time() + 1.0)):
-                while self.shards.get(shard.index) is shard and not await self._flush(shard):
+                while self.shards.get(shard.index) is shard and not await self._flush([shard]):
                     await trio.sleep(self.health.delay())
             if self.shards.get(shard.index) is shard:
                 del self.shards[shard.index]
@@ -497,22 +547,36 @@ class Poller:
 
     async def _reader(self) -> None:
         """Reads the shards that may have entries (`tail` None: assigned, woken, or not caught
-        up), round robin, `batch` at a time; when none may, waits to be woken (see `_watch`)."""
+        up), round robin, `batch` at a time, all at once (one round trip); when none may, waits
+        to be woken (see `_watch`)."""
         while True:
             await self._until_lease_valid()
-            read = False
-            for shard in list(self.shards.values()):
-                room = self.settings.prefetch - self.buffered
+            room = self.settings.prefetch - self.buffered
+            now = trio.current_time()
+            reads: list[tuple[_Shard, int]] = []
+            shards = list(self.shards.values())
+            self._rotation = (self._rotation + 1) % max(1, len(shards))  # the first served varies
+            for shard in shards[self._rotation :] + shards[: self._rotation]:
                 if room <= 0:
                     break
-                if shard.tail is not None or shard.stopping or trio.current_time() < shard.retry_at:
-                    continue
-                await self._fill(shard, min(room, self.settings.batch))
-                read = True
-            if read:
-                await self._probe()
+                if _to_read(shard, now):
+                    reads.append((shard, min(room, self.settings.batch)))
+                    room -= reads[-1][1]
+            if not reads:
+                await self._idle()
                 continue
-            await self._idle()
+            # Shards taken over claim their backlog first, one by one; the others of a group
+            # are read together, in one call.
+            calls: list[tuple[Any, ...]] = [
+                (self._claim_backlog, s, n) for s, n in reads if not s.claimed_backlog
+            ]
+            groups: dict[int, list[tuple[_Shard, int]]] = {}
+            for shard, count in reads:
+                if shard.claimed_backlog:
+                    groups.setdefault(shard.group, []).append((shard, count))
+            calls += [(self._read_group, group) for group in groups.values()]
+            await _together(calls)
+            await self._probe()
 
     async def _idle(self) -> None:
         """Nothing to read now: wait for a poke (a wake-up read saw entries, a shard came, room
@@ -530,37 +594,68 @@ class Poller:
             await self._wake.wait()
         self._wake = trio.Event()
 
-    async def _fill(self, shard: _Shard, count: int) -> int:
-        tail = None
+    async def _claim_backlog(self, shard: _Shard, count: int) -> None:
+        """What earlier owners read but never acknowledged, `count` at a time, before new entries."""
+        if shard.stopping:  # revoked or lost since the round began: nothing more is read
+            return
         try:
-            if not shard.claimed_backlog:
-                messages, cursor = await self._claim_entries(shard, 0, count, shard.claim_cursor)
-                shard.claim_cursor = cursor
-                shard.claimed_backlog = cursor == "0-0"
-            else:
-                messages, tail = await self._read_new(shard, count)
+            messages, cursor = await self._claim_entries(shard, 0, count, shard.claim_cursor)
         except Fenced as exc:
             await self._fenced(shard, exc)
-            return 0
+            return
         except (RedisUnavailable, RedisCommandFailed) as exc:
-            shard.retry_at = trio.current_time() + self.health.failed(exc)
-            if shard.watch is not None:
-                shard.watch.touch()  # the others of its group can be watched meanwhile
-            return 0
+            self._read_failed(shard, self.health.failed(exc))
+            return
         self.health.ok()
+        shard.claim_cursor = cursor
+        shard.claimed_backlog = cursor == "0-0"
         self._enqueue(shard, messages)
-        if messages and shard.watch is not None:
-            shard.watch.poll_sleep = self.settings.idle_sleep_s
-        if tail is not None:
-            self._caught_up(shard, tail)
-        return len(messages)
 
-    async def _read_new(self, shard: _Shard, count: int) -> tuple[list[Message], str | None]:
-        """New entries (fenced), and the stream's last id if the read caught up (else None)."""
-        reply = await self._call(self._read, shard, [self.member_id, count, shard.last_read])
-        entries, tail = reply[0] or [], str(reply[1] or "")
-        messages = [Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in entries]
-        return messages, tail or None
+    async def _read_group(self, reads: list[tuple[_Shard, int]]) -> None:
+        """New entries of several shards of one group, in one fenced read (`READ`)."""
+        reads = [(shard, count) for shard, count in reads if not shard.stopping]
+        if not reads:
+            return
+        keys = [key for shard, _ in reads for key in (shard.key, owner_key(shard.key))]
+        args = [self.member_id, *(x for shard, count in reads for x in (count, shard.last_read))]
+        try:
+            with redis_call(f"reading {', '.join(shard.key for shard, _ in reads)}"):
+                reply = await self._read(
+                    keys=keys, args=[self.group, self.member_id, self.incarnation, *args]
+                )
+        except (RedisUnavailable, RedisCommandFailed) as exc:
+            delay = self.health.failed(exc)
+            for shard, _ in reads:
+                self._read_failed(shard, delay)
+            return
+        self.health.ok()
+        for (shard, _), (refusal, entries, tail) in zip(reads, reply, strict=True):
+            if refusal:
+                await self._refused(shard, str(refusal))
+                continue
+            messages = [
+                Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in entries or []
+            ]
+            self._enqueue(shard, messages)
+            if messages and shard.watch is not None:
+                shard.watch.poll_sleep = self.settings.idle_sleep_s
+            if tail:
+                self._caught_up(shard, str(tail))
+
+    def _read_failed(self, shard: _Shard, delay: float) -> None:
+        shard.retry_at = trio.current_time() + delay
+        if shard.watch is not None:
+            shard.watch.touch()  # the others of its group can be watched meanwhile
+
+    async def _refused(self, shard: _Shard, refusal: str) -> None:
+        """A fenced script refused this shard (`FENCED`: it is not ours), or a command failed there."""
+        code = reply_code(Exception(refusal))
+        if code == "FENCED":
+            await self._fenced(shard, Fenced(refusal, code))
+        else:
+            self._read_failed(
+                shard, self.health.failed(RedisCommandFailed(f"shard {shard.key}: {refusal}", code))
+            )
 
     # --- waking -------------------------------------------------------------
     #
@@ -571,7 +666,7 @@ class Poller:
     # missed. Polling remains only where Redis refuses XREAD (`POLL_FALLBACK_S`).
 
     def _attach(self, shard: _Shard) -> None:
-        group = key_slot(shard.key) if self._clustered else 0
+        shard.group = group = key_slot(shard.key) if self._clustered else 0
         watch = self._watches.get(group)
         if watch is None:
             watch = self._watches[group] = _Watch(group)
@@ -909,37 +1004,77 @@ class Poller:
     # --- acknowledging --------------------------------------------------
 
     async def _acker(self) -> None:
-        """Acknowledges what was handled every `ack_every_s`, and sleeps while nothing was."""
+        """Acknowledges what was handled every `ack_every_s` (one call per group), and sleeps
+        while nothing was."""
         while True:
             if not any(shard.acks for shard in self.shards.values()):
                 await self._acks_waiting.wait()
                 self._acks_waiting = trio.Event()
             await trio.sleep(self.settings.ack_every_s)
+            now = trio.current_time()
+            groups: dict[int, list[_Shard]] = {}
             for shard in list(self.shards.values()):
-                if shard.acks and not shard.ack_lock.locked() and trio.current_time() >= shard.retry_at:
-                    await self._flush(shard)
+                if shard.acks and not shard.ack_lock.locked() and now >= shard.retry_at:
+                    groups.setdefault(shard.group, []).append(shard)
+            await _together([(self._flush, group) for group in groups.values()])
 
-    async def _flush(self, shard: _Shard) -> bool:
-        """Acknowledge what was handled (the call in flight first); False when Redis did not
-        take it all (what it did not take is kept and sent again)."""
-        async with shard.ack_lock:
-            while shard.acks:
-                ids, shard.acks = shard.acks[:ACK_CHUNK], shard.acks[ACK_CHUNK:]
+    async def _flush(self, shards: list[_Shard]) -> bool:
+        """Acknowledge what these shards (of one group) handled, the call in flight first; False
+        when Redis did not take it all (what it did not take is kept and sent again)."""
+        async with contextlib.AsyncExitStack() as locks:
+            for shard in shards:
+                await locks.enter_async_context(shard.ack_lock)
+            taken = True
+            shards = list(shards)
+            while True:
+                chunk: list[tuple[_Shard, list[str]]] = []
+                room = ACK_CHUNK
+                for shard in shards:
+                    if shard.acks and room > 0:
+                        ids, shard.acks = shard.acks[:room], shard.acks[room:]
+                        chunk.append((shard, ids))
+                        room -= len(ids)
+                if not chunk:
+                    break
                 try:
-                    await self._call(self._ack, shard, ids)
-                except Fenced as exc:
-                    log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, exc)
-                    await self._fenced(shard, exc)
-                    return True
+                    replies = await self._acknowledge(chunk)
                 except (RedisUnavailable, RedisCommandFailed) as exc:
-                    shard.acks[:0] = ids  # XACK is idempotent: sent again once Redis answers
-                    shard.retry_at = trio.current_time() + self.health.failed(exc)
+                    delay = self.health.failed(exc)
+                    for shard, ids in chunk:
+                        shard.acks[:0] = ids  # XACK is idempotent: sent again once Redis answers
+                        shard.retry_at = trio.current_time() + delay
                     return False
                 except BaseException:
-                    shard.acks[:0] = ids  # cancelled mid-call: not lost
+                    for shard, ids in chunk:
+                        shard.acks[:0] = ids  # cancelled mid-call: not lost
                     raise
-            self.health.ok()
-            return True
+                for (shard, ids), reply in zip(chunk, replies, strict=True):
+                    if isinstance(reply, int):
+                        continue
+                    shards.remove(shard)
+                    code = reply_code(Exception(str(reply)))
+                    if code == "FENCED":
+                        log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, reply)
+                        await self._fenced(shard, Fenced(str(reply), code))
+                    else:
+                        shard.acks[:0] = ids
+                        failed = RedisCommandFailed(f"acknowledging on {shard.key}: {reply}", code)
+                        shard.retry_at = trio.current_time() + self.health.failed(failed)
+                        taken = False
+            if taken:
+                self.health.ok()
+            return taken
+
+    async def _acknowledge(self, chunk: list[tuple[_Shard, list[str]]]) -> list[Any]:
+        """One fenced XACK per shard, in one call (`ACK`): per shard, a count or a refusal."""
+        keys = [key for shard, _ in chunk for key in (shard.key, owner_key(shard.key))]
+        counts = [len(ids) for _, ids in chunk]
+        every_id = [entry for _, ids in chunk for entry in ids]
+        with redis_call(f"acknowledging on {', '.join(shard.key for shard, _ in chunk)}"):
+            replies = await self._ack(
+                keys=keys, args=[self.group, self.member_id, self.incarnation, *counts, *every_id]
+            )
+        return list(replies)
 
     # --- plumbing ---------------------------------------------------------
 
@@ -961,6 +1096,16 @@ class Poller:
         if self._work is not None:
             self._work.set()  # wakes every idle worker
             self._work = None
+
+
+async def _together(calls: Sequence[tuple[Any, ...]]) -> None:
+    """Each `(function, *args)` of `calls`, concurrently: their Redis commands share round trips."""
+    if len(calls) == 1:
+        await calls[0][0](*calls[0][1:])
+        return
+    async with trio.open_nursery() as nursery:
+        for function, *args in calls:
+            nursery.start_soon(function, *args)
 
 
 def _block_ms(client: Any, wanted_s: float) -> int:
