@@ -377,8 +377,9 @@ def test_a_wake_up_blocks_for_less_than_its_clients_command_timeout() -> None:
             self.connection_pool = type("Pool", (), {"connection_kwargs": {"stream_timeout": timeout}})()
 
     assert _block_ms(Client(None), 10.0) == 10_000
-    assert _block_ms(Client(5.0), 10.0) == 2_500
-    assert _block_ms(Client(30.0), 10.0) == 10_000
+    assert _block_ms(Client(5.0), 10.0) == 2_500  # the App's command client
+    assert _block_ms(Client(15.0), 10.0) == 10_000  # the App's wake-up client: 10 s + 5 s
+    assert _block_ms(Client(1.0), 10.0) == 500
 
 
 async def _ignore(message: Message) -> None:

@@ -25,8 +25,11 @@
   client of its own, sees an entry past the last id that read returned (so no
   entry appended meanwhile is missed). One blocked read per member on a
   standalone Redis, one per hash slot on a cluster; revokes, losses and stops
-  end it at once. An idle member sends one command per `wake_block_s`. It polls
-  only where Redis refuses XREAD (`POLL_FALLBACK_S`).
+  end it at once. An idle member sends one XREAD per blocked read and
+  `wake_block_s`, and the reclaimer's script per shard and `reclaim_every_s`. It
+  polls only where Redis refuses XREAD (`POLL_FALLBACK_S`). The shards of a
+  group (all on a standalone Redis, one slot's on a cluster) are read, and
+  acknowledged, in one call.
 * `max_concurrency` workers (from the coordinator, resized live) run the
   handler; entries of one shard are handled in order, one at a time.
 * Fenced: every read, claim and acknowledgement goes through a script that
@@ -271,8 +274,8 @@ class PollerSettings:
     #: Entries one worker handles from a shard before moving on to the next ready shard.
     turn: int = 20
     #: How long one wake-up read (XREAD BLOCK) waits in Redis before it is sent again: an idle
-    #: member costs one command per this many seconds per blocked connection. Capped at half
-    #: the command timeout of the client that sends it.
+    #: member costs one command per this many seconds per blocked connection. Capped below the
+    #: command timeout of the client that sends it (see `_block_ms`).
     wake_block_s: float = 10.0
     #: Only where blocking cannot serve (Redis refused XREAD): the first pause of the polling
     #: fallback, doubling up to 0.2 s.
@@ -1109,12 +1112,12 @@ async def _together(calls: Sequence[tuple[Any, ...]]) -> None:
 
 
 def _block_ms(client: Any, wanted_s: float) -> int:
-    """How long a wake-up read on `client` may block: `wanted_s`, at most half its command
-    timeout (a longer block would time out as if Redis did not answer)."""
+    """How long a wake-up read on `client` may block: `wanted_s`, but short of its command
+    timeout by half of it, or by 5 s (a longer block would time out as if Redis did not answer)."""
     pool = getattr(client, "connection_pool", None)
     timeout = getattr(pool, "connection_kwargs", {}).get("stream_timeout")
     if timeout:
-        wanted_s = min(wanted_s, timeout / 2)
+        wanted_s = min(wanted_s, timeout - min(timeout / 2, 5.0))
     return max(1, int(wanted_s * 1000))
 
 
