@@ -22,7 +22,6 @@ The same seed gives the same output.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
 import random
@@ -41,7 +40,7 @@ from rsc.events.commands import (
     Heartbeat,
     Tick,
 )
-from rsc.events.errors import IncarnationMismatch
+from rsc.events.errors import CoordinationError, IncarnationMismatch
 from rsc.events.events import GroupEvent, ShardsInstalled, ShardsReleased, ShardsRevokeAcked
 from rsc.events.liveness import Leases
 from rsc.events.member import MemberMachine, MemberSettings, Steps
@@ -73,6 +72,19 @@ class SimConfig:
 
 
 @attrs.define
+class Held:
+    """A long poll the simulated coordinator holds."""
+
+    request: HeartbeatRequest
+    command: Heartbeat
+    first: HeartbeatResponse
+    latest: HeartbeatResponse
+    deadline: int
+    number: int
+    woken: bool = False
+
+
+@attrs.define
 class SimMember:
     """One simulated member process: the shipped member machine and the process around it."""
 
@@ -83,8 +95,8 @@ class SimMember:
     #: The heartbeat event that counts (earlier scheduled ones are stale).
     beat: int = 0
     fences_counted: int = 0
-    #: A long poll the coordinator holds: request, command, first and latest answer, deadline.
-    held: tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, HeartbeatResponse, int] | None = None
+    #: A long poll the coordinator holds now.
+    held: Held | None = None
 
     @property
     def member_id(self) -> str:
@@ -194,7 +206,7 @@ class Simulation:
             case "wake":
                 self.wake_held()
             case "held":
-                self.answer_held(arg)
+                self.held_ends(arg)
 
     # --- the coordinator side ----------------------------------------------
 
@@ -204,9 +216,15 @@ class Simulation:
         self.leases.apply(events)
         self.stats.steps += 1
         self.observe(events, before)
-        if not self.wake_due and longpoll.wakes(events) and any(m.held for m in self.members.values()):
-            self.wake_due = True  # held long polls are decided again, after this step
-            self.at(self.now, "wake")
+        change = longpoll.change_of(events)
+        if change is not None:  # the held long polls it concerns are decided again, after this step
+            for member in self.members.values():
+                held = member.held
+                if held and longpoll.concerns(change, member.member_id, held.latest.assignment.pending):
+                    held.woken = True
+                    if not self.wake_due:
+                        self.wake_due = True
+                        self.at(self.now, "wake")
         return events
 
     def observe(self, events: list[GroupEvent], previous_target: Any) -> None:
@@ -265,6 +283,11 @@ class Simulation:
 
     def schedule(self, member: SimMember) -> None:
         """The member's next heartbeat, when its machine says (earlier ones become stale)."""
+        if member.machine.left:  # the process exits
+            if self.members.get(member.member_id) is member:
+                del self.members[member.member_id]
+            self.set_reading(member, frozenset())
+            return
         due = member.machine.next_heartbeat_at(self.seconds)
         if due == float("inf") or member.held is not None:
             return
@@ -291,8 +314,9 @@ class Simulation:
         if longpoll.should_hold(request, response):
             self.stats.long_polls += 1
             deadline = self.now + longpoll.hold_ms(request, response)
-            member.held = (request, command, response, response, deadline)
-            self.at(deadline, "held", member_id)
+            self.seq += 1
+            member.held = Held(request, command, response, response, deadline, self.seq)
+            self.at(deadline, "held", f"{member_id}#{self.seq}")
             return
         self.deliver(member, request, response)
 
@@ -304,31 +328,39 @@ class Simulation:
             self.perform(member, machine.failed(request, self.seconds, "response lost"))
         else:
             self.perform(member, machine.receive(request, response, self.seconds))
-        if machine.left:
-            self.members.pop(member.member_id, None)
-            self.set_reading(member, frozenset())
-            return
         self.schedule(member)
 
     def wake_held(self) -> None:
         self.wake_due = False
-        for member_id in sorted(m for m, s in self.members.items() if s.held):
-            self.answer_held(member_id, woken=True)
+        for member_id in sorted(m for m, s in self.members.items() if s.held and s.held.woken):
+            self.answer_held(member_id)
 
-    def answer_held(self, member_id: str, woken: bool = False) -> None:
+    def held_ends(self, arg: str) -> None:
+        member_id, number = arg.rsplit("#", 1)
+        member = self.members.get(member_id)
+        if member is not None and member.held is not None and member.held.number == int(number):
+            self.answer_held(member_id)
+
+    def answer_held(self, member_id: str) -> None:
         """Decide a held long poll again; answer it if that says something new or time is up."""
         member = self.members.get(member_id)
-        if member is None or member.held is None or not member.running:
+        held = member.held if member is not None else None
+        if member is None or held is None or not member.running:
             return
-        request, command, first, latest, deadline = member.held
-        again = longpoll.again(command, latest, self.now)
-        with contextlib.suppress(IncarnationMismatch):
-            latest = respond(self.state, again, self.execute(again))
-        if woken and self.now < deadline and not longpoll.worth_answering(request, first, latest):
-            member.held = (request, again, first, latest, deadline)
+        held.woken = False
+        again = longpoll.again(held.command, held.latest, self.now)
+        try:
+            events = self.execute(again)
+            latest = respond(self.state, again, events)
+        except CoordinationError:  # it moved on: the answer stands as it was
+            member.held = None
+            self.deliver(member, held.request, held.latest)
+            return
+        if self.now < held.deadline and not longpoll.worth_answering(held.first, latest):
+            held.command, held.latest = again, latest
             return
         member.held = None
-        self.deliver(member, request, latest)
+        self.deliver(member, held.request, latest)
 
     def perform(self, member: SimMember, steps: Steps) -> None:
         """What the member's shell does: read what it owns, and finish revokes after a while."""
@@ -386,6 +418,7 @@ class Simulation:
             case "crash":
                 member = self.members[self.rng.choice(running)]
                 member.running = False
+                member.held = None  # its connection is gone with it
                 self.set_reading(member, frozenset())
                 if self.rng.random() < 0.5:
                     self.at(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import trio
 
 from rsc.client.errors import CoordinatorRejected
-from rsc.events import group, longpoll
+from rsc.events import group
 from rsc.events.commands import CreateGroup, GroupCommand, Heartbeat, Tick
 from rsc.events.errors import CoordinationError
 from rsc.events.events import GroupEvent
@@ -21,7 +21,7 @@ from rsc.events.liveness import Leases
 from rsc.events.model import DrainProgress, Layout, Shard, Timing
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
-from rsc.http.longpoll import hold
+from rsc.http.longpoll import GroupChanges
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
 
@@ -40,28 +40,24 @@ class LocalCoordinator:
         self.requests = 0
         #: Hold long-poll heartbeats (`waitMs`) as the HTTP coordinator does.
         self.long_poll = True
-        self.changed = trio.Event()
+        self.holds = GroupChanges(now_ms)
 
     def run(self, command: GroupCommand) -> list[GroupEvent]:
         self.state, events = group.execute(self.state, command)
         self.leases.apply(events)
         self.events.extend(events)
-        if longpoll.wakes(events):
-            self.changed.set()
-            self.changed = trio.Event()
+        self.holds.observe(None, self.state, events)
         return events
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         self.requests += 1
         if request.member_id in self.partitioned:
             await trio.sleep_forever()
-        changed = self.changed
+        version = self.holds.version("s", "g")
         command = request.to_command(now_ms())
         response = self.decide(command)
         if self.long_poll:
-            response = await hold(
-                request, command, response, changed, lambda: self.changed, self.decide_async, now_ms
-            )
+            response = await self.holds.hold(request, command, response, version, self.decide_async)
         await trio.sleep(0.005)  # a round trip
         return response
 
@@ -73,7 +69,9 @@ class LocalCoordinator:
         return respond(self.state, command, events)
 
     async def decide_async(self, command: Heartbeat) -> HeartbeatResponse:
-        return self.decide(command)
+        """A recheck of a held heartbeat (a refusal ends the hold, as in the HTTP coordinator)."""
+        events = self.run(command)  # (before reading the state it leads to)
+        return respond(self.state, command, events)
 
     async def ticks(self) -> None:
         while True:

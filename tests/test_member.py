@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -325,3 +326,15 @@ async def test_a_long_poll_is_not_faster_polling_against_a_coordinator_that_does
         assert b.machine.pending or rb.reading
         assert coordinator.requests - before <= 8  # ~3 each at 1 s, plus acks
         nursery.cancel_scope.cancel()
+
+
+async def test_a_refusal_leaves_run_as_itself_not_as_an_exception_group(autojump_clock: Clock) -> None:
+    """`run` raises the refusal (the demo and the worker catch `RscError`)."""
+
+    class Refusing:
+        async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+            raise CoordinatorRejected(401, "UNAUTHENTICATED", "no credential")
+
+    a = Member(Refusing(), "s", "g", "a", Recorder("a", []), incarnation="a-1")
+    with pytest.raises(CoordinatorRejected, match="no credential"):
+        await a.run()

@@ -5,11 +5,13 @@ waits at most `linger_s` for the other members of the process to heartbeat
 too, then one request carries them all and each member gets its own answer
 (or its own error). Members started together heartbeat at the same interval,
 so after the first round they travel together. A long-poll heartbeat (`wait_ms`,
-sent while a member waits for pending shards) goes on its own request.
+sent while a member waits for pending shards) goes on its own request, at most
+`max_long_polls` at once.
 """
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from rsc.client.coordinator import Coordinator
@@ -26,8 +28,16 @@ class _Slot:
 
 
 class BatchingTransport:
-    def __init__(self, coordinator: Coordinator, linger_s: float = 0.005, max_batch: int = 500) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        linger_s: float = 0.005,
+        max_batch: int = 500,
+        max_long_polls: int = 32,
+    ) -> None:
         self.coordinator = coordinator
+        self.max_long_polls = max_long_polls
+        self.long_polls = 0
         self.linger_s = linger_s
         self.max_batch = max_batch
         self.requests_sent = 0
@@ -43,9 +53,19 @@ class BatchingTransport:
             await trio.sleep_forever()
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        # A long poll goes on its own: held in a batch, it would hold every other answer.
-        if self._nursery is None or request.wait_ms:
+        if self._nursery is None:
             return await self.coordinator.heartbeat(request)
+        if request.wait_ms:
+            # A long poll goes on its own (held in a batch it would hold every other answer),
+            # up to `max_long_polls` at once (each holds a connection); the others travel
+            # batched without asking to wait, and their members heartbeat at the interval.
+            if self.long_polls < self.max_long_polls:
+                self.long_polls += 1
+                try:
+                    return await self.coordinator.heartbeat(request)
+                finally:
+                    self.long_polls -= 1
+            request = attrs.evolve(request, wait_ms=0)
         slot = _Slot(request)
         self._pending.append(slot)
         if len(self._pending) >= self.max_batch:

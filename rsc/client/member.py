@@ -20,6 +20,7 @@ import trio
 from rsc import __version__
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, CoordinatorUnintelligible
 from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
+from rsc.connect import first_leaf
 from rsc.events.member import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
@@ -109,16 +110,21 @@ class Member:
         try:
             async with trio.open_nursery() as revokes:
                 self._revokes = revokes
-                while not machine.left:
-                    await self._perform(machine.silent(trio.current_time()))
-                    now = trio.current_time()
-                    if machine.next_heartbeat_at(now) <= now:
-                        await self.beat()
-                        continue
-                    with trio.move_on_at(machine.next_heartbeat_at(now)):
-                        await self._wakeup.wait()
-                    self._wakeup = trio.Event()
+                try:
+                    while not machine.left:
+                        await self._perform(machine.silent(trio.current_time()))
+                        now = trio.current_time()
+                        if machine.next_heartbeat_at(now) <= now:
+                            await self.beat()
+                            continue
+                        with trio.move_on_at(machine.next_heartbeat_at(now)):
+                            await self._wakeup.wait()
+                        self._wakeup = trio.Event()
+                finally:
+                    self._revokes = None  # no revoke starts once the loop is over (left, cancelled)
                 revokes.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the nursery's: raise what went wrong, as itself
+            raise first_leaf(group) from None
         finally:
             self._revokes = None
             self._left.set()
@@ -132,7 +138,7 @@ class Member:
             return
         self._start_revokes(self.machine.stop().stop)
         self._wakeup.set()
-        if self._beat_scope is not None:  # leaving: do not wait a whole interval for an answer
+        if self._beat_scope is not None:  # leaving: do not wait a whole lease for an answer
             limit = trio.current_time() + self.machine.leave_wait_s
             self._beat_scope.deadline = min(self._beat_scope.deadline, limit)
 
@@ -140,8 +146,8 @@ class Member:
         await self._left.wait()
 
     def request(self) -> HeartbeatRequest:
-        """The heartbeat this member would send now."""
-        return self.machine.request(trio.current_time(), tuple(self.lifecycle.drain_progress()))
+        """The heartbeat this member would send now (nothing is sent or marked sent)."""
+        return self.machine.preview(tuple(self.lifecycle.drain_progress()))
 
     async def beat(self) -> None:
         """One heartbeat exchange, its steps performed.
@@ -151,7 +157,7 @@ class Member:
         stop every shard.
         """
         machine = self.machine
-        request = self.request()
+        request = machine.request(trio.current_time(), tuple(self.lifecycle.drain_progress()))
         response = None
         why = "no answer in time"
         unintelligible = False
@@ -164,7 +170,8 @@ class Member:
             except CoordinatorUnavailable as exc:
                 why = str(exc)
             except CoordinatorRejected as exc:
-                if not (exc.status >= 500 or exc.status in (408, 429) or exc.code in RETRIED):
+                leaving = request.member_epoch == -1  # a refused leave: the lease will end it
+                if not (leaving or exc.status >= 500 or exc.status in (408, 429) or exc.code in RETRIED):
                     raise
                 why = exc.message if exc.code in RETRIED else str(exc)
         self._beat_scope = None
@@ -191,26 +198,28 @@ class Member:
             self.lifecycle.renewed(steps.renew_until)
         if steps.concurrency is not None:
             await self.lifecycle.concurrency(steps.concurrency)
-        self._start_revokes(steps.stop)
+        if self._revokes is None:  # driven by hand (`beat` outside `run`): revoke in line
+            await self._revoke(steps.stop)
+        else:
+            self._start_revokes(steps.stop)
         if steps.start:
             await self.lifecycle.assigned(steps.start, steps.layout)
 
     def _start_revokes(self, shards: frozenset[int]) -> None:
         """Stop `shards` (in-flight work finishes) while heartbeats go on, then acknowledge
         them (the machine reports them owned until then)."""
+        if shards and self._revokes is not None:
+            self._revokes.start_soon(self._revoke, shards)
+
+    async def _revoke(self, shards: frozenset[int]) -> None:
         if not shards:
             return
-
-        async def revoke() -> None:
-            with trio.CancelScope() as scope:
-                self._revoke_scopes[scope] = shards
-                try:
-                    await self.lifecycle.revoke(shards)
-                finally:
-                    del self._revoke_scopes[scope]
-            if not scope.cancelled_caught:  # else lost meanwhile
-                self.machine.revoked(shards)
-                self._wakeup.set()  # acknowledge now
-
-        assert self._revokes is not None, "run() drives the member"
-        self._revokes.start_soon(revoke)
+        with trio.CancelScope() as scope:
+            self._revoke_scopes[scope] = shards
+            try:
+                await self.lifecycle.revoke(shards)
+            finally:
+                del self._revoke_scopes[scope]
+        if not scope.cancelled_caught:  # else lost meanwhile
+            self.machine.revoked(shards)
+            self._wakeup.set()  # acknowledge now

@@ -44,6 +44,10 @@ class Heartbeat:
 
     `member_epoch` is 0 to join, -1 to leave, else the epoch the member last
     received. `owned` is what it reads now; `revoked` acknowledges revokes.
+    `recheck`: a held long-poll heartbeat decided again (`rsc.events.longpoll`):
+    it renews the lease and installs what is free, but never joins, leaves,
+    fences or acknowledges; one that no longer matches the live member is
+    refused (`StaleRecheck`).
     """
 
     member_id: str
@@ -55,6 +59,7 @@ class Heartbeat:
     revoked: frozenset[int] = frozenset()
     drain_progress: tuple[DrainProgress, ...] = ()
     client: ClientInfo = ClientInfo()
+    recheck: bool = False
 
 
 @attrs.frozen

@@ -68,3 +68,10 @@ class Deleted(AggregateNotFound):
     """The aggregate was deleted (it is created afresh on next use, where that is allowed)."""
 
     code = "DELETED"
+
+
+class StaleRecheck(CoordinationError):
+    """A held heartbeat decided again (`Heartbeat.recheck`) no longer speaks for the member:
+    it left, was fenced, or a newer heartbeat moved its epoch on. The held answer stands."""
+
+    code = "STALE_RECHECK"

@@ -50,6 +50,7 @@ from rsc.events.errors import (
     IncarnationMismatch,
     InvalidCommand,
     NotEmpty,
+    StaleRecheck,
 )
 from rsc.events.events import (
     GroupConfigured,
@@ -407,6 +408,8 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
         raise IncarnationMismatch(
             f"member {hb.member_id!r} is live with another incarnation; wait for its lease to end"
         )
+    if hb.recheck and (member is None or hb.member_epoch <= 0 or hb.member_epoch != member.member_epoch):
+        raise StaleRecheck(f"member {hb.member_id!r} moved on since its held heartbeat")
     if hb.member_epoch == -1:
         _leave(decision, hb)
         return
@@ -455,8 +458,9 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
         and member.assigned == group.target_of(member.member_id)
     ):
         return  # reconciled: nothing to acknowledge, revoke, advance or install
-    # A revoking shard is still held only while reported owned and not acked.
-    acked = member.revoking - (hb.owned - hb.revoked)
+    # A revoking shard is still held only while reported owned and not acked (a recheck
+    # speaks for what the member reported when it sent the heartbeat: it acknowledges nothing).
+    acked = frozenset() if hb.recheck else member.revoking - (hb.owned - hb.revoked)
     if acked:
         decision.emit(ShardsRevokeAcked(member.member_id, acked))
         decision.emit(ShardsReleased(member.member_id, acked, ReleaseReason.REVOKE_ACKED))

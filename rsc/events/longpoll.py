@@ -3,16 +3,19 @@
 A member whose targeted shards are still held by another member (`pending`)
 and that has nothing to acknowledge sends `waitMs` > 0. Instead of answering
 "still pending" and hearing from the member one heartbeat interval later,
-the coordinator holds the answer: whenever the group changes (a release, a
-new target) it decides the same heartbeat again (`again`), and answers as
-soon as the answer is worth sending (`worth_answering`: something was
-installed, something must be revoked, the member was fenced, nothing is
-pending any more) or when `min(waitMs, heartbeat interval)` has passed.
+the coordinator holds the answer (`should_hold`: it only waits, nothing new
+to start, its epoch did not move). Whenever a persisted batch of the group
+concerns a held heartbeat (`concerns`: one of its pending shards was
+released, its target changed, it left or was fenced, the layout changed),
+the coordinator decides the same heartbeat again as a *recheck* (`again`:
+renews the lease and installs what is free, never acknowledges, refused once
+the member moved on), and answers as soon as the answer says something new
+(`worth_answering`) or when `min(waitMs, heartbeat interval)` has passed.
 
 So a moved shard is installed to its next owner within one round trip of
-its release, and a coordinator in steady state (nothing pending) does no
-more work than before: it holds nothing. Both the HTTP shell and
-`rsc simulate` use these rules.
+its release, only the heartbeats a change concerns are decided again, and a
+coordinator in steady state (nothing pending) holds nothing. Both the HTTP
+shell and `rsc simulate` use these rules.
 """
 
 from __future__ import annotations
@@ -33,23 +36,59 @@ from rsc.events.events import (
 from rsc.events.model import HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
-#: Events after which a held answer may say something new (a release, a new target).
-WAKING = (ShardsReleased, TargetAssignmentUpdated, LayoutApplied, MemberFenced, MemberLeft)
+
+@attrs.frozen
+class Change:
+    """What a persisted batch of a group did that may concern a held heartbeat."""
+
+    released: frozenset[int] = frozenset()
+    #: Members whose target changed, or that left or were fenced.
+    members: frozenset[str] = frozenset()
+    layout: bool = False
 
 
-def wakes(events: Iterable[GroupEvent]) -> bool:
-    """Should held heartbeats of the group be decided again after `events`?"""
-    return any(isinstance(e, WAKING) for e in events)
+def change_of(events: Iterable[GroupEvent]) -> Change | None:
+    """The `Change` in `events`, or None when they concern no held heartbeat."""
+    released: set[int] = set()
+    members: set[str] = set()
+    layout = False
+    for event in events:
+        match event:
+            case ShardsReleased():
+                released.update(event.shards)
+            case TargetAssignmentUpdated():
+                members.update(event.changed)
+            case MemberFenced() | MemberLeft():
+                members.add(event.member_id)
+            case LayoutApplied():
+                layout = True
+    if not (released or members or layout):
+        return None
+    return Change(frozenset(released), frozenset(members), layout)
+
+
+def concerns(change: Change, member_id: str, pending: frozenset[int]) -> bool:
+    """Should the held heartbeat of `member_id`, waiting for `pending`, be decided again?"""
+    return change.layout or member_id in change.members or not change.released.isdisjoint(pending)
+
+
+def _only_waits(response: HeartbeatResponse) -> bool:
+    return (
+        response.status is HeartbeatStatus.REVOKE_PENDING
+        and bool(response.assignment.pending)
+        and not response.assignment.revoke
+    )
 
 
 def should_hold(request: HeartbeatRequest, response: HeartbeatResponse) -> bool:
-    """Is `response` an answer worth holding for `request`? (It asked to wait and only waits.)"""
+    """Is `response` worth holding for `request`? It asked to wait, and the answer only says
+    "wait": nothing to revoke, nothing new to start, and its epoch did not move (a second move
+    while held would make a lost answer's retry stale)."""
     return (
         request.wait_ms > 0
-        and request.member_epoch >= 0
-        and response.status is HeartbeatStatus.REVOKE_PENDING
-        and bool(response.assignment.pending)
-        and not response.assignment.revoke
+        and request.member_epoch in (0, response.member_epoch)
+        and _only_waits(response)
+        and response.assignment.assigned <= request.owned_shards
     )
 
 
@@ -58,14 +97,17 @@ def hold_ms(request: HeartbeatRequest, response: HeartbeatResponse) -> int:
     return min(request.wait_ms, response.heartbeat_interval_ms)
 
 
-def again(command: Heartbeat, response: HeartbeatResponse, now_ms: int) -> Heartbeat:
-    """The same heartbeat decided again at `now_ms`, at the epoch `response` gave.
+def again(command: Heartbeat, latest: HeartbeatResponse, now_ms: int) -> Heartbeat:
+    """The held heartbeat decided again at `now_ms`, as a recheck at the epoch `latest` gave."""
+    return attrs.evolve(
+        command, member_epoch=latest.member_epoch, revoked=frozenset(), now_ms=now_ms, recheck=True
+    )
 
-    Its acknowledgements were taken the first time; what the member reads has not
-    changed while it waited."""
-    return attrs.evolve(command, member_epoch=response.member_epoch, revoked=frozenset(), now_ms=now_ms)
 
-
-def worth_answering(request: HeartbeatRequest, first: HeartbeatResponse, latest: HeartbeatResponse) -> bool:
+def worth_answering(first: HeartbeatResponse, latest: HeartbeatResponse) -> bool:
     """Answer now rather than go on holding: the answer says something new."""
-    return not should_hold(request, latest) or latest.assignment.assigned != first.assignment.assigned
+    return (
+        not _only_waits(latest)
+        or latest.member_epoch != first.member_epoch
+        or latest.assignment.assigned != first.assignment.assigned
+    )

@@ -53,7 +53,7 @@ from rsc.events.model import (
     HeartbeatStatus,
     Layout,
 )
-from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+from rsc.events.wire import MAX_WAIT_MS, HeartbeatRequest, HeartbeatResponse
 
 NOTHING: frozenset[int] = frozenset()
 
@@ -151,10 +151,20 @@ class MemberMachine:
     # --- outputs -----------------------------------------------------------
 
     def request(self, now: float, drain_progress: tuple[DrainProgress, ...] = ()) -> HeartbeatRequest:
-        """The heartbeat to send now (the leave once `stop` has revoked everything)."""
+        """The heartbeat to send now (the leave once `stop` has revoked everything), marked as
+        sent at `now`: its answer goes to `receive`, or its failure to `failed`."""
+        request = self.preview(drain_progress)
+        self._sent = (request, now)
+        self._urgent = False
+        return request
+
+    def preview(self, drain_progress: tuple[DrainProgress, ...] = ()) -> HeartbeatRequest:
+        """The heartbeat it would send now, without marking anything sent."""
         leave = self.ready_to_leave
-        wait_ms = round(self.interval_s * 1000) if self.pending and self._may_long_poll() else 0
-        request = HeartbeatRequest(
+        wait_ms = 0
+        if self.pending and self._may_long_poll():
+            wait_ms = min(round(self.interval_s * 1000), MAX_WAIT_MS)
+        return HeartbeatRequest(
             protocol_version=PROTOCOL_VERSION,
             stream_prefix=self.stream_prefix,
             consumer_group=self.group,
@@ -168,9 +178,6 @@ class MemberMachine:
             client=self.client,
             wait_ms=wait_ms,
         )
-        self._sent = (request, now)
-        self._urgent = False
-        return request
 
     @property
     def ready_to_leave(self) -> bool:
@@ -245,6 +252,7 @@ class MemberMachine:
         if response.max_concurrency != self.max_concurrency:
             self.max_concurrency = concurrency = response.max_concurrency
         assignment = response.assignment
+        progressed = response.member_epoch != request.member_epoch or assignment.pending != self.pending
         self.pending = assignment.pending
         stop = (self.owned - self.revoking) & (assignment.revoke | (self.owned - assignment.assigned))
         self.revoking |= stop
@@ -253,8 +261,12 @@ class MemberMachine:
         # (`assigned` and `revoke` never overlap in a coordinator's answer; if they did, revoke wins.)
         start = NOTHING if self.leaving else assignment.assigned - self.owned - assignment.revoke
         self.owned |= start
-        if self.to_ack or (self.pending and not request.wait_ms and self._may_long_poll()):
-            self._urgent = True  # acknowledge now; or wait for the pending shards in a long poll
+        if self.to_ack:
+            self._urgent = True  # acknowledge now
+        elif self.pending and self._may_long_poll() and (not request.wait_ms or progressed or start):
+            # Wait for the pending shards in a long poll now: the first time they show, and
+            # after a long poll that made progress (finite: no busy loop, even if not held).
+            self._urgent = True
         return Steps(
             stop=stop,
             start=start,
@@ -320,9 +332,10 @@ class MemberMachine:
     # --- internals ------------------------------------------------------------
 
     def _sent_at(self, request: HeartbeatRequest, now: float) -> float:
-        if self._sent is not None and self._sent[0] is request:
-            return self._sent[1]
-        return now
+        """When `request` was sent: what the lease rule counts from."""
+        if self._sent is None or self._sent[0] is not request:
+            raise ValueError("an answer to a request this machine did not send last (use request())")
+        return self._sent[1]
 
     def _may_long_poll(self) -> bool:
         """Waiting is all it does: nothing to acknowledge or stop, not leaving, not failing."""

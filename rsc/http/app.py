@@ -36,7 +36,7 @@ from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, ProducerHeartbe
 from rsc.http import views
 from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.errors import ApiError
-from rsc.http.longpoll import GroupChanges
+from rsc.http.longpoll import RegistryHold
 from rsc.http.metrics import Metrics
 from rsc.http.throttle import FailureThrottle
 
@@ -173,7 +173,9 @@ def _add_member_routes(
     app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, settings: Settings
 ) -> None:
     max_batch_items, auto_groups = settings.max_batch_items, settings.auto_create_groups
-    changes = GroupChanges(registry)
+    # Held long polls take a connection each: at most half of what the server accepts.
+    holds = RegistryHold(registry, limit=max(1, settings.max_connections // 2))
+    app.extensions["rsc.holds"] = holds
 
     @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
@@ -182,11 +184,11 @@ def _add_member_routes(
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
             command = body.to_command(registry.clock.now_ms())
             create = auto_groups and gate.may_create(caller)
-            changed = changes.event(body.stream_prefix, body.consumer_group) if body.wait_ms else None
+            version = holds.version(body.stream_prefix, body.consumer_group)
             reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
             response = respond(reply.state, command, reply.events)
-        if changed is not None:  # a long poll is held outside the timing: that is the decision's cost
-            response = await changes.hold(body, command, response, changed)
+        if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
+            response = await holds.hold(body, command, response, version)
         return json_response(response)
 
     @app.post("/v1/producers/heartbeat")
@@ -204,20 +206,20 @@ def _add_member_routes(
     async def heartbeats() -> Response:
         with metrics.heartbeat_seconds.labels("batch").time():
             batch = structure(await json_body(), HeartbeatBatch)
-            results, held = await _answer_batch(registry, gate, batch, max_batch_items, auto_groups, changes)
+            results, held = await _answer_batch(registry, gate, batch, max_batch_items, auto_groups, holds)
         if held:  # long polls: the answer goes once every held item has its own
             async with trio.open_nursery() as nursery:
                 for index, hold in held.items():
-                    nursery.start_soon(_held_item, results, index, changes, hold)
+                    nursery.start_soon(_held_item, results, index, holds, hold)
         return json_response({"responses": results}, plain=True)
 
 
-#: A batch item worth holding: its request, command, first answer and the group's change event.
-_Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, trio.Event]
+#: A batch item worth holding: its request, command, first answer and the group's change version.
+_Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, int]
 
 
-async def _held_item(results: list[Any], index: int, changes: GroupChanges, hold: _Hold) -> None:
-    response = await changes.hold(*hold)
+async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold) -> None:
+    response = await holds.hold(*hold)
     results[index] = codec.wire.unstructure(response)
 
 
@@ -227,11 +229,11 @@ async def _answer_batch(
     batch: HeartbeatBatch,
     max_batch_items: int,
     auto_groups: bool,
-    changes: GroupChanges,
+    holds: RegistryHold,
 ) -> tuple[list[Any], dict[int, _Hold]]:
     """Answer every item; the items of one group go to its actor together, in order.
 
-    Items that ask for a long poll and are worth holding come back apart (`changes.hold`)."""
+    Items that ask for a long poll and are worth holding come back apart (`holds.hold`)."""
     if len(batch.heartbeats) > max_batch_items:
         raise ApiError(
             413,
@@ -266,7 +268,7 @@ async def _answer_batch(
     held: dict[int, _Hold] = {}
 
     async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
-        changed = changes.event(*key)
+        version = holds.version(*key)
         try:
             replies = await registry.ask_group_many(*key, [command for _, command in items], create=create)
         except CoordinationError as error:
@@ -279,7 +281,7 @@ async def _answer_batch(
                 continue
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):
-                held[index] = (bodies[index], command, response, changed)
+                held[index] = (bodies[index], command, response, version)
             results[index] = codec.wire.unstructure(response)
 
     try:

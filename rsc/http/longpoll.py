@@ -1,17 +1,27 @@
 """Holding heartbeat answers while a member's shards are pending (`rsc.events.longpoll`).
 
-`GroupChanges` wakes held heartbeats of a group whenever a persisted batch of
-that group releases shards or changes the target; each held heartbeat is then
-decided again through the group's actor (so its lease is renewed and its
-shards installed by the only writer) and answered once the answer says
-something new, or when its wait is over.
+`GroupChanges` keeps, per group, a version that every persisted batch that
+may concern a held heartbeat bumps (`longpoll.change_of`), the last few such
+changes, and the heartbeats held now. A held heartbeat is woken only by a
+change that concerns it (`longpoll.concerns`: one of its pending shards was
+released, its target changed, ...), and is then decided again through the
+group's actor as a recheck (so its lease is renewed and its shards installed
+by the only writer), and answered once the answer says something new, or when
+its wait is over. A change between a heartbeat's first decision and the start
+of its wait is found in the recent changes, by version, so it is not missed.
+
+At most `limit` heartbeats are held at once (the rest are answered at once:
+their members heartbeat at the interval, as without a long poll), and
+`release_all` answers every held heartbeat at once (on shutdown).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
+import attrs
 import trio
 
 from rsc.actors.errors import ActorStopped, StoreError
@@ -25,89 +35,128 @@ from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
 log = logging.getLogger("rsc.http.longpoll")
+#: Changes remembered per group, to catch one between a first decision and its wait.
+RECENT = 64
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    member_id: str
+    pending: frozenset[int]
+    woken: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define
+class _Group:
+    version: int = 0
+    recent: deque[tuple[int, longpoll.Change]] = attrs.field(factory=lambda: deque(maxlen=RECENT))
+    waiters: set[_Waiter] = attrs.field(factory=set)
+
+    def changed_since(self, version: int, member_id: str, pending: frozenset[int]) -> bool:
+        if version < self.version - len(self.recent):
+            return True  # older than what is remembered: decide again to be sure
+        return any(v > version and longpoll.concerns(c, member_id, pending) for v, c in self.recent)
+
+
+Decide = Callable[[Heartbeat], Awaitable[HeartbeatResponse]]
 
 
 class GroupChanges:
-    """One `trio.Event` per group with held heartbeats, set (and replaced) when it changes."""
+    """Wakes the held heartbeats a group's changes concern."""
 
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-        self._events: dict[tuple[str, str], trio.Event] = {}
+    def __init__(self, now_ms: Callable[[], int], limit: int = 256) -> None:
+        self.now_ms = now_ms
+        self.limit = limit
         self.held = 0
-        registry.group_observers.append(self.observe)
+        self.closed = False
+        self._groups: dict[tuple[str, str], _Group] = {}
 
-    def event(self, stream_prefix: str, group: str) -> trio.Event:
-        """The event the next change of this group sets (take it before deciding)."""
-        key = (stream_prefix, group)
-        event = self._events.get(key)
-        if event is None:
-            event = self._events[key] = trio.Event()
-        return event
+    def version(self, stream_prefix: str, group: str) -> int:
+        """The group's change version now (take it before deciding a heartbeat to hold)."""
+        state = self._groups.get((stream_prefix, group))
+        return state.version if state is not None else 0
 
     def observe(self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]) -> None:
-        if longpoll.wakes(events):
-            event = self._events.pop((after.stream_prefix, after.group), None)
-            if event is not None:
-                event.set()
+        """A group observer (`Registry.group_observers`): told of every persisted batch."""
+        change = longpoll.change_of(events)
+        if change is None:
+            return
+        state = self._groups.setdefault((after.stream_prefix, after.group), _Group())
+        state.version += 1
+        state.recent.append((state.version, change))
+        for waiter in state.waiters:
+            if longpoll.concerns(change, waiter.member_id, waiter.pending):
+                waiter.woken.set()
+
+    def release_all(self) -> None:
+        """Answer every held heartbeat now, and hold none from here on (shutting down)."""
+        self.closed = True
+        for state in self._groups.values():
+            for waiter in state.waiters:
+                waiter.woken.set()
 
     async def hold(
         self,
         body: HeartbeatRequest,
         command: Heartbeat,
         response: HeartbeatResponse,
-        changed: trio.Event,
+        version: int,
+        decide: Decide,
     ) -> HeartbeatResponse:
-        """`response`, or a later answer to the same heartbeat if it was worth holding."""
+        """`response` to `command` (sent as `body`), or a later answer if it is worth holding.
 
+        `version` is the group's change version taken before `command` was decided;
+        `decide` decides a recheck heartbeat and renders its answer.
+        """
+        if self.closed or self.held >= self.limit or not longpoll.should_hold(body, response):
+            return response
+        key = (body.stream_prefix, body.consumer_group)
+        state = self._groups.setdefault(key, _Group())
+        first = latest = response
+        deadline = trio.current_time() + longpoll.hold_ms(body, response) / 1000
+        self.held += 1
+        try:
+            while True:
+                waiter = _Waiter(body.member_id, latest.assignment.pending)
+                if state.changed_since(version, waiter.member_id, waiter.pending) or self.closed:
+                    waiter.woken.set()
+                state.waiters.add(waiter)
+                try:
+                    with trio.move_on_at(deadline):
+                        await waiter.woken.wait()
+                finally:
+                    state.waiters.discard(waiter)
+                version = state.version
+                command = longpoll.again(command, latest, self.now_ms())
+                try:
+                    latest = await decide(command)
+                except (CoordinationError, StoreError, ActorStopped) as exc:
+                    log.debug("%s: held heartbeat answered as it stood: %s", body.member_id, exc)
+                    return latest  # true when it was decided; the member heartbeats again
+                if longpoll.worth_answering(first, latest) or trio.current_time() >= deadline or self.closed:
+                    return latest
+        finally:
+            self.held -= 1
+
+
+class RegistryHold:
+    """`GroupChanges` bound to a registry: its observer, clock and group actors."""
+
+    def __init__(self, registry: Registry, limit: int = 256) -> None:
+        self.registry = registry
+        self.changes = GroupChanges(registry.clock.now_ms, limit)
+        registry.group_observers.append(self.changes.observe)
+
+    def version(self, stream_prefix: str, group: str) -> int:
+        return self.changes.version(stream_prefix, group)
+
+    async def hold(
+        self, body: HeartbeatRequest, command: Heartbeat, response: HeartbeatResponse, version: int
+    ) -> HeartbeatResponse:
         async def decide(again: Heartbeat) -> HeartbeatResponse:
             reply = await self.registry.ask_group(
                 body.stream_prefix, body.consumer_group, again, create=False
             )
             return respond(reply.state, again, reply.events)
 
-        self.held += 1
-        try:
-            return await hold(
-                body,
-                command,
-                response,
-                changed,
-                lambda: self.event(body.stream_prefix, body.consumer_group),
-                decide,
-                self.registry.clock.now_ms,
-            )
-        finally:
-            self.held -= 1
-
-
-async def hold(
-    body: HeartbeatRequest,
-    command: Heartbeat,
-    response: HeartbeatResponse,
-    changed: trio.Event,
-    next_change: Callable[[], trio.Event],
-    decide: Callable[[Heartbeat], Awaitable[HeartbeatResponse]],
-    now_ms: Callable[[], int],
-) -> HeartbeatResponse:
-    """Hold `response` to `command` (sent as `body`) while `rsc.events.longpoll` says so.
-
-    `changed` is the group's change event taken before `command` was decided, so that a
-    release between that decision and this wait is not missed; `next_change()` gives the
-    event of the next change; `decide` decides a heartbeat again and renders its answer.
-    """
-    if not longpoll.should_hold(body, response):
-        return response
-    first = latest = response
-    deadline = trio.current_time() + longpoll.hold_ms(body, response) / 1000
-    while True:
-        with trio.move_on_at(deadline):
-            await changed.wait()
-        changed = next_change()
-        command = longpoll.again(command, latest, now_ms())
-        try:
-            latest = await decide(command)
-        except (CoordinationError, StoreError, ActorStopped) as exc:
-            log.debug("%s: held heartbeat answered early: %s", body.member_id, exc)
-            return latest  # true when it was decided; the member heartbeats again
-        if longpoll.worth_answering(body, first, latest) or trio.current_time() >= deadline:
-            return latest
+        return await self.changes.hold(body, command, response, version, decide)

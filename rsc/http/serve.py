@@ -153,6 +153,7 @@ async def serve(
             await leadership.advertise(default_advertise_url(urls))
         task_status.started(urls)
         await trigger.wait()
+        app.extensions["rsc.holds"].changes.release_all()  # held long polls are answered now
         # Graceful: no new connections, requests in flight answered (within the server's
         # graceful timeout), and only then the actors and the lease go.
         with trio.move_on_after(config.graceful_timeout + 1):
