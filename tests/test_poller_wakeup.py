@@ -148,16 +148,24 @@ async def test_an_entry_appended_between_the_read_and_the_block_is_not_missed(
         handled.append(message.id)
 
     class AppendFirst:
-        """The wake-up client, with an entry appended just before its first XREAD is sent."""
+        """The wake-up client, with an entry appended just before its first XREAD is sent
+        (alone, or in a pipeline with the read behind it)."""
 
         def __init__(self, client: Any) -> None:
             self.client = client
             self.connection_pool = client.connection_pool
 
         def xread(self, streams: dict[str, str], **options: Any) -> Any:
-            if not late:
-                late.append(sync_redis.xadd(next(iter(streams)), {"n": "late"}))
+            self.append()
             return self.client.xread(streams, **options)
+
+        def pipeline(self, **options: Any) -> Any:
+            self.append()
+            return self.client.pipeline(**options)
+
+        def append(self) -> None:
+            if not late:
+                late.append(sync_redis.xadd(key, {"n": "late"}))
 
     [key] = shard_keys(prefix, 1, sync_redis)
     async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:

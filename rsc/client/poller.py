@@ -97,7 +97,9 @@ local function failure(e)
 end
 """
 # KEYS: shard, owners, shard, owners...; ARGV: group, member, incarnation, consumer, then per
-# shard: count, highest id received. Returns per shard {refusal or '', entries, tail}.
+# shard: count, highest id received, known tail ('' if none). Returns per shard {refusal or '',
+# entries, tail}; a shard whose last entry is still its known tail is not read at all (nothing
+# was appended since a read caught up: the read sent behind a wake-up read that timed out).
 # Idempotent: entries a read delivered but whose reply was lost (a timeout, a dropped connection)
 # are pending under this consumer past the highest id it received: they come first (from its
 # own history), so nothing stays pending unseen. Normally that history is empty.
@@ -133,10 +135,15 @@ local function read_shard(key, count, from)
 end
 local out = {}
 for i = 1, #KEYS / 2 do
+  local known = ARGV[3 * i + 4]
   local ok, reply = pcall(function()
+    if known ~= '' then
+      local last = redis.call('XREVRANGE', KEYS[2 * i - 1], '+', '-', 'COUNT', 1)
+      if (last[1] and last[1][1] or '0-0') == known then return {'', {}, known} end
+    end
     local why = refused(KEYS[2 * i])
     if why then return {why, {}, ''} end
-    return read_shard(KEYS[2 * i - 1], tonumber(ARGV[3 + 2 * i]), ARGV[4 + 2 * i])
+    return read_shard(KEYS[2 * i - 1], tonumber(ARGV[3 * i + 2]), ARGV[3 * i + 3])
   end)
   out[i] = ok and reply or {failure(reply), {}, ''}
 end
@@ -619,19 +626,32 @@ class Poller:
         reads = [(shard, count) for shard, count in reads if not shard.stopping]
         if not reads:
             return
-        keys = [key for shard, _ in reads for key in (shard.key, owner_key(shard.key))]
-        args = [self.member_id, *(x for shard, count in reads for x in (count, shard.last_read))]
+        keys, args = self._read_arguments(reads)
         try:
             with redis_call(f"reading {', '.join(shard.key for shard, _ in reads)}"):
-                reply = await self._read(
-                    keys=keys, args=[self.group, self.member_id, self.incarnation, *args]
-                )
+                reply = await self._read(keys=keys, args=args)
         except (RedisUnavailable, RedisCommandFailed) as exc:
             delay = self.health.failed(exc)
             for shard, _ in reads:
                 self._read_failed(shard, delay)
             return
         self.health.ok()
+        await self._take(reads, reply)
+
+    def _read_arguments(
+        self, reads: list[tuple[_Shard, int]], known_tails: bool = False
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of `READ` (with the shards' tails when `known_tails`)."""
+        keys = [key for shard, _ in reads for key in (shard.key, owner_key(shard.key))]
+        per_shard = [
+            x
+            for shard, count in reads
+            for x in (count, shard.last_read, (shard.tail or "") if known_tails else "")
+        ]
+        return keys, [self.group, self.member_id, self.incarnation, self.member_id, *per_shard]
+
+    async def _take(self, reads: list[tuple[_Shard, int]], reply: Any) -> None:
+        """What a `READ` of these shards returned: entries queued, tails noted, refusals."""
         for (shard, _), (refusal, entries, tail) in zip(reads, reply, strict=True):
             if refusal:
                 await self._refused(shard, str(refusal))
@@ -644,9 +664,16 @@ class Poller:
                 shard.watch.poll_sleep = self.settings.idle_sleep_s
             if tail:
                 self._caught_up(shard, str(tail))
+            elif shard.tail is not None and shard.watch is not None:  # more to read: the reader goes on
+                shard.tail = None
+                self._poke()
+                shard.watch.touch()
 
     def _read_failed(self, shard: _Shard, delay: float) -> None:
+        """The shard is read again (by the reader) no sooner than `delay` from now."""
+        shard.tail = None
         shard.retry_at = trio.current_time() + delay
+        self._wake.set()  # the reader sets its timer by it
         if shard.watch is not None:
             shard.watch.touch()  # the others of its group can be watched meanwhile
 
@@ -728,18 +755,50 @@ class Poller:
                 block_ms = self.wake_block_ms
                 if self.health.since is not None:
                     block_ms = min(block_ms, int(OUTAGE_OVER_S * 1000) + 100)
+                reads = self._read_behind(watch, tails)
                 watch.blocked_on = frozenset(tails)
+                woken = read = None
                 try:
                     with trio.CancelScope() as watch.blocking:
-                        with redis_call(f"XREAD BLOCK {', '.join(keys)}"):
-                            reply = await self.wakeups.xread(keys, count=1, block=block_ms)
+                        woken, read = await self._block(keys, block_ms, reads)
                         self.health.ok()
-                        self._woken(watch, reply or {})
                 except (RedisUnavailable, RedisCommandFailed) as exc:
                     await self._wake_failed(watch, exc, set(keys))
                 finally:
                     watch.blocking = None
                     watch.blocked_on = frozenset()
+                if read is not None:
+                    await self._take(reads, read)
+                elif woken:
+                    self._woken(watch, woken)
+
+    def _read_behind(self, watch: _Watch, tails: dict[int, str]) -> list[tuple[_Shard, int]]:
+        """The fenced read to send right behind a wake-up read, on its connection: Redis runs
+        it as soon as the XREAD returns, which saves a round trip. None without a valid lease
+        or room in the queue (the reader reads the shards then, once woken)."""
+        room = self.settings.prefetch - self.buffered
+        if not self._lease_valid() or room <= 0:
+            return []
+        count = min(self.settings.batch, max(1, room // len(tails)))
+        return [(watch.shards[i], count) for i in tails]
+
+    async def _block(
+        self, streams: dict[str, str], block_ms: int, reads: list[tuple[_Shard, int]]
+    ) -> tuple[Any, Any]:
+        """XREAD BLOCK on `streams` (the keys with entries past their tails; nothing after
+        `block_ms`), and `READ` of `reads` right behind it (its reply; None if it failed)."""
+        with redis_call(f"XREAD BLOCK {', '.join(streams)}"):
+            if not reads:
+                return await self.wakeups.xread(streams, count=1, block=block_ms), None
+            keys, args = self._read_arguments(reads, known_tails=True)
+            async with self.wakeups.pipeline(transaction=False, raise_on_error=False) as pipe:
+                pipe.xread(streams, count=1, block=block_ms)
+                pipe.evalsha(self._read.sha, keys=keys, args=args)
+            woken, read = pipe.results or (None, None)
+            if isinstance(woken, BaseException):
+                raise woken
+        # A failed read (NOSCRIPT after a restart...): the reader reads them, with the script.
+        return woken, None if isinstance(read, BaseException) else read
 
     async def _quiet(self, watch: _Watch) -> dict[int, str]:
         """Wait until no shard of the group is to be read now and one has caught up; their tails.
