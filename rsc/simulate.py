@@ -249,7 +249,9 @@ class Simulation:
                         self.stats.order_violations += 1
                     self.holder.update(dict.fromkeys(event.shards, event.member_id))
         if any(type(e).__name__ == "TargetAssignmentUpdated" for e in events):
-            target = self.state.target
+            members = self.state.members
+            # a leaving member is not in the target any more: its shards are free, not moved
+            target = {m: s for m, s in self.state.target.items() if m in members and not members[m].leaving}
             shards = self.state.layout.readable_indexes
             moved = assignor.moves(previous_target, target)
             self.stats.moves += moved

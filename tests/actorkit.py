@@ -82,9 +82,17 @@ class Member:
         return response
 
     async def leave(self) -> HeartbeatResponse:
-        """A graceful leave: stop everything, then the leave (epoch -1); then start over."""
-        self.machine.stop()
+        """A graceful leave (then start over). Nobody else heartbeats here to become ready for
+        its shards, so after one `leaving` heartbeat it revokes the rest as a member does when
+        the handover takes too long, and sends the leave (epoch -1)."""
+        machine = self.machine
+        machine.stop()
         response = await self.heartbeat()
-        assert self.machine.left
+        machine.revoked(machine.revoking)
+        later = self.registry.clock.now_ms() / 1000 + machine.leave_handoff_s
+        machine.silent(later)
+        machine.revoked(machine.revoking)
+        while not machine.left:
+            response = await self.heartbeat()
         self.forget()
         return response

@@ -170,3 +170,46 @@ async def test_a_process_holds_at_most_max_long_polls_connections(
                 polls.start_soon(transport.heartbeat, request(member, 1))
         nursery.cancel_scope.cancel()
     assert (coordinator.single, coordinator.batched) == ([1_000], [0])
+
+
+def stable_pair(g: Group) -> tuple[HeartbeatResponse, HeartbeatResponse]:
+    """a and b each read two of four shards, reconciled."""
+    a = g.hb("a", 0)
+    b = g.hb("b", 0)
+    for _ in range(3):
+        a = g.hb("a", a.member_epoch, owned=a.assignment.assigned, revoked=a.assignment.revoke)
+        b = g.hb("b", b.member_epoch, owned=b.assignment.assigned)
+    assert (a.status, b.status) == (HeartbeatStatus.OK, HeartbeatStatus.OK)
+    assert len(a.assignment.assigned) == len(b.assignment.assigned) == 2
+    return a, b
+
+
+def test_a_leaving_member_keeps_reading_until_the_next_owner_is_ready() -> None:
+    g = Group.create(shards=4)
+    a, b = stable_pair(g)
+    mine = a.assignment.assigned
+    command = Heartbeat("a", "inc-1", a.member_epoch, g.now, 1, owned=mine, leaving=True)
+    events = g.run(command)
+    answer = respond(g.state, command, events)
+    assert g.state.members["a"].leaving
+    assert g.state.target_of("a") == frozenset()
+    assert g.state.target_of("b") == frozenset(range(4))
+    # b has not heard of its new target yet: a is not asked to revoke, and keeps reading
+    assert (answer.status, answer.assignment.assigned, answer.assignment.revoke) == (
+        HeartbeatStatus.REVOKE_PENDING,
+        mine,
+        frozenset(),
+    )
+    again = attrs.evolve(request("a", answer.member_epoch, owned=mine), leaving=True)
+    assert longpoll.should_hold(again, answer)  # its next heartbeat waits for the handover
+    b2 = g.hb("b", b.member_epoch, owned=b.assignment.assigned)
+    assert b2.assignment.pending == mine  # b is ready: it waits for them (in a long poll)
+    advanced = longpoll.change_of(g.events[-3:])
+    assert advanced is not None
+    assert longpoll.concerns(advanced, "a", frozenset())  # wakes a's held heartbeat
+    a2 = g.hb("a", answer.member_epoch, owned=mine)
+    assert a2.assignment.revoke == mine  # now it hands them over
+    a3 = g.hb("a", a2.member_epoch, owned=frozenset(), revoked=mine)
+    assert a3.status is HeartbeatStatus.OK
+    assert g.hb("b", b2.member_epoch, owned=b.assignment.assigned).assignment.assigned == frozenset(range(4))
+    assert g.hb("a", -1).member_epoch == -1

@@ -140,22 +140,44 @@ def test_no_long_poll_while_acknowledging_revoking_leaving_or_failing() -> None:
     assert m.next_heartbeat_at(0.3) == 1.0
 
 
-def test_graceful_leave_revokes_then_sends_epoch_minus_one() -> None:
+def test_graceful_leave_hands_over_what_it_is_asked_then_sends_epoch_minus_one() -> None:
     m = machine()
     m.receive(m.request(0), answer(epoch=3, assigned={0, 1}), 0)
-    steps = m.stop()
-    assert steps.stop == {0, 1}
+    assert m.stop().stop == frozenset()  # it keeps reading until the coordinator asks
     request = m.request(0.1)
-    assert request.member_epoch == 3  # still revoking: heartbeats go on
-    later = m.receive(request, answer(epoch=3, assigned={0, 1, 2}), 0.2)
+    assert (request.member_epoch, request.leaving, request.owned_shards) == (3, True, {0, 1})
+    wait = m.receive(request, answer(PENDING, epoch=3, assigned={0, 1}), 0.2)  # next owners not ready
+    assert wait.stop == frozenset()
+    assert m.request(0.3).wait_ms == 1_000  # it waits in a long poll for the handover
+    steps = m.receive(m.request(0.3), answer(PENDING, epoch=3, assigned={0}, revoke={1}), 0.4)
+    assert steps.stop == {1}
+    later = m.receive(m.request(0.5), answer(epoch=3, assigned={0, 2}, revoke={1}), 0.6)
     assert later.start == frozenset()  # nothing new starts while leaving
-    m.revoked(frozenset({0, 1}))
+    m.revoked(frozenset({1}))
+    steps = m.receive(m.request(0.7), answer(PENDING, epoch=3, revoke={0}), 0.8)
+    assert steps.stop == {0}
+    m.revoked(frozenset({0}))
     assert m.ready_to_leave
-    leave = m.request(0.3)
-    assert (leave.member_epoch, leave.owned_shards, leave.revoked_shards) == (-1, frozenset(), {0, 1})
-    m.receive(leave, answer(epoch=-1), 0.31)
+    leave = m.request(0.9)
+    assert (leave.member_epoch, leave.owned_shards, leave.revoked_shards) == (-1, frozenset(), {0})
+    m.receive(leave, answer(epoch=-1), 0.91)
     assert m.left
-    assert m.next_heartbeat_at(0.4) == math.inf
+    assert m.next_heartbeat_at(1.0) == math.inf
+
+
+def test_a_leave_the_coordinator_does_not_hand_over_revokes_everything_in_time() -> None:
+    """A coordinator that ignores `leaving` (an older one): after `leave_handoff_s`."""
+    m = machine(long_poll=False)
+    m.receive(m.request(0), answer(epoch=3, assigned={0, 1}), 0)
+    m.stop()
+    first = m.request(1.0)
+    m.receive(first, answer(epoch=3, assigned={0, 1}), 1.0)
+    assert m.leave_handoff_s == 3.0
+    assert m.next_heartbeat_at(1.5) == 2.0  # its next heartbeat, before the fallback
+    assert m.silent(3.9).stop == frozenset()
+    assert m.silent(4.0).stop == {0, 1}
+    m.revoked(frozenset({0, 1}))
+    assert m.request(4.1).member_epoch == -1
 
 
 def test_answers_it_cannot_read_for_a_lease_make_it_give_up_and_leave() -> None:

@@ -60,6 +60,7 @@ class Heartbeat:
     drain_progress: tuple[DrainProgress, ...] = ()
     client: ClientInfo = ClientInfo()
     recheck: bool = False
+    leaving: bool = False
 
 
 @attrs.frozen

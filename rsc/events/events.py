@@ -67,6 +67,16 @@ class MemberLeft:
 
 
 @attrs.frozen
+class MemberLeaving:
+    """The member asked to leave gracefully: it is left out of the target from now on and
+    hands its shards over (each once its next owner is ready), then leaves."""
+
+    durable: ClassVar[bool] = True
+    member_id: str
+    group_epoch: int
+
+
+@attrs.frozen
 class MemberFenced:
     durable: ClassVar[bool] = True
     member_id: str
@@ -168,6 +178,7 @@ GroupEvent = (
     | MemberJoined
     | MemberHeartbeated
     | MemberLeft
+    | MemberLeaving
     | MemberFenced
     | TargetAssignmentUpdated
     | MemberEpochAdvanced

@@ -63,6 +63,7 @@ from rsc.events.events import (
     MemberFenced,
     MemberHeartbeated,
     MemberJoined,
+    MemberLeaving,
     MemberLeft,
     ShardsInstalled,
     ShardsReleased,
@@ -126,8 +127,8 @@ class GroupState:
 
     def member_state(self, member: Member) -> MemberState:
         """Where `member` stands in its reconciliation."""
-        if member.revoking:
-            return MemberState.UNREVOKED
+        if member.revoking or not member.assigned <= self.target_of(member.member_id):
+            return MemberState.UNREVOKED  # revoking, or holding what it must hand over
         if self.pending_of(member) or member.member_epoch != self.assignment_epoch:
             return MemberState.UNRELEASED
         return MemberState.STABLE
@@ -164,6 +165,9 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             return state
         case MemberLeft():
             return _drop_member(state, event.member_id, event.group_epoch)
+        case MemberLeaving():
+            member = attrs.evolve(_member(state, event.member_id), leaving=True)
+            return attrs.evolve(_put(state, member), group_epoch=event.group_epoch)
         case MemberFenced():
             tomb = FencedMember(event.member_id, event.incarnation, event.reason, event.fenced_at_ms)
             fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
@@ -426,6 +430,8 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
         decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.STALE_EPOCH))
         return
     decision.emit(MemberHeartbeated(hb.member_id, hb.now_ms + group.timing.lease_ttl_ms))
+    if hb.leaving and member is not None and not member.leaving:
+        decision.emit(MemberLeaving(hb.member_id, decision.group.group_epoch + 1))
     _refresh_target(decision, hb.now_ms)
     _reconcile(decision, hb)
 
@@ -467,7 +473,7 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
     group = decision.group
     member = group.members[hb.member_id]
     target = group.target_of(member.member_id)
-    to_revoke = member.assigned - target
+    to_revoke = _ready_to_move(group, member.assigned - target)
     if to_revoke:
         deadline = hb.now_ms + group.timing.revoke_timeout_ms
         decision.emit(ShardsRevokeRequested(member.member_id, to_revoke, hb.now_ms, deadline))
@@ -525,9 +531,33 @@ def _refresh_target(decision: _Decision, now_ms: int) -> None:
     last = group.assignment_computed_at_ms
     if last is not None and now_ms - last < group.timing.assignment_interval_ms:
         return
-    target = assignor.assign(group.members, group.layout.readable_indexes, group.target)
+    staying = [m for m, member in group.members.items() if not member.leaving]
+    target = assignor.assign(staying, group.layout.readable_indexes, group.target)
     changed = {m: shards for m, shards in target.items() if group.target.get(m) != shards}
+    changed.update({m: frozenset() for m, shards in group.target.items() if shards and m not in target})
     decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
+
+
+def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
+    """The shards, of those a member must give up, whose next owner is ready for them.
+
+    A shard is revoked only once the member it is targeted to has reconciled to the current
+    assignment epoch (it has been told the shard is pending for it, and waits for it in a long
+    poll), or once it is targeted to nobody. Until then the old owner keeps reading it: a
+    handoff never leaves a shard idle while its next owner has not yet heard of it. This never
+    blocks a member's own progress (shards it keeps this way are not `revoking`), so it cannot
+    deadlock; a next owner that never heartbeats again is fenced at the end of its lease,
+    which retargets the shard.
+    """
+    if not shards:
+        return shards
+    owner_of = {s: m for m, targeted in group.target.items() for s in targeted & shards}
+    ready = set()
+    for shard in shards:
+        owner = group.members.get(owner_of.get(shard, ""))
+        if owner is None or owner.member_epoch == group.assignment_epoch:
+            ready.add(shard)
+    return frozenset(ready)
 
 
 def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:

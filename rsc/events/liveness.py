@@ -40,6 +40,7 @@ from rsc.events.events import (
     MemberFenced,
     MemberHeartbeated,
     MemberJoined,
+    MemberLeaving,
     MemberLeft,
     ProducerAcknowledged,
     ProducerExpired,
@@ -110,6 +111,7 @@ class Leases(Mapping[str, int]):
                 case (
                     GroupCreated()
                     | MemberJoined()
+                    | MemberLeaving()
                     | TargetAssignmentUpdated()
                     | MemberEpochAdvanced()
                     | ShardsRevokeRequested()

@@ -28,6 +28,7 @@ from rsc.events.commands import Heartbeat
 from rsc.events.events import (
     GroupEvent,
     LayoutApplied,
+    MemberEpochAdvanced,
     MemberFenced,
     MemberLeft,
     ShardsReleased,
@@ -45,13 +46,15 @@ class Change:
     #: Members whose target changed, or that left or were fenced.
     members: frozenset[str] = frozenset()
     layout: bool = False
+    #: A member reconciled to a new epoch: the next owner of a shard someone holds may be ready.
+    advanced: bool = False
 
 
 def change_of(events: Iterable[GroupEvent]) -> Change | None:
     """The `Change` in `events`, or None when they concern no held heartbeat."""
     released: set[int] = set()
     members: set[str] = set()
-    layout = False
+    layout = advanced = False
     for event in events:
         match event:
             case ShardsReleased():
@@ -62,22 +65,25 @@ def change_of(events: Iterable[GroupEvent]) -> Change | None:
                 members.add(event.member_id)
             case LayoutApplied():
                 layout = True
-    if not (released or members or layout):
+            case MemberEpochAdvanced():
+                advanced = True
+    if not (released or members or layout or advanced):
         return None
-    return Change(frozenset(released), frozenset(members), layout)
+    return Change(frozenset(released), frozenset(members), layout, advanced)
 
 
 def concerns(change: Change, member_id: str, pending: frozenset[int]) -> bool:
-    """Should the held heartbeat of `member_id`, waiting for `pending`, be decided again?"""
-    return change.layout or member_id in change.members or not change.released.isdisjoint(pending)
+    """Should the held heartbeat of `member_id`, waiting for `pending` (or, when nothing is
+    pending, waiting for the next owners of shards it hands over), be decided again?"""
+    if change.layout or member_id in change.members or not change.released.isdisjoint(pending):
+        return True
+    return not pending and change.advanced
 
 
 def _only_waits(response: HeartbeatResponse) -> bool:
-    return (
-        response.status is HeartbeatStatus.REVOKE_PENDING
-        and bool(response.assignment.pending)
-        and not response.assignment.revoke
-    )
+    """The answer only says "wait": for pending shards, or for the next owners of shards it
+    holds to be ready (a handoff under way, nothing to revoke yet)."""
+    return response.status is HeartbeatStatus.REVOKE_PENDING and not response.assignment.revoke
 
 
 def should_hold(request: HeartbeatRequest, response: HeartbeatResponse) -> bool:

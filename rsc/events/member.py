@@ -29,14 +29,19 @@ The rules it keeps:
   the last successful heartbeat was *sent*, minus a safety margin
   (`Steps.renew_until`). When no heartbeat has succeeded by then, it drops
   every shard (`silent`, `failed`), even while a request is still in flight.
-* Graceful leave (`stop`): everything is revoked while heartbeats go on;
-  once nothing is held, the next request is the leave (epoch -1).
-* Push-speed handoff: while shards targeted to it are pending (another member
-  still holds them) and it has nothing to acknowledge, its heartbeat asks the
-  coordinator to hold the answer until they are installable (`waitMs`, a long
-  poll) instead of learning of them one interval later. The next heartbeat
-  after a long poll is due one interval after it was *sent*, so a coordinator
-  that does not hold answers is not polled faster.
+* Graceful leave (`stop`): its heartbeats say `leaving`; the coordinator
+  takes it out of the target and asks it to revoke each shard once the
+  shard's next owner is ready (it keeps reading until then, so nothing sits
+  idle while the others learn of their new target); once nothing is held, the
+  next request is the leave (epoch -1). If the coordinator has not asked for
+  everything within `leave_handoff_s`, it revokes the rest itself.
+* Push-speed handoff: while its answer only says "wait" (shards targeted to
+  it are pending, or shards it holds wait for their next owner) and it has
+  nothing to acknowledge, its heartbeat asks the coordinator to hold the
+  answer until something changes for it (`waitMs`, a long poll) instead of
+  learning of it one interval later. After a long poll that made no progress
+  the next heartbeat is due one interval after it was *sent*, so a
+  coordinator that does not hold answers is not polled faster.
 * Answers it cannot read for a whole lease make it give up: it drops
   everything and leaves (`Steps.gave_up`).
 """
@@ -125,6 +130,9 @@ class MemberMachine:
         self.to_ack: frozenset[int] = NOTHING
         #: Targeted shards someone else still holds (from the last answer).
         self.pending: frozenset[int] = NOTHING
+        #: The last answer only said "wait" (for pending shards, or for the next owners of
+        #: shards it hands over): worth a long poll.
+        self.waiting = False
         self.layout: Layout = EMPTY_LAYOUT
         self.metadata_version = 0
         self.interval_s = settings.heartbeat_interval_ms / 1000
@@ -144,6 +152,7 @@ class MemberMachine:
         #: The leave (epoch -1) was sent: nothing more to do.
         self.left = False
         self._urgent = True
+        self._leave_since: float | None = None
         self._sent: tuple[HeartbeatRequest, float] | None = None
         #: When the next heartbeat is due when nothing is urgent.
         self._due_at = float("-inf")
@@ -154,6 +163,8 @@ class MemberMachine:
         """The heartbeat to send now (the leave once `stop` has revoked everything), marked as
         sent at `now`: its answer goes to `receive`, or its failure to `failed`."""
         request = self.preview(drain_progress)
+        if self.leaving and self._leave_since is None:
+            self._leave_since = now
         self._sent = (request, now)
         self._urgent = False
         return request
@@ -162,7 +173,7 @@ class MemberMachine:
         """The heartbeat it would send now, without marking anything sent."""
         leave = self.ready_to_leave
         wait_ms = 0
-        if self.pending and self._may_long_poll():
+        if self.waiting and self._may_long_poll():
             wait_ms = min(round(self.interval_s * 1000), MAX_WAIT_MS)
         return HeartbeatRequest(
             protocol_version=PROTOCOL_VERSION,
@@ -177,6 +188,7 @@ class MemberMachine:
             drain_progress=drain_progress,
             client=self.client,
             wait_ms=wait_ms,
+            leaving=self.leaving and not leave,
         )
 
     @property
@@ -190,7 +202,10 @@ class MemberMachine:
             return float("inf")
         if self._urgent or self.ready_to_leave:
             return now
-        return min(self._due_at, self.fence_at)
+        due = min(self._due_at, self.fence_at)
+        if self._leave_since is not None and self.owned - self.revoking:
+            due = min(due, self._leave_since + self.leave_handoff_s)  # `silent` revokes the rest
+        return due
 
     def answer_deadline(self, sent: float) -> float:
         """Until when to wait for the answer to a request sent at `sent`.
@@ -235,7 +250,7 @@ class MemberMachine:
         self._due_at = (sent if request.wait_ms else now) + self.interval_s
         if request.member_epoch == -1:
             self.left = True
-            self.epoch, self.to_ack, self.pending = 0, NOTHING, NOTHING
+            self.epoch, self.to_ack, self.pending, self.waiting = 0, NOTHING, NOTHING, False
             return Steps(warnings=tuple(warnings))
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
             if self.owned:
@@ -254,6 +269,7 @@ class MemberMachine:
         assignment = response.assignment
         progressed = response.member_epoch != request.member_epoch or assignment.pending != self.pending
         self.pending = assignment.pending
+        self.waiting = response.status is HeartbeatStatus.REVOKE_PENDING and not assignment.revoke
         stop = (self.owned - self.revoking) & (assignment.revoke | (self.owned - assignment.assigned))
         self.revoking |= stop
         # Revoked shards never started are acknowledged too: they are not read.
@@ -263,7 +279,7 @@ class MemberMachine:
         self.owned |= start
         if self.to_ack:
             self._urgent = True  # acknowledge now
-        elif self.pending and self._may_long_poll() and (not request.wait_ms or progressed or start):
+        elif self.waiting and self._may_long_poll() and (not request.wait_ms or progressed or start):
             # Wait for the pending shards in a long poll now: the first time they show, and
             # after a long poll that made progress (finite: no busy loop, even if not held).
             self._urgent = True
@@ -305,8 +321,14 @@ class MemberMachine:
         return attrs.evolve(steps, warnings=(*warnings, *steps.warnings))
 
     def silent(self, now: float) -> Steps:
-        """Time passed without an answer: the lease rule (drop everything past the fence)."""
+        """Time passed without an answer: the lease rule (drop everything past the fence); and a
+        leave that a coordinator does not hand over in time is done by revoking everything."""
         if now < self.fence_at:
+            if self._leave_since is not None and now >= self._leave_since + self.leave_handoff_s:
+                stop = self.owned - self.revoking
+                if stop:
+                    self.revoking |= stop
+                    return Steps(stop=stop)
             return NO_STEPS
         self.self_fenced += 1
         return self._drop_all(["no heartbeat succeeded within the lease; dropping every shard"])
@@ -322,12 +344,19 @@ class MemberMachine:
         return NO_STEPS
 
     def stop(self) -> Steps:
-        """Leave gracefully: stop everything while heartbeats go on, then the leave."""
+        """Leave gracefully: the next heartbeats say so (`leaving`), the coordinator hands each
+        shard over once its next owner is ready (a revoke, as in any handoff), and once nothing
+        is held the leave (epoch -1) goes. A coordinator that has not asked for everything
+        within `leave_handoff_s` of the first such heartbeat (one that does not know `leaving`)
+        gets every shard revoked then."""
         self.leaving = True
-        stop = self.owned - self.revoking
-        self.revoking |= stop
         self._urgent = True
-        return Steps(stop=stop)
+        return NO_STEPS
+
+    @property
+    def leave_handoff_s(self) -> float:
+        """How long a leave may wait for the coordinator to hand its shards over."""
+        return 2 * self.interval_s + 1.0
 
     # --- internals ------------------------------------------------------------
 
@@ -339,11 +368,7 @@ class MemberMachine:
 
     def _may_long_poll(self) -> bool:
         """Waiting is all it does: nothing to acknowledge or stop, not leaving, not failing."""
-        return (
-            self.settings.long_poll
-            and not (self.leaving or self.to_ack or self.revoking)
-            and self.failing_since is None
-        )
+        return self.settings.long_poll and not (self.to_ack or self.revoking) and self.failing_since is None
 
     def _held_s(self) -> float:
         sent = self._sent
@@ -352,6 +377,7 @@ class MemberMachine:
     def _drop_all(self, warnings: list[str]) -> Steps:
         lost = self.owned
         self.owned = self.revoking = self.to_ack = self.pending = NOTHING
+        self.waiting = False
         return Steps(lost=lost, renew_until=float("-inf"), warnings=tuple(warnings))
 
     def _give_up(self, warnings: list[str]) -> Steps:

@@ -280,6 +280,8 @@ class Member:
     revoke_deadline_ms: int | None = None
     client: ClientInfo = ClientInfo()
     joined_at_ms: int = 0
+    #: Leaving gracefully: no longer in the target; it hands its shards over, then leaves.
+    leaving: bool = False
 
     @property
     def installed(self) -> frozenset[int]:

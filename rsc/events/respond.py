@@ -37,7 +37,9 @@ def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> 
             assignment = ShardAssignment(member.assigned, pending, member.revoking)
         if command.metadata_version > layout.metadata_version:
             status = HeartbeatStatus.SYNC_METADATA
-        elif pending or member.revoking:
+        elif pending or member.revoking or not member.assigned <= state.target_of(member.member_id):
+            # a handoff involving it: it waits for shards, revokes, or holds some that move
+            # once their next owner is ready
             status = HeartbeatStatus.REVOKE_PENDING
     # One construction (no attrs.evolve): this runs for every heartbeat.
     return HeartbeatResponse(

@@ -57,6 +57,8 @@ class HeartbeatRequest:
     #: Long poll: the most the coordinator may hold the answer while shards targeted to this
     #: member are pending, waiting for them to become installable (0: answer at once).
     wait_ms: int = wire_field(0, minimum=0, maximum=MAX_WAIT_MS)
+    #: Leaving gracefully: hand the shards over to their next owners, then send epoch -1.
+    leaving: bool = False
 
     def to_command(self, now_ms: int) -> Heartbeat:
         """The core command for this request, arrived at `now_ms`."""
@@ -71,6 +73,7 @@ class HeartbeatRequest:
             revoked=self.revoked_shards,
             drain_progress=self.drain_progress,
             client=self.client,
+            leaving=self.leaving,
         )
 
 
