@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python bench/heartbeat.py
 	$(BIN)/python bench/producer.py
 	$(BIN)/python bench/consumer.py     # installs FastStream into bench/.faststream-venv on first use
+	$(BIN)/python bench/latency.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/results

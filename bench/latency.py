@@ -8,11 +8,12 @@ order reverses every other round, see bench/_rounds.py):
   producer (`SyncProducer`, in this process) publishes at each of `--rates`
   (default 5 and 1,000 msg/s) for `--seconds` each; every message carries the
   publisher's `time.monotonic()` (one clock for every process of the
-  machine) and the handler records now minus that: p50, p99, max;
+  machine) and the handler records now minus that: p50, p99, max; and the
+  CPU the consumer process and redis-server used meanwhile (% of one core,
+  utime + stime from /proc/<pid>/stat);
 * idle: a consumer process with `--idle-members` members (rsc) on another
   fresh stream of 8 shards, nothing published; after it settles, over
-  `--idle-seconds`: the CPU it used (utime + stime from /proc/<pid>/stat, in
-  % of one core) and the Redis commands per second (INFO stats
+  `--idle-seconds`: the CPU it used and the Redis commands per second (INFO stats
   `total_commands_processed`, commands run by scripts included, minus what
   Redis runs with no consumer at all, measured first: the coordinator's own
   background work), in total and per member.
@@ -207,6 +208,7 @@ class Bench:
         self.url = url
         self.fs_python = fs_python
         self.r = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.redis_pid = int(self.r.info("server")["process_id"])
         self.env = {"RSC_REDIS_URL": redis_url}
 
     @contextlib.contextmanager
@@ -265,18 +267,27 @@ class Bench:
             ):
                 self.publish(producer, "warmup", 50, 1)
                 wait_handled(self.r, keys, group)
-                cpu: dict[str, float] = {}
+                cpu: dict[str, tuple[float, float]] = {}
                 for rate in self.args.rates:
-                    cpu0, start = cpu_seconds(proc.pid), time.monotonic()
+                    pids = (proc.pid, self.redis_pid)
+                    cpu0, start = [cpu_seconds(pid) for pid in pids], time.monotonic()
                     self.publish(producer, f"{rate:g}", rate, self.args.seconds)
                     wait_handled(self.r, keys, group)
-                    cpu[f"{rate:g}"] = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - start) * 100
+                    elapsed = time.monotonic() - start
+                    consumer, server = (
+                        (cpu_seconds(p) - c) / elapsed * 100 for p, c in zip(pids, cpu0, strict=True)
+                    )
+                    cpu[f"{rate:g}"] = (consumer, server)
             lines = [line.split() for line in out.read_text().splitlines()] if out.exists() else []
         by_phase: dict[str, list[float]] = {}
         for phase, ms in lines:
             by_phase.setdefault(phase, []).append(float(ms))
         return {
-            f"{rate:g}": {**summary(by_phase.get(f"{rate:g}", [])), "cpuPercent": round(cpu[f"{rate:g}"], 1)}
+            f"{rate:g}": {
+                **summary(by_phase.get(f"{rate:g}", [])),
+                "cpuPercent": round(cpu[f"{rate:g}"][0], 1),
+                "redisCpuPercent": round(cpu[f"{rate:g}"][1], 1),
+            }
             for rate in self.args.rates
         }
 
@@ -312,7 +323,7 @@ def spread(values: list[float]) -> str:
 
 Runs = dict[str, list[dict[str, Any]]]
 #: The columns of each rate.
-STATS = {"p50Ms": "p50", "p99Ms": "p99", "maxMs": "max", "cpuPercent": "cpu%"}
+STATS = {"p50Ms": "p50", "p99Ms": "p99", "maxMs": "max", "cpuPercent": "cpu%", "redisCpuPercent": "redis%"}
 
 
 def report(args: argparse.Namespace, names: list[str], runs: Runs, bg: float) -> None:
@@ -328,18 +339,18 @@ def report(args: argparse.Namespace, names: list[str], runs: Runs, bg: float) ->
     columns.append(("idle cpu%", lambda run: run["idle"]["cpuPercent"]))
     columns.append(("idle cmd/s", lambda run: run["idle"]["commandsPerSecond"]))
     columns.append(("cmd/s/member", lambda run: run["idle"]["commandsPerSecondPerMember"]))
-    print("latency in ms; cpu: the consumer process, in % of one core; cmd/s: Redis commands while idle")
-    header = f"{'contender':<12}{'round':<7}" + "".join(f"{title:>13}" for title, _ in columns)
+    print("latency in ms; cpu%: the consumer, redis%: redis-server (% of one core); cmd/s: while idle")
+    header = f"{'contender':<12}{'round':<7}" + "".join(f"{title:>14}" for title, _ in columns)
     print(header)
     print("-" * len(header))
     for name in names:
         for round_, run in enumerate(runs[name]):
-            print(f"{name:<12}{round_ + 1:<7}" + "".join(f"{get(run):>13.2f}" for _, get in columns))
+            print(f"{name:<12}{round_ + 1:<7}" + "".join(f"{get(run):>14.2f}" for _, get in columns))
         medians = [statistics.median(get(run) for run in runs[name]) for _, get in columns]
-        print(f"{name:<12}{'median':<7}" + "".join(f"{m:>13.2f}" for m in medians))
+        print(f"{name:<12}{'median':<7}" + "".join(f"{m:>14.2f}" for m in medians))
         if rounds > 1:
             spreads = [spread([get(run) for run in runs[name]]) for _, get in columns]
-            print(f"{name:<12}{'range':<7}" + "".join(f"{s:>13}" for s in spreads))
+            print(f"{name:<12}{'range':<7}" + "".join(f"{s:>14}" for s in spreads))
         print("-" * len(header))
     for name in names:
         print(f"{name} idle, per command (calls/s, last round): {runs[name][-1]['idle']['perCommand']}")

@@ -1,7 +1,8 @@
 """The poller's wake-up (issue 13, item 6): messages at push speed, idle for free, on real Redis.
 
 A caught-up member does not poll: a plain XREAD BLOCK (only a signal) on its shards' keys, from
-the last id its fenced read saw, wakes it; the fenced read follows. The tests make every other
+the last id its fenced read saw, wakes it; the fenced read follows (pipelined right behind the
+XREAD on its connection, or by the reader). The tests make every other
 way in impossible (a poll pause and a block of an hour, no periodic reclaim) and count Redis
 commands instead of timing anything:
 
@@ -11,7 +12,9 @@ commands instead of timing anything:
 * fencing holds: a woken member whose shard moved reads nothing;
 * a Redis restart under a blocked wake-up is survived, and the member blocks again after;
 * on a cluster, shards of different hash slots block on connections of their own;
-* where Redis refuses XREAD, the member falls back to polling (and says so).
+* where Redis refuses XREAD, the member falls back to polling (and says so);
+* the fenced read pipelined behind a wake-up read falls back to the reader when it fails;
+* shards read in one call are refused one by one.
 """
 
 from __future__ import annotations
@@ -176,6 +179,33 @@ async def test_an_entry_appended_between_the_read_and_the_block_is_not_missed(
         await wait_for(lambda: late and late[0] in handled)  # blocking from `$`: an hour
         nursery.cancel_scope.cancel()
     assert handled == late
+
+
+async def test_a_read_behind_a_wake_up_that_fails_leaves_the_shards_to_the_reader(
+    standalone_url: str, sync_redis: redis.Redis, prefix: str
+) -> None:
+    """The fenced read pipelined behind the blocked XREAD runs by its sha: after the script
+    cache was flushed (a Redis restart without persistence does that) it fails with NOSCRIPT,
+    and the reader reads the woken shards with the script, loading it again."""
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+
+    keys = shard_keys(prefix, 2, sync_redis)
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset(range(2)), layout(keys))
+        await wait_for(lambda: caught_up(poller) and len(blocked_reads([sync_redis])) == 1)
+        sync_redis.script_flush()
+        entry = sync_redis.xadd(keys[1], {"n": "1"})
+        await wait_for(lambda: handled == [entry])
+        await wait_for(lambda: caught_up(poller) and len(blocked_reads([sync_redis])) == 1)
+        entry = sync_redis.xadd(keys[0], {"n": "2"})  # and the read behind the wake-up works again
+        await wait_for(lambda: handled[-1:] == [entry])
+        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("how", ["lost", "revoke", "stop"])
