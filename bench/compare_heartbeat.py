@@ -75,7 +75,9 @@ def main() -> None:
                 **extra,
             }
             command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
-            stack.enter_context(bench.process(command, env, f"http://127.0.0.1:{port}/healthz"))
+            # cwd: `python -m rsc` imports from the working directory before PYTHONPATH
+            url = f"http://127.0.0.1:{port}/healthz"
+            stack.enter_context(bench.process(command, env, url, cwd=str(tree)))
             urls[name] = f"http://127.0.0.1:{port}"
         bodies = {}
         for name, url in urls.items():

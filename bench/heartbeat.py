@@ -72,9 +72,11 @@ async def app(scope, receive, send):
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str], url: str) -> Iterator[None]:
+def process(args: list[str], env: dict[str, str], url: str, cwd: str | None = None) -> Iterator[None]:
+    """Run `args` until the block ends, once `url` answers. `cwd`: where `python -m` finds its
+    package first (the working directory comes before PYTHONPATH)."""
     proc = subprocess.Popen(
-        args, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        args, env={**os.environ, **env}, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 20
