@@ -210,6 +210,8 @@ async def test_the_scripts_check_the_owner_token(
         impostor = Poller(env.redis, "billing", "w0", "another-incarnation", _ignore)
         with pytest.raises(Fenced):
             await impostor._call(impostor._claim, shard, ["w0", 0, 10, "0-0"])
+        with pytest.raises(Fenced):  # an entry idle under another consumer name: checked, refused
+            await impostor._call(impostor._reclaim, shard, ["someone-else", 0, 10])
         # Reads and acknowledgements take several shards at once: a refusal per shard.
         keys = [key, owner_key(key)]
         read = await impostor._read(keys=keys, args=["billing", "w0", "another-incarnation", "w0", 10, "0-0"])

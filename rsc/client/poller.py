@@ -177,9 +177,10 @@ return {r[1], entries(r[2])}
 )
 # Entries idle under *other* consumer names (this consumer's own are retried locally).
 # KEYS: shard, owners; ARGV: group, member, incarnation, consumer, min idle ms, count
+# The owner token is checked once there is something to claim: a round with nothing idle (an
+# idle member's every round) costs one command besides the script.
 RECLAIM = (
-    _CHECK
-    + _ENTRIES
+    _ENTRIES
     + """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[5], '-', '+', ARGV[6])
 local ids = {}
@@ -187,6 +188,9 @@ for _, p in ipairs(pending) do
   if p[2] ~= ARGV[4] then ids[#ids + 1] = p[1] end
 end
 if #ids == 0 then return {} end
+"""
+    + _CHECK
+    + """
 local args = {KEYS[1], ARGV[1], ARGV[4], ARGV[5]}
 for _, id in ipairs(ids) do args[#args + 1] = id end
 args[#args + 1] = 'JUSTID'
