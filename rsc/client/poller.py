@@ -23,13 +23,15 @@
 * Woken, not polling: a shard whose fenced read caught up is not read again until
   a plain `XREAD BLOCK` (a signal only: no side effect, no pending entry), on a
   client of its own, sees an entry past the last id that read returned (so no
-  entry appended meanwhile is missed). One blocked read per member on a
-  standalone Redis, one per hash slot on a cluster; revokes, losses and stops
-  end it at once. An idle member sends one XREAD per blocked read and
-  `wake_block_s`, and the reclaimer's script per shard and `reclaim_every_s`. It
-  polls only where Redis refuses XREAD (`POLL_FALLBACK_S`). The shards of a
-  group (all on a standalone Redis, one slot's on a cluster) are read, and
-  acknowledged, in one call.
+  entry appended meanwhile is missed); the next fenced read is pipelined right
+  behind it on that connection, so Redis runs it as soon as the XREAD returns.
+  One blocked read per member on a standalone Redis, one per hash slot on a
+  cluster; revokes, losses and stops end it at once. An idle member sends one
+  XREAD (and the read behind it) per blocked read and `wake_block_s`, and the
+  reclaimer's script per shard and `reclaim_every_s`. It polls only where Redis
+  refuses XREAD (`POLL_FALLBACK_S`). The shards of a group (all on a
+  standalone Redis, one slot's on a cluster) are read, and acknowledged, in
+  one call.
 * `max_concurrency` workers (from the coordinator, resized live) run the
   handler; entries of one shard are handled in order, one at a time.
 * Fenced: every read, claim and acknowledgement goes through a script that
