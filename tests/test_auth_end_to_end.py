@@ -143,9 +143,10 @@ async def test_a_worker_waits_for_its_stream_and_stops_on_a_wrong_credential(
         log_path = tmp_path / "waiting.log"
         worker = start_worker(base, standalone_url, stream, tmp_path, log_path)
         try:
-            await trio.sleep(1.0)
-            assert worker.poll() is None, log_path.read_text()
-            assert "retrying until it exists" in log_path.read_text()
+            with trio.fail_after(10):
+                while "retrying until it exists" not in log_path.read_text():
+                    assert worker.poll() is None, log_path.read_text()
+                    await trio.sleep(0.1)
             assert (
                 await http.put(f"/v1/admin/streams/{stream}", json={"shardCount": 2}, auth=ADMIN)
             ).is_success

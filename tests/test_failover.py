@@ -554,7 +554,7 @@ class RawMember:
         return self.machine.owned
 
     def request(self) -> dict[str, Any]:
-        body: dict[str, Any] = codec.wire.unstructure(self.machine.request(trio.current_time()))
+        body: dict[str, Any] = codec.wire.unstructure(self.machine.preview())
         return body
 
     async def run(self) -> None:

@@ -174,6 +174,8 @@ class Member:
                 if not (leaving or exc.status >= 500 or exc.status in (408, 429) or exc.code in RETRIED):
                     raise
                 why = exc.message if exc.code in RETRIED else str(exc)
+                if exc.code in WAIT_FOR_ADMIN:  # its credential may not create them: an operator will
+                    why += "; retrying until it exists"
         self._beat_scope = None
         now = trio.current_time()
         if response is None:
