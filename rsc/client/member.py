@@ -192,6 +192,7 @@ class Member:
         if steps.gave_up is not None:
             log.error("%s: %s", self.member_id, steps.gave_up)
         if steps.lost:
+            log.info("%s: lost shards %s", self.member_id, sorted(steps.lost))
             for scope, shards in list(self._revoke_scopes.items()):
                 if shards & steps.lost:  # revokes under way end here: the shards are lost
                     scope.cancel()
@@ -200,11 +201,14 @@ class Member:
             self.lifecycle.renewed(steps.renew_until)
         if steps.concurrency is not None:
             await self.lifecycle.concurrency(steps.concurrency)
+        if steps.stop:
+            log.info("%s: revoking shards %s", self.member_id, sorted(steps.stop))
         if self._revokes is None:  # driven by hand (`beat` outside `run`): revoke in line
             await self._revoke(steps.stop)
         else:
             self._start_revokes(steps.stop)
         if steps.start:
+            log.info("%s: reads shards %s (epoch %d)", self.member_id, sorted(steps.start), self.epoch)
             await self.lifecycle.assigned(steps.start, steps.layout)
 
     def _start_revokes(self, shards: frozenset[int]) -> None:
