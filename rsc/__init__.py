@@ -1,3 +1,3 @@
 """rsc: a coordinator for sharded Redis Streams."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

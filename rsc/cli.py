@@ -188,14 +188,19 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
     Exits 1 if any aggregate fails.
     """
 
-    async def work(redis: Any, store: RedisStore) -> list[journal_tool.Verdict]:
+    async def work(redis: Any, store: RedisStore) -> tuple[str, list[journal_tool.Verdict]]:
         targets = [_aggregate(stream, group)] if stream else await journal_tool.every_aggregate(redis, store)
-        return [await journal_tool.verify(store, target) for target in targets]
+        level = await journal_tool.feature_level(redis)
+        return level, [await journal_tool.verify(store, target) for target in targets]
 
-    verdicts = _with_store(redis_url, work)
+    level, verdicts = _with_store(redis_url, work)
+    click.echo(level)
     for v in verdicts:
         status = "ok" if v.ok else "FAILED"
-        click.echo(f"{status:<6} {v.aggregate_id}  revision {v.revision}, {v.entries} entries retained")
+        click.echo(
+            f"{status:<6} {v.aggregate_id}  revision {v.revision}, {v.entries} entries retained, "
+            f"{v.describe_versions()}"
+        )
         for problem in v.problems:
             click.echo(f"       - {problem}")
     if not verdicts:

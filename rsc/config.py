@@ -38,6 +38,7 @@ they come from requests and the Admin API.
     max_connections = 1000                    # RSC_MAX_CONNECTIONS: more are answered 503
     coordinator_lease_ttl_ms = 4000           # RSC_COORDINATOR_LEASE_TTL_MS: one active coordinator
     advertise_url = "http://10.0.0.5:8080"    # RSC_ADVERTISE_URL: what standbys tell clients
+    initial_feature_level = 2                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import attrs
 from rsc.actors.connect import DEFAULT_REDIS_URL
 from rsc.connect import redacted
 from rsc.events import auth
+from rsc.events.versions import MAX_FEATURE_LEVEL
 
 
 class ConfigError(ValueError):
@@ -97,6 +99,10 @@ class Settings:
     #: (default: the address it listens on, unless that is a wildcard).
     coordinator_lease_ttl_ms: int = 4_000
     advertise_url: str | None = None
+    #: The feature level a deployment starts at when the first coordinator that knows feature
+    #: levels finds none in Redis and no coordinator ever ran there (an upgraded 0.1.0
+    #: deployment starts at 1, whatever this says). Lower it to keep 0.1.0 coordinators usable.
+    initial_feature_level: int = MAX_FEATURE_LEVEL
 
     @property
     def redis_url_configured(self) -> bool:
@@ -263,6 +269,8 @@ def validate(settings: Settings) -> None:
     if (settings.certfile is None) != (settings.keyfile is None):
         raise ConfigError("certfile and keyfile go together: give both or neither")
     _validate_high_availability(settings)
+    if not 1 <= settings.initial_feature_level <= MAX_FEATURE_LEVEL:
+        raise ConfigError(f"initial_feature_level must be between 1 and {MAX_FEATURE_LEVEL}")
 
 
 def _validate_high_availability(settings: Settings) -> None:

@@ -19,10 +19,11 @@ from rsc.client.coordinator import Coordinator
 from rsc.client.errors import RscError
 from rsc.client.member import Member
 from rsc.events.model import ClientInfo, DrainProgress, Layout
+from rsc.events.versions import MAX_FEATURE_LEVEL
 
 STREAM = "demo-orders"
 GROUP = "demo-billing"
-CLIENT = ClientInfo("rsc-demo", __version__)
+CLIENT = ClientInfo("rsc-demo", __version__, MAX_FEATURE_LEVEL)
 #: Step of the script -> what happens (the script repeats every 18 steps).
 SCRIPT = {0: "join 1", 3: "join 2", 6: "join 3", 10: "leave 2", 14: "join 2"}
 

@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -21,6 +22,8 @@ import attrs
 from rsc.actors.actor import Aggregate, fold_loaded
 from rsc.actors.aggregates import GroupAggregate, StreamAggregate
 from rsc.actors.effects import MemoryEffects
+from rsc.actors.errors import UnsupportedSchema
+from rsc.actors.features import FEATURES_KEY
 from rsc.actors.keys import STREAMS_KEY, AggregateId
 from rsc.actors.store import JournalEntry, Store
 from rsc.events import codec
@@ -97,7 +100,7 @@ async def replay(store: Store, aggregate_id: AggregateId, until: str = "+") -> A
             if state is None:
                 state = aggregate.state_from_json(entry.data)
             continue
-        state = aggregate.evolve(state, aggregate.event_from_json(entry.data))
+        state = aggregate.evolve(state, aggregate.event_from_json(entry.data, entry.version))
     return state
 
 
@@ -108,16 +111,27 @@ class Verdict:
     problems: tuple[str, ...]
     entries: int
     revision: int
+    #: The journal schema the snapshot names, and how many retained events of each data version.
+    schema: int = 0
+    versions: Mapping[int, int] = attrs.field(factory=dict)
+
+    def describe_versions(self) -> str:
+        counted = ", ".join(f"v{v} x{n}" for v, n in sorted(self.versions.items())) or "none"
+        return f"journal schema {self.schema}, event versions {counted}"
 
 
 async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
     """Check that the snapshot, the checkpoints and the journal agree."""
     aggregate = aggregate_for(aggregate_id)
     entries = await store.read(aggregate_id)
-    loaded = await store.load(aggregate_id)
+    try:
+        loaded = await store.load(aggregate_id)
+    except UnsupportedSchema as exc:  # written by a newer release: say so, do not guess
+        return Verdict(aggregate_id, False, (str(exc),), len(entries), 0)
+    versions = dict(collections.Counter(e.version for e in entries if not e.is_checkpoint))
     problems: list[str] = []
     if not entries:
-        return Verdict(aggregate_id, False, ("no journal",), 0, loaded.revision)
+        return Verdict(aggregate_id, False, ("no journal",), 0, loaded.revision, loaded.schema)
     state = None
     expected_revision = entries[0].revision if entries[0].is_checkpoint else 1
     for entry in entries:
@@ -134,7 +148,7 @@ async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
             )
         expected_revision = entry.revision + 1
         try:
-            state = aggregate.evolve(state, aggregate.event_from_json(entry.data))
+            state = aggregate.evolve(state, aggregate.event_from_json(entry.data, entry.version))
         except Exception as exc:  # a broken history is what this tool reports
             problems.append(f"entry {entry.entry_id} does not apply: {exc}")
             break
@@ -143,7 +157,9 @@ async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
     snapshot_state = fold_loaded(aggregate, loaded)
     if snapshot_state != state:
         problems.append("snapshot state differs from the replay of the journal")
-    return Verdict(aggregate_id, not problems, tuple(problems), len(entries), loaded.revision)
+    return Verdict(
+        aggregate_id, not problems, tuple(problems), len(entries), loaded.revision, loaded.schema, versions
+    )
 
 
 async def every_aggregate(redis: Any, store: Store) -> list[AggregateId]:
@@ -161,3 +177,11 @@ async def every_aggregate(redis: Any, store: Store) -> list[AggregateId]:
 def state_json(state: Any) -> str:
     """The state as indented camelCase JSON."""
     return json.dumps(codec.converter.unstructure(state), indent=2)
+
+
+async def feature_level(redis: Any) -> str:
+    """The deployment's feature level in words, read without initializing anything."""
+    raw = await redis.hgetall(FEATURES_KEY)
+    if not raw:
+        return "feature level: not recorded (1: no coordinator of 0.2.0 or later has run here)"
+    return f"feature level {raw.get('level')} (data written up to level {raw.get('written')})"

@@ -49,9 +49,10 @@ from rsc.events.respond import respond
 from rsc.events.stream import StreamState
 from rsc.events.stream import decide as stream_decide
 from rsc.events.stream import fold as stream_fold
+from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
-SIM_CLIENT = ClientInfo("rsc-simulate", "1")
+SIM_CLIENT = ClientInfo("rsc-simulate", "1", MAX_FEATURE_LEVEL)
 CHURN_KINDS = ("join", "leave", "crash", "slow", "lose", "reshard")
 CHURN_WEIGHTS = (30, 20, 15, 15, 15, 5)
 

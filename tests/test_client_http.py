@@ -34,7 +34,7 @@ async def base_url(standalone_url: str) -> AsyncIterator[str]:
 
 async def test_errors_map_to_the_clients_own_exceptions(base_url: str, prefix: str) -> None:
     async with Coordinator(base_url) as coordinator:
-        bad = HeartbeatRequest(99, prefix, "billing", "a", "i", 0)
+        bad = HeartbeatRequest(0, prefix, "billing", "a", "i", 0)
         with pytest.raises(CoordinatorRejected) as rejected:
             await coordinator.heartbeat(bad)
         assert (rejected.value.status, rejected.value.code) == (400, "UNSUPPORTED_PROTOCOL_VERSION")

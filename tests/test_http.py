@@ -10,6 +10,7 @@ import httpx
 import pytest
 import trio
 
+import rsc
 from tests.httpkit import FAST, beat, hb, serve_on
 
 
@@ -109,7 +110,7 @@ async def test_wrong_types_name_the_field(client: httpx.AsyncClient, prefix: str
 @pytest.mark.parametrize(
     ("change", "code"),
     [
-        ({"protocolVersion": 99}, "UNSUPPORTED_PROTOCOL_VERSION"),
+        ({"protocolVersion": 0}, "UNSUPPORTED_PROTOCOL_VERSION"),
         ({"memberEpoch": -5}, "INVALID_REQUEST"),
         ({"streamPrefix": "bad{name}"}, "INVALID_REQUEST"),
         ({"memberId": ""}, "INVALID_REQUEST"),
@@ -138,7 +139,7 @@ async def test_batch_heartbeats_keep_order_and_report_errors_per_item(
         hb(prefix, "m1", 0),
         hb(prefix, "m2", 0, metadataVersion=99),  # only this one is told SYNC_METADATA
         hb(prefix, "m3", 0),
-        {**hb(prefix, "m4", 0), "protocolVersion": 99},  # refused by the core
+        {**hb(prefix, "m4", 0), "protocolVersion": 0},  # refused by the core
         {"memberId": 1},  # refused by the schema
     ]
     response = await client.post("/v1/heartbeats", json={"heartbeats": batch})
@@ -182,9 +183,15 @@ async def test_unknown_things_are_404(client: httpx.AsyncClient, prefix: str) ->
 
 async def test_version_and_probes(client: httpx.AsyncClient) -> None:
     version = (await client.get("/v1/version")).json()
-    assert version["protocol"] == {"min": 1, "max": 1}
-    assert version["schemaVersion"] == 1
+    assert version["serverVersion"] == rsc.__version__
+    assert version["protocol"] == {"min": 1, "max": 2}
+    assert version["schemaVersion"] == 2
     assert version["lifecycle"]["status"] == "supported"
+    assert [(p["version"], p["status"]) for p in version["protocols"]] == [(1, "supported"), (2, "supported")]
+    features = version["features"]
+    assert features["supported"] == {"min": 1, "max": 2}
+    assert [level["level"] for level in features["levels"]] == [1, 2]
+    assert features["finalized"] in (1, 2)  # the shared Redis: whichever coordinator came first
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).status_code == 200
 

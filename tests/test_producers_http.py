@@ -62,7 +62,7 @@ async def test_a_producer_registers_and_follows_a_scale_out(client: httpx.AsyncC
     assert [(p["producerId"], p["ackedVersion"], p["upToDate"]) for p in view["producers"]] == [
         ("api-1", 1, True)
     ]
-    assert view["producers"][0]["client"] == {"name": "test", "version": "1"}
+    assert view["producers"][0]["client"] == {"name": "test", "version": "1", "featureLevel": 1}
 
     scaled = await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 8}, auth=AUTH)
     assert scaled.status_code == 200
@@ -132,7 +132,7 @@ async def test_a_producer_ahead_of_the_store_is_told_to_sync(client: httpx.Async
         ({"producerId": ""}, "INVALID_REQUEST"),
         ({"metadataVersion": "1"}, "INVALID_REQUEST"),
         ({"quiesced": "yes"}, "INVALID_REQUEST"),
-        ({"protocolVersion": 99}, "UNSUPPORTED_PROTOCOL_VERSION"),
+        ({"protocolVersion": 0}, "UNSUPPORTED_PROTOCOL_VERSION"),
         ({"streamPrefix": "has space"}, "INVALID_REQUEST"),
     ],
 )

@@ -62,7 +62,9 @@ class Aggregate(Protocol[S, C, E]):
 
     def event_to_json(self, event: E) -> tuple[str, str]: ...
 
-    def event_from_json(self, data: str) -> E: ...
+    def event_from_json(self, data: str, version: int = 1) -> E:
+        """The event of a journal entry whose data is of `version` (upcast to today's)."""
+        ...
 
     def evolve(self, state: S | None, event: E) -> S: ...
 
@@ -409,5 +411,5 @@ def fold_loaded(aggregate: Aggregate[S, C, E], loaded: Loaded) -> S | None:
     """The state a `Loaded` journal tail describes: checkpoint, then each event."""
     state = aggregate.state_from_json(loaded.checkpoint.data) if loaded.checkpoint else None
     for entry in loaded.events:
-        state = aggregate.evolve(state, aggregate.event_from_json(entry.data))
+        state = aggregate.evolve(state, aggregate.event_from_json(entry.data, entry.version))
     return state

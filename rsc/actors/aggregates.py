@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from rsc.actors.effects import Effects
+from rsc.actors.errors import UnsupportedSchema
 from rsc.actors.keys import AggregateId
 from rsc.events import codec, group, stream
 from rsc.events.commands import GroupCommand, RestartTimers, StreamCommand, Tick
@@ -30,6 +31,7 @@ from rsc.events.events import (
 from rsc.events.group import GroupState
 from rsc.events.model import Layout, StartFrom
 from rsc.events.stream import StreamState
+from rsc.events.versions import EVENT_VERSIONS, UnsupportedEventVersion, upcast
 from rsc.events.wire import OwnerToken
 
 S = TypeVar("S")
@@ -53,8 +55,16 @@ class _Journaled(Generic[S, E]):
     def event_to_json(self, event: E) -> tuple[str, str]:
         return type(event).__name__, codec.to_json(event, self.event_union)
 
-    def event_from_json(self, data: str) -> E:
-        event: E = codec.converter.structure(json.loads(data), self.event_union)
+    def event_from_json(self, data: str, version: int = 1) -> E:
+        """The event of a journal entry, its data of `version` upcast to today's version first
+        (`UnsupportedSchema` for a version newer than this release reads)."""
+        raw = json.loads(data)
+        if version != 1 or EVENT_VERSIONS:
+            try:
+                raw = upcast(str(raw.get(codec.TAG, "")), version, raw, EVENT_VERSIONS)
+            except UnsupportedEventVersion as exc:
+                raise UnsupportedSchema(str(exc)) from exc
+        event: E = codec.converter.structure(raw, self.event_union)
         return event
 
     def checkpoint_json(self, state: S) -> str:

@@ -21,7 +21,13 @@ class StoreUnavailable(StoreError):
 
 
 class UnsupportedSchema(StoreError):
-    """A snapshot was written by a metadata schema this server cannot read."""
+    """A snapshot or journal entry was written by a newer release, at a feature level this
+    release does not know: it cannot be read."""
+
+
+class NotFinalized(StoreError):
+    """An event that the deployment's finalized feature level does not allow (or that no
+    level lists) was about to be written: nothing was written. A bug, never a client's fault."""
 
 
 class Fenced(StoreError):

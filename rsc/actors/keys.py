@@ -1,4 +1,4 @@
-"""Redis key names of metadata schema v1 (documented in docs/persistence.md).
+"""Redis key names of key layout v1 (documented in docs/persistence.md).
 
 Every control-plane key of one aggregate shares one hash tag, so the journal,
 the snapshot and the checkpoint index live in one slot and one Lua script can
@@ -12,8 +12,10 @@ import attrs
 
 from rsc.events.wire import owner_key
 
-SCHEMA_VERSION = 1
-PREFIX = f"rsc:v{SCHEMA_VERSION}"
+#: The key layout: every control-plane key starts `rsc:v1:`. The journal's schema is versioned
+#: on its own (`rsc.events.versions`, per aggregate in its snapshot hash).
+KEY_LAYOUT = 1
+PREFIX = f"rsc:v{KEY_LAYOUT}"
 #: The set of every stream prefix the coordinator has created.
 STREAMS_KEY = f"{PREFIX}:streams"
 #: The coordinator lease (JSON holder, token, url; expires) and the counter its tokens come
@@ -56,7 +58,7 @@ __all__ = [
     "COORDINATOR_LEASE_KEY",
     "COORDINATOR_TOKEN_KEY",
     "PREFIX",
-    "SCHEMA_VERSION",
+    "KEY_LAYOUT",
     "STREAMS_KEY",
     "AggregateId",
     "owner_key",

@@ -1,16 +1,24 @@
 """`Store` on Redis: one Lua script appends events and CAS-replaces the snapshot.
 
-Keys (metadata schema v1, one hash tag per aggregate, so also on a cluster):
+Keys (key layout v1, one hash tag per aggregate, so also on a cluster):
 
-* `rsc:v1:{<tag>}:snapshot`: hash `revision`, `lastId`, `schemaVersion`,
-  `fence` (the highest coordinator token that wrote or loaded it), and from
-  the latest checkpoint `state`, `stateRevision`, `stateId`;
-* `rsc:v1:{<tag>}:journal`: stream of entries `kind`, `rev`, `data`;
+* `rsc:v1:{<tag>}:snapshot`: hash `revision`, `lastId`, `schemaVersion` (the
+  journal schema of the last append), `fence` (the highest coordinator token that
+  wrote or loaded it), and from the latest checkpoint `state`, `stateRevision`,
+  `stateId`;
+* `rsc:v1:{<tag>}:journal`: stream of entries `kind`, `rev`, `data` and, from
+  journal schema 2 (feature level 2), `v`: the version of the event's data;
 * `rsc:v1:{<tag>}:checkpoints`: list of `"<entry id> <revision>"` of the
   checkpoints still in the journal, oldest first.
 
 The fence lives in the snapshot hash, not next to the coordinator lease,
 because on a cluster only keys of one slot can be checked in one script.
+
+What is written follows the deployment's finalized feature level
+(`rsc.actors.features`): at level 1 exactly what 0.1.0 writes (schema 1, no `v`),
+so a 0.1.0 coordinator can take over or be rolled back to. Every schema up to
+`MAX_JOURNAL_SCHEMA` is read (an entry without `v` is version 1); a newer one is
+refused with an error naming it.
 """
 
 from __future__ import annotations
@@ -18,14 +26,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rsc import __version__
 from rsc.actors.connect import redis_errors
 from rsc.actors.errors import ConcurrencyConflict, Fenced, UnsupportedSchema
-from rsc.actors.keys import SCHEMA_VERSION, AggregateId
-from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded
+from rsc.actors.features import Features, FeatureSource
+from rsc.actors.keys import AggregateId
+from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, check_writable
+from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
 
 # KEYS: snapshot, journal, checkpoints
-# ARGV: expected revision, schema version, retention, fence token, n, n x (kind, data),
-#       checkpoint state or ''
+# ARGV: expected revision, schema version, retention, fence token, n, n x (kind, data, version
+#       or '' for none: schema 1), checkpoint state or ''
 APPEND = """
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 local token = tonumber(ARGV[4])
@@ -41,9 +52,14 @@ local rev = current
 local id = redis.call('HGET', KEYS[1], 'lastId') or ''
 for i = 0, n - 1 do
   rev = rev + 1
-  id = redis.call('XADD', KEYS[2], '*', 'kind', ARGV[6 + 2 * i], 'rev', rev, 'data', ARGV[7 + 2 * i])
+  local kind, data, v = ARGV[6 + 3 * i], ARGV[7 + 3 * i], ARGV[8 + 3 * i]
+  if v == '' then
+    id = redis.call('XADD', KEYS[2], '*', 'kind', kind, 'rev', rev, 'data', data)
+  else
+    id = redis.call('XADD', KEYS[2], '*', 'kind', kind, 'rev', rev, 'data', data, 'v', v)
+  end
 end
-local state = ARGV[6 + 2 * n]
+local state = ARGV[6 + 3 * n]
 if state ~= '' then
   id = redis.call('XADD', KEYS[2], '*', 'kind', 'Checkpoint', 'rev', rev, 'data', state)
   redis.call('RPUSH', KEYS[3], id .. ' ' .. rev)
@@ -86,11 +102,19 @@ return {'ok', fence}
 class RedisStore:
     """The `Store` port on Redis (standalone or cluster) through coredis."""
 
-    def __init__(self, redis: Any, retention: int = 10_000, fence_token: FenceToken | None = None) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        retention: int = 10_000,
+        fence_token: FenceToken | None = None,
+        features: FeatureSource | None = None,
+    ) -> None:
         self.redis = redis
         self.retention = retention
         #: The current token of this coordinator's term (None: an unfenced reader, as `rsc journal`).
         self.fence_token = fence_token
+        #: The finalized feature level, which says what may be written (one of its own if None).
+        self.features: FeatureSource = features or Features(redis, term=fence_token)
         self._append = redis.register_script(APPEND)
         self._raise_fence = redis.register_script(RAISE_FENCE)
 
@@ -102,10 +126,7 @@ class RedisStore:
             if "revision" not in snapshot:
                 return Loaded(0, None, None, ())
             schema = int(snapshot.get("schemaVersion", 0))
-            if schema != SCHEMA_VERSION:
-                raise UnsupportedSchema(
-                    f"{aggregate}: schemaVersion {schema}, this server reads {SCHEMA_VERSION}"
-                )
+            check_schema(aggregate, schema)
             checkpoint = None
             start = "-"
             if "state" in snapshot:
@@ -115,7 +136,7 @@ class RedisStore:
                 start = "(" + snapshot["stateId"]
             tail = await self.redis.xrange(aggregate.journal_key, start, "+")
         events = tuple(e for e in map(_entry, tail) if not e.is_checkpoint)
-        return Loaded(int(snapshot["revision"]), snapshot.get("lastId"), checkpoint, events)
+        return Loaded(int(snapshot["revision"]), snapshot.get("lastId"), checkpoint, events, schema)
 
     async def append(
         self,
@@ -125,9 +146,13 @@ class RedisStore:
         checkpoint: str | None = None,
     ) -> Appended:
         token = self.fence_token() if self.fence_token is not None else 0
-        args: list[str | int] = [expected_revision, SCHEMA_VERSION, self.retention, token, len(events)]
+        schema = await self.features.schema_for_write()
+        state = await self.features.current()
+        check_writable([kind for kind, _ in events], state.level)
+        args: list[str | int] = [expected_revision, schema, self.retention, token, len(events)]
         for kind, data in events:
-            args += [kind, data]
+            version = current_event_version(kind, state.level, EVENT_VERSIONS) if schema >= 2 else ""
+            args += [kind, data, version]
         args.append(checkpoint or "")
         keys = [aggregate.snapshot_key, aggregate.journal_key, aggregate.checkpoints_key]
         with redis_errors(f"appending to {aggregate}"):
@@ -158,6 +183,17 @@ def _fenced(aggregate: AggregateId, fence: int, token: int) -> Fenced:
     return Fenced(message, fence, token)
 
 
+def check_schema(aggregate: AggregateId, schema: int) -> None:
+    """Refuse a snapshot of a journal schema this release cannot read (older ones are read)."""
+    if not 1 <= schema <= MAX_JOURNAL_SCHEMA:
+        raise UnsupportedSchema(
+            f"{aggregate}: journal schemaVersion {schema} (written at feature level "
+            f"{level_of_schema(schema)} or above); this release ({__version__}) reads schemas 1 to "
+            f"{MAX_JOURNAL_SCHEMA}: run a release that supports it"
+        )
+
+
 def _entry(raw: Any) -> JournalEntry:
     fields = raw.field_values
-    return JournalEntry(str(raw.identifier), fields["kind"], int(fields["rev"]), fields["data"])
+    version = int(fields.get("v", 1))
+    return JournalEntry(str(raw.identifier), fields["kind"], int(fields["rev"]), fields["data"], version)

@@ -31,8 +31,15 @@ from typing import Protocol
 
 import attrs
 
-from rsc.actors.errors import ConcurrencyConflict, Fenced
+from rsc.actors.errors import ConcurrencyConflict, Fenced, NotFinalized
+from rsc.actors.features import FeatureSource, StaticFeatures
 from rsc.actors.keys import AggregateId
+from rsc.events.versions import (
+    EVENT_LEVELS,
+    EVENT_VERSIONS,
+    MAX_FEATURE_LEVEL,
+    current_event_version,
+)
 
 CHECKPOINT = "Checkpoint"
 #: The current fence token of this writer; raises `Fenced` when it holds none.
@@ -45,6 +52,8 @@ class JournalEntry:
     kind: str
     revision: int
     data: str
+    #: The version of the event's data (journal schema 2 names it; schema 1 entries are 1).
+    version: int = 1
 
     @property
     def is_checkpoint(self) -> bool:
@@ -59,6 +68,8 @@ class Loaded:
     last_id: str | None
     checkpoint: JournalEntry | None
     events: tuple[JournalEntry, ...]
+    #: The journal schema the snapshot hash names (what an older one means is read as today's).
+    schema: int = 1
 
 
 @attrs.frozen
@@ -68,6 +79,9 @@ class Appended:
 
 
 class Store(Protocol):
+    #: The deployment's feature level: what may be written.
+    features: FeatureSource
+
     async def load(self, aggregate: AggregateId) -> Loaded:
         """The aggregate's latest checkpoint and every event after it (revision 0: new).
 
@@ -106,12 +120,28 @@ class _MemoryAggregate:
     fence: int = 0
 
 
-class MemoryStore:
-    """A `Store` kept in a dict, with the same trimming and fencing rules as the Redis one."""
+def check_writable(kinds: Sequence[str], level: int) -> None:
+    """Refuse to write an event type that feature `level` does not allow (`NotFinalized`)."""
+    for kind in kinds:
+        needs = EVENT_LEVELS.get(kind)
+        if needs is None:
+            raise NotFinalized(f"event type {kind} belongs to no feature level (rsc.events.versions)")
+        if needs > level:
+            raise NotFinalized(
+                f"event type {kind} needs feature level {needs}; the deployment is finalized at {level}"
+            )
 
-    def __init__(self, retention: int = 10_000, fence_token: FenceToken | None = None) -> None:
+
+class MemoryStore:
+    """A `Store` kept in a dict, with the same trimming, fencing and feature-level rules as the
+    Redis one (at feature level `level`)."""
+
+    def __init__(
+        self, retention: int = 10_000, fence_token: FenceToken | None = None, level: int = MAX_FEATURE_LEVEL
+    ) -> None:
         self.retention = retention
         self.fence_token = fence_token
+        self.features = StaticFeatures(level)
         self.aggregates: dict[AggregateId, _MemoryAggregate] = {}
         self.appends = 0
         self._ids = itertools.count(1)
@@ -119,6 +149,7 @@ class MemoryStore:
     def fenced_by(self, fence_token: FenceToken | None) -> MemoryStore:
         """Another writer on the same data (as a second coordinator on one Redis), with its own token."""
         other = MemoryStore(self.retention, fence_token)
+        other.features = self.features
         other.aggregates = self.aggregates
         other._ids = self._ids
         return other
@@ -153,14 +184,18 @@ class MemoryStore:
         checkpoint: str | None = None,
     ) -> Appended:
         token = self._token()
+        level = self.features.level
+        check_writable([kind for kind, _ in events], level)
         agg = self.aggregates.setdefault(aggregate, _MemoryAggregate())
         self._raise_fence(aggregate, agg, token)
         if agg.revision != expected_revision:
             raise ConcurrencyConflict(expected_revision, agg.revision)
         self.appends += 1
+        versioned = await self.features.schema_for_write() >= 2
         for kind, data in events:
             agg.revision += 1
-            agg.entries.append(JournalEntry(self._next_id(), kind, agg.revision, data))
+            version = current_event_version(kind, level, EVENT_VERSIONS) if versioned else 1
+            agg.entries.append(JournalEntry(self._next_id(), kind, agg.revision, data, version))
         if checkpoint is not None:
             entry = JournalEntry(self._next_id(), CHECKPOINT, agg.revision, checkpoint)
             agg.entries.append(entry)

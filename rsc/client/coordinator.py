@@ -16,9 +16,11 @@ not own an aggregate may redirect to the one that does).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import ssl
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -28,12 +30,17 @@ import trio
 
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, CoordinatorUnintelligible
 from rsc.events import codec
+from rsc.events.versions import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from rsc.events.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
     ProducerHeartbeatRequest,
     ProducerHeartbeatResponse,
 )
+
+log = logging.getLogger("rsc.client")
+#: A coordinator's refusal of a protocol version it does not speak.
+UNSUPPORTED_PROTOCOL = "UNSUPPORTED_PROTOCOL_VERSION"
 
 T = TypeVar("T")
 RETRYABLE = frozenset({502, 503, 504})
@@ -117,6 +124,50 @@ class Failover:
             self.current = (index + 1) % len(self.urls)
 
 
+class Negotiation:
+    """The protocol version a client speaks to its coordinators: the newest it knows, stepped
+    down one version at a time when a coordinator refuses it (an older release refuses a
+    newer version with `UNSUPPORTED_PROTOCOL_VERSION`), and down to what a newer coordinator
+    answers in. Once stepped down, the newest is tried again after `retry_newest_s` (the
+    coordinators may have been upgraded meanwhile)."""
+
+    def __init__(self, retry_newest_s: float = 300.0) -> None:
+        self.version = PROTOCOL_VERSION
+        self.retry_newest_s = retry_newest_s
+        self._stepped_down_at: float | None = None
+
+    def stamp(self, body: Any) -> Any:
+        """`body` with the version to speak now (bodies without `protocolVersion` as they are)."""
+        if not isinstance(body, dict) or "protocolVersion" not in body:
+            return body
+        if (
+            self._stepped_down_at is not None
+            and time.monotonic() - self._stepped_down_at >= self.retry_newest_s
+        ):
+            self.version, self._stepped_down_at = PROTOCOL_VERSION, None
+        requested = body["protocolVersion"]
+        if isinstance(requested, int) and requested > self.version:
+            return body | {"protocolVersion": self.version}
+        return body
+
+    def refused(self, code: str, sent: Any) -> bool:
+        """Whether a refusal with `code` of `sent` means: speak an older version, try again."""
+        version = sent.get("protocolVersion") if isinstance(sent, dict) else None
+        if code != UNSUPPORTED_PROTOCOL or version != self.version or version <= MIN_PROTOCOL_VERSION:
+            return False
+        self.version -= 1
+        self._stepped_down_at = time.monotonic()
+        log.info("the coordinator does not speak this protocol version: stepping down to %d", self.version)
+        return True
+
+    def answered(self, data: Any) -> None:
+        """An answer names the version it is in (from version 2 on): speak no newer one."""
+        version = data.get("protocolVersion") if isinstance(data, dict) else None
+        if isinstance(version, int) and MIN_PROTOCOL_VERSION <= version < self.version:
+            self.version = version
+            self._stepped_down_at = time.monotonic()
+
+
 class Coordinator:
     """Talks to the coordinator (one base URL, or several: see the module docstring).
 
@@ -143,6 +194,7 @@ class Coordinator:
         self.backoff = backoff
         self.rng = rng or random.Random()
         self.failover = Failover(base_url)
+        self.negotiation = Negotiation()
         self.http = httpx.AsyncClient(
             base_url=self.failover.urls[0],
             timeout=timeout_s,
@@ -172,11 +224,23 @@ class Coordinator:
         self, requests: Sequence[HeartbeatRequest]
     ) -> list[HeartbeatResponse | CoordinatorRejected]:
         """The heartbeats of one process's members in one request; a refused item gives its error."""
-        body = {"heartbeats": [codec.wire.unstructure(r) for r in requests]}
-        data = await self._post("/v1/heartbeats", body)
-        items = data.get("responses") if isinstance(data, dict) else None
-        if not isinstance(items, list) or len(items) != len(requests):
-            raise CoordinatorUnintelligible("POST /v1/heartbeats: the answer has no response per heartbeat")
+        while True:
+            body = {"heartbeats": [self.negotiation.stamp(codec.wire.unstructure(r)) for r in requests]}
+            data = await self._send("POST", "/v1/heartbeats", body, stamp=False)
+            items = data.get("responses") if isinstance(data, dict) else None
+            if not isinstance(items, list) or len(items) != len(requests):
+                raise CoordinatorUnintelligible(
+                    "POST /v1/heartbeats: the answer has no response per heartbeat"
+                )
+            refused = [
+                sent
+                for sent, item in zip(body["heartbeats"], items, strict=True)
+                if isinstance(item, dict) and item.get("error") == UNSUPPORTED_PROTOCOL
+            ]
+            if not (refused and self.negotiation.refused(UNSUPPORTED_PROTOCOL, refused[0])):
+                break
+        for item in items:
+            self.negotiation.answered(item)
         out: list[HeartbeatResponse | CoordinatorRejected] = []
         for item in items:
             if isinstance(item, dict) and "error" in item:
@@ -212,26 +276,39 @@ class Coordinator:
         """The coordinator URL in use now."""
         return self.failover.url
 
-    async def _send(self, method: str, path: str, body: Any, held_s: float = 0.0) -> Any:
-        """`held_s`: how long the coordinator may hold the answer (a long poll), on top of the timeout."""
+    async def _send(
+        self, method: str, path: str, body: Any, held_s: float = 0.0, *, stamp: bool = True
+    ) -> Any:
+        """`held_s`: how long the coordinator may hold the answer (a long poll), on top of the
+        timeout. The body speaks the negotiated protocol version (unless `stamp` is false: the
+        caller did it), stepping down when a coordinator refuses it."""
         last: Exception | None = None
         timeout = httpx.Timeout(self.timeout_s + held_s) if held_s else httpx.USE_CLIENT_DEFAULT
         for wait, index in self.failover.attempts(self.retries, self.backoff, self.rng):
             if wait:
                 await trio.sleep(wait)
-            try:
-                url = self.failover.urls[index] + path
-                response = await self.http.request(method, url, json=body, timeout=timeout)
-            except httpx.HTTPError as exc:  # connect, read, timeouts, protocol errors
-                last = exc
-                self.failover.failed(index)
-                continue
-            try:
-                return answer(method, path, response)
-            except Retry as retry:
-                last = retry.rejection
-                if retry.rejection.status == 503:
-                    self.failover.failed(index, retry.rejection)
+            while True:
+                try:
+                    url = self.failover.urls[index] + path
+                    sent = self.negotiation.stamp(body) if stamp else body
+                    response = await self.http.request(method, url, json=sent, timeout=timeout)
+                except httpx.HTTPError as exc:  # connect, read, timeouts, protocol errors
+                    last = exc
+                    self.failover.failed(index)
+                    break
+                try:
+                    data = answer(method, path, response)
+                except CoordinatorRejected as rejected:
+                    if stamp and self.negotiation.refused(rejected.code, sent):
+                        continue  # the same coordinator, an older protocol version
+                    raise
+                except Retry as retry:
+                    last = retry.rejection
+                    if retry.rejection.status == 503:
+                        self.failover.failed(index, retry.rejection)
+                    break
+                self.negotiation.answered(data)
+                return data
         raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
 
 

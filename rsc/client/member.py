@@ -23,6 +23,7 @@ from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
 from rsc.connect import first_leaf
 from rsc.events.member import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout
+from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
 __all__ = ["CLIENT", "HeartbeatTransport", "Member", "MemberSettings"]
@@ -34,7 +35,7 @@ RETRIED = WAIT_FOR_ADMIN | {"INCARNATION_MISMATCH"}
 
 log = logging.getLogger("rsc.client.member")
 #: How members of this library introduce themselves to the coordinator.
-CLIENT = ClientInfo("rsc-python", __version__)
+CLIENT = ClientInfo("rsc-python", __version__, MAX_FEATURE_LEVEL)
 
 
 class HeartbeatTransport(Protocol):

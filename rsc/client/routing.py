@@ -16,8 +16,9 @@ import attrs
 
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
-from rsc.events.model import EMPTY_LAYOUT, PROTOCOL_VERSION, ClientInfo, Layout
+from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
+from rsc.events.versions import PROTOCOL_VERSION
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 
 log = logging.getLogger("rsc.client.producer")

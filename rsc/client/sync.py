@@ -30,7 +30,16 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
-from rsc.client.coordinator import Backoff, Failover, Retry, answer, describe, http_options, structure
+from rsc.client.coordinator import (
+    Backoff,
+    Failover,
+    Negotiation,
+    Retry,
+    answer,
+    describe,
+    http_options,
+    structure,
+)
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
@@ -105,6 +114,7 @@ class SyncCoordinator:
         self.rng = rng or random.Random()
         #: Several coordinators: the same failover as `Coordinator` (a list or "url1,url2").
         self.failover = Failover(base_url)
+        self.negotiation = Negotiation()
         self.http = httpx.Client(
             base_url=self.failover.urls[0],
             timeout=timeout_s,
@@ -136,18 +146,27 @@ class SyncCoordinator:
         for wait, index in self.failover.attempts(self.retries, self.backoff, self.rng):
             if wait:
                 time.sleep(wait)
-            try:
-                response = self.http.request(method, self.failover.urls[index] + path, json=body)
-            except httpx.HTTPError as exc:
-                last = exc
-                self.failover.failed(index)
-                continue
-            try:
-                return answer(method, path, response)
-            except Retry as retry:
-                last = retry.rejection
-                if retry.rejection.status == 503:
-                    self.failover.failed(index, retry.rejection)
+            while True:
+                try:
+                    sent = self.negotiation.stamp(body)
+                    response = self.http.request(method, self.failover.urls[index] + path, json=sent)
+                except httpx.HTTPError as exc:
+                    last = exc
+                    self.failover.failed(index)
+                    break
+                try:
+                    data = answer(method, path, response)
+                except CoordinatorRejected as rejected:
+                    if self.negotiation.refused(rejected.code, sent):
+                        continue  # the same coordinator, an older protocol version
+                    raise
+                except Retry as retry:
+                    last = retry.rejection
+                    if retry.rejection.status == 503:
+                        self.failover.failed(index, retry.rejection)
+                    break
+                self.negotiation.answered(data)
+                return data
         raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
 
 

@@ -37,8 +37,11 @@ def _is_set(tp: Any) -> bool:
 
 
 def _renames(cl: Any) -> dict[str, Any]:
-    """camelCase names."""
-    return {a.name: override(rename=camel(a.name)) for a in attrs.fields(cl)}
+    """camelCase names; fields marked `omit_if_default` are left out while at their default."""
+    return {
+        a.name: override(rename=camel(a.name), omit_if_default=a.metadata.get("omit_if_default", False))
+        for a in attrs.fields(cl)
+    }
 
 
 def make_converter(strict: bool = False, detailed: bool = True) -> cattrs.Converter:

@@ -52,12 +52,12 @@ import attrs
 
 from rsc.events.model import (
     EMPTY_LAYOUT,
-    PROTOCOL_VERSION,
     ClientInfo,
     DrainProgress,
     HeartbeatStatus,
     Layout,
 )
+from rsc.events.versions import PROTOCOL_VERSION
 from rsc.events.wire import MAX_WAIT_MS, HeartbeatRequest, HeartbeatResponse
 
 NOTHING: frozenset[int] = frozenset()

@@ -16,10 +16,6 @@ import attrs
 
 from rsc.events.errors import InvalidCommand
 
-#: The minor protocol version this core speaks (PROTOCOL section 7).
-PROTOCOL_VERSION = 1
-#: The oldest minor protocol version still accepted (N/N-1).
-MIN_PROTOCOL_VERSION = 1
 #: The routing protocol every new stream uses (defined in docs/routing.md later).
 DEFAULT_ROUTING = "jump-v1"
 #: Stream prefixes and group names: they become parts of Redis keys.
@@ -118,6 +114,8 @@ def check_client(client: ClientInfo) -> None:
         raise InvalidCommand(
             f"client.version must be at most {MAX_CLIENT_VERSION} characters, no control characters"
         )
+    if not 1 <= client.feature_level <= MAX_COUNTER:
+        raise InvalidCommand(f"client.featureLevel must be between 1 and {MAX_COUNTER}")
 
 
 def check_counter(value: int, field: str) -> None:
@@ -249,6 +247,9 @@ class ClientInfo:
 
     name: str = wire_field("unknown", enforce=False, maxLength=MAX_CLIENT_NAME, pattern=TEXT_PATTERN)
     version: str = wire_field("unknown", enforce=False, maxLength=MAX_CLIENT_VERSION, pattern=TEXT_PATTERN)
+    #: The highest feature level the client supports (`rsc.events.versions`); a client that
+    #: does not say (every 0.1.0 client) supports level 1 only.
+    feature_level: int = wire_field(1, enforce=False, minimum=1, maximum=MAX_COUNTER)
 
 
 @attrs.frozen

@@ -13,6 +13,8 @@ aggregate.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from rsc.events.commands import Heartbeat, ProducerHeartbeat
@@ -20,9 +22,7 @@ from rsc.events.errors import UnsupportedProtocolVersion
 from rsc.events.model import (
     ID_PATTERN,
     MAX_COUNTER,
-    MIN_PROTOCOL_VERSION,
     NAME_PATTERN,
-    PROTOCOL_VERSION,
     ClientInfo,
     DrainProgress,
     FenceReason,
@@ -30,6 +30,7 @@ from rsc.events.model import (
     Layout,
     wire_field,
 )
+from rsc.events.versions import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, negotiated
 
 _SHARD_INDEX = {"minimum": 0, "maximum": 16_383}
 #: The longest a heartbeat may ask to be held (`waitMs`).
@@ -43,7 +44,7 @@ class HeartbeatRequest:
     The documented constraints are enforced by the core (`group._validate_heartbeat`)
     and the registry (names), with the same `INVALID_REQUEST`, not twice here."""
 
-    protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
+    protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=MAX_COUNTER)
     stream_prefix: str = wire_field(enforce=False, pattern=NAME_PATTERN)
     consumer_group: str = wire_field(enforce=False, pattern=NAME_PATTERN)
     member_id: str = wire_field(enforce=False, pattern=ID_PATTERN)
@@ -77,12 +78,25 @@ class HeartbeatRequest:
         )
 
 
-def check_protocol_version(version: int) -> None:
-    """Refuse a minor protocol version this server does not speak (it speaks N and N-1)."""
-    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+def check_protocol_version(version: int) -> int:
+    """The protocol version to answer a request of `version` in: the highest both sides speak.
+
+    Refuses (`UNSUPPORTED_PROTOCOL_VERSION`) only a version older than every one this server
+    still speaks; a newer one is answered in this server's newest, which the client reads
+    from the answer (`protocolVersion`, from version 2 on) and steps down to."""
+    answer = negotiated(version) if version <= MAX_COUNTER else None
+    if answer is None:
         raise UnsupportedProtocolVersion(
-            f"protocolVersion {version} is not in [{MIN_PROTOCOL_VERSION}, {PROTOCOL_VERSION}]"
+            f"protocolVersion {version} is not supported: this server speaks "
+            f"{MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION} (a newer one is answered in {PROTOCOL_VERSION})"
         )
+    return answer
+
+
+def omitted_unless_set(**json_schema: Any) -> Any:
+    """An optional answer field that is left out of the JSON while None: answers in an older
+    protocol version keep exactly that version's shape."""
+    return attrs.field(default=None, metadata={"json_schema": json_schema, "omit_if_default": True})
 
 
 @attrs.define
@@ -109,6 +123,9 @@ class HeartbeatResponse:
     max_concurrency: int
     layout: Layout | None = None
     fence_reason: FenceReason | None = None
+    #: From protocol version 2: the version this answer is in, and the deployment's feature level.
+    protocol_version: int | None = omitted_unless_set()
+    feature_level: int | None = omitted_unless_set()
 
 
 @attrs.frozen
@@ -120,7 +137,7 @@ class ProducerHeartbeatRequest:
     `leave` says it is closing (it stops counting as a live producer at once).
     """
 
-    protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=PROTOCOL_VERSION)
+    protocol_version: int = wire_field(enforce=False, minimum=MIN_PROTOCOL_VERSION, maximum=MAX_COUNTER)
     stream_prefix: str = wire_field(enforce=False, pattern=NAME_PATTERN)
     producer_id: str = wire_field(enforce=False, pattern=ID_PATTERN)
     metadata_version: int = wire_field(0, enforce=False, minimum=0, maximum=MAX_COUNTER)
@@ -160,6 +177,9 @@ class ProducerHeartbeatResponse:
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     layout: Layout | None = None
+    #: From protocol version 2: the version this answer is in, and the deployment's feature level.
+    protocol_version: int | None = omitted_unless_set()
+    feature_level: int | None = omitted_unless_set()
 
 
 @attrs.frozen

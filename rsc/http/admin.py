@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -18,11 +19,15 @@ import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
+from rsc import __version__
+from rsc.actors.features import FeatureLevelMoved
 from rsc.actors.registry import Registry
+from rsc.events import codec
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
-from rsc.events.errors import UnknownStream
-from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
+from rsc.events.errors import UnknownGroup, UnknownStream
+from rsc.events.model import MAX_COUNTER, TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
+from rsc.events.versions import MAX_FEATURE_LEVEL, Party, blockers
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.auth import AdminAccount, Gate, basic_credentials
@@ -50,6 +55,28 @@ class PauseRequest:
 
 
 @attrs.frozen
+class FeatureChange:
+    """Body of `PUT /v1/admin/features`: the feature level to finalize."""
+
+    level: int = wire_field(minimum=1, maximum=MAX_COUNTER)
+
+
+@attrs.frozen
+class FeaturesStatus:
+    """`GET`/`PUT /v1/admin/features`: the finalized level, the highest written (the floor for
+    lowering), what this coordinator supports, and every coordinator, live member and live
+    producer with the highest level it supports."""
+
+    level: int
+    written: int
+    supported: tuple[int, int]
+    parties: tuple[Party, ...]
+    #: The parties that keep the level from being raised to `supported[1]` now.
+    blocking_highest: tuple[Party, ...]
+    previous: int | None = None
+
+
+@attrs.frozen
 class GroupSpec:
     max_concurrency: int = wire_field(1, minimum=1, maximum=MAX_CONCURRENCY)
     start_from: StartFrom = StartFrom.EARLIEST
@@ -59,9 +86,16 @@ class GroupSpec:
 AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit"})
 
 
-def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, audit: AuditLog) -> None:
+def add_admin_routes(
+    app: QuartTrio,
+    registry: Registry,
+    account: AdminAccount,
+    audit: AuditLog,
+    coordinators: Callable[[], Awaitable[list[Party]]] | None = None,
+) -> None:
     """Register `/v1/admin/...` on `app` (made by `create_app`): logins go through the app's
-    gate, whose throttle also counts wrong admin credentials sent to other paths."""
+    gate, whose throttle also counts wrong admin credentials sent to other paths.
+    `coordinators` lists the running coordinators (for feature level changes)."""
     gate: Gate = app.extensions["rsc.gate"]
     throttle = gate.throttle
 
@@ -112,6 +146,7 @@ def add_admin_routes(app: QuartTrio, registry: Registry, account: AdminAccount, 
     _add_stream_routes(app, registry)
     _add_group_routes(app, registry)
     _add_pause_routes(app, registry)
+    _add_feature_routes(app, registry, coordinators or _no_coordinators)
 
     @app.get("/v1/admin/audit")
     async def read_audit() -> Response:
@@ -348,3 +383,98 @@ async def _audit_blocked(audit: AuditLog, blocked: Blocked) -> None:
 
 def audit_now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+async def _no_coordinators() -> list[Party]:
+    return []
+
+
+async def live_parties(registry: Registry) -> list[Party]:
+    """Every live member and live producer of every stream, with its client's feature level."""
+    parties: list[Party] = []
+    for prefix in await registry.stream_prefixes():
+        try:
+            actor = await registry.stream(prefix, create=False)
+        except UnknownStream:
+            continue
+        state = actor.state
+        if state is None:
+            continue
+        for producer in state.producers.values():
+            client = producer.client
+            parties.append(
+                Party("producer", f"{prefix}/{producer.producer_id}", client.version, client.feature_level)
+            )
+        for name in sorted(state.groups):
+            try:
+                group = await registry.group(prefix, name, create=False)
+            except (UnknownGroup, UnknownStream):
+                continue
+            if group.state is None:
+                continue
+            for member in group.state.members.values():
+                client = member.client
+                parties.append(
+                    Party(
+                        "member", f"{prefix}/{name}/{member.member_id}", client.version, client.feature_level
+                    )
+                )
+    return parties
+
+
+def _add_feature_routes(
+    app: QuartTrio, registry: Registry, coordinators: Callable[[], Awaitable[list[Party]]]
+) -> None:
+    features = registry.store.features
+
+    async def status(previous: int | None = None) -> FeaturesStatus:
+        state = await features.load()
+        parties = (*await coordinators(), *await live_parties(registry))
+        return FeaturesStatus(
+            state.level,
+            state.written,
+            (1, MAX_FEATURE_LEVEL),
+            parties,
+            blockers(MAX_FEATURE_LEVEL, parties),
+            previous,
+        )
+
+    @app.get("/v1/admin/features")
+    async def get_features() -> Response:
+        return json_response(await status())
+
+    @app.put("/v1/admin/features")
+    async def put_features() -> Response:
+        change = structure(await json_body(), FeatureChange)
+        if change.level > MAX_FEATURE_LEVEL:
+            raise ApiError(
+                400,
+                "UNSUPPORTED_FEATURE_LEVEL",
+                f"feature level {change.level} is unknown to this coordinator ({__version__}), "
+                f"which supports 1 to {MAX_FEATURE_LEVEL}",
+                {"supported": [1, MAX_FEATURE_LEVEL]},
+            )
+        state = await features.load()
+        if change.level > state.level:
+            waiting = blockers(change.level, [*await coordinators(), *await live_parties(registry)])
+            if waiting:
+                names = ", ".join(
+                    f"{p.kind} {p.name} ({p.version}, up to {p.feature_level})" for p in waiting
+                )
+                raise ApiError(
+                    409,
+                    "FEATURE_LEVEL_NOT_SUPPORTED",
+                    f"cannot finalize feature level {change.level}: not supported by {names}; "
+                    "upgrade (or stop) them first",
+                    {"blockers": [codec.wire.unstructure(p) for p in waiting]},
+                )
+        try:
+            await features.finalize(change.level, g.caller or "admin")
+        except FeatureLevelMoved as exc:
+            raise ApiError(
+                409,
+                "FEATURE_LEVEL_IN_USE",
+                f"cannot finalize feature level {change.level}: {exc}",
+                {"level": exc.level, "written": exc.written},
+            ) from exc
+        return json_response(await status(previous=state.level))

@@ -32,7 +32,13 @@ from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.model import SURROGATE
 from rsc.events.respond import respond, respond_producer
-from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, ProducerHeartbeatRequest
+from rsc.events.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerHeartbeatRequest,
+    ProducerHeartbeatResponse,
+    check_protocol_version,
+)
 from rsc.http import views
 from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.errors import ApiError
@@ -176,6 +182,7 @@ def _add_member_routes(
     # Held long polls take a connection each: at most half of what the server accepts.
     holds = RegistryHold(registry, limit=max(1, settings.max_connections // 2))
     app.extensions["rsc.holds"] = holds
+    features = registry.store.features
 
     @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
@@ -189,7 +196,7 @@ def _add_member_routes(
             response = respond(reply.state, command, reply.events)
         if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
             response = await holds.hold(body, command, response, version)
-        return json_response(response)
+        return json_response(answered_in(response, body.protocol_version, features.level))
 
     @app.post("/v1/producers/heartbeat")
     async def producer_heartbeat() -> Response:
@@ -200,7 +207,8 @@ def _add_member_routes(
             command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
             create = None if gate.may_create(caller) else False
             reply = await registry.ask_stream(body.stream_prefix, command, create=create)
-            return json_response(respond_producer(reply.state, command, timing.heartbeat_interval_ms))
+            response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
+            return json_response(answered_in(response, body.protocol_version, features.level))
 
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
@@ -210,7 +218,7 @@ def _add_member_routes(
         if held:  # long polls: the answer goes once every held item has its own
             async with trio.open_nursery() as nursery:
                 for index, hold in held.items():
-                    nursery.start_soon(_held_item, results, index, holds, hold)
+                    nursery.start_soon(_held_item, results, index, holds, hold, features.level)
         return json_response({"responses": results}, plain=True)
 
 
@@ -218,9 +226,22 @@ def _add_member_routes(
 _Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, int]
 
 
-async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold) -> None:
+async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold, level: int) -> None:
     response = await holds.hold(*hold)
-    results[index] = codec.wire.unstructure(response)
+    results[index] = codec.wire.unstructure(answered_in(response, hold[0].protocol_version, level))
+
+
+R = TypeVar("R", HeartbeatResponse, ProducerHeartbeatResponse)
+
+
+def answered_in(response: R, requested: int, level: int) -> R:
+    """`response` in the protocol version a request of `requested` is answered in: from version
+    2 on it names that version and the deployment's feature level; a version 1 answer has
+    exactly version 1's shape. (`requested` was checked when the request became a command.)"""
+    version = check_protocol_version(requested)
+    if version < 2:
+        return response
+    return attrs.evolve(response, protocol_version=version, feature_level=level)
 
 
 async def _answer_batch(
@@ -282,6 +303,7 @@ async def _answer_batch(
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):
                 held[index] = (bodies[index], command, response, version)
+            response = answered_in(response, bodies[index].protocol_version, registry.store.features.level)
             results[index] = codec.wire.unstructure(response)
 
     try:
@@ -347,7 +369,11 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
 
     @app.get("/v1/version")
     async def version() -> Response:
-        return json_response(views.version_view())
+        try:  # a standby reads it too: the active one may have changed it
+            state = await registry.store.features.load()
+        except StoreError:  # Redis away: the rest is still worth answering
+            return json_response(views.version_view())
+        return json_response(views.version_view(state.level, state.written))
 
     @app.get("/healthz")
     async def healthz() -> Response:

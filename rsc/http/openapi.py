@@ -28,7 +28,7 @@ from rsc.events.wire import (
     ProducerHeartbeatResponse,
 )
 from rsc.http import views
-from rsc.http.admin import GroupSpec, PauseRequest, StreamSpec
+from rsc.http.admin import FeatureChange, FeaturesStatus, GroupSpec, PauseRequest, StreamSpec
 from rsc.http.audit import AuditRecord
 from rsc.http.auth import PUBLIC_PATHS
 
@@ -195,7 +195,29 @@ ROUTES = (
             {"name": "limit", "schema": {"type": "integer"}, "description": "1-1000 (clamped), default 100"},
         ),
     ),
-    Route("get", "/v1/version", "Server version, protocol range, schema version", None, views.VersionView),
+    Route(
+        "get",
+        "/v1/admin/features",
+        "The finalized feature level and what every coordinator, member and producer supports",
+        None,
+        FeaturesStatus,
+        admin=True,
+    ),
+    Route(
+        "put",
+        "/v1/admin/features",
+        "Finalize a feature level (raise once all support it; lower while nothing above is written)",
+        FeatureChange,
+        FeaturesStatus,
+        admin=True,
+    ),
+    Route(
+        "get",
+        "/v1/version",
+        "Server version, protocol versions and their lifecycle, feature levels",
+        None,
+        views.VersionView,
+    ),
     Route("get", "/healthz", "Liveness", None, Status),
     Route("get", "/readyz", "Readiness (Redis answers)", None, Status),
     Route("get", "/metrics", "Prometheus metrics", None, None, content_type="text/plain"),
@@ -216,6 +238,8 @@ def schema_of(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
             else {"anyOf": [schema_of(a, components) for a in options]}
         )
         return {"anyOf": [inner, {"type": "null"}]} if type(None) in args else inner
+    if origin is typing.Literal:
+        return {"type": "string", "enum": list(args)}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return {"type": "string", "enum": [m.value for m in tp]}
     if tp is bool:

@@ -22,12 +22,14 @@ from rsc.actors.clock import WallClock
 from rsc.actors.connect import open_redis
 from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import StoreError
+from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register
 from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.config import ConfigError, Settings
 from rsc.connect import RedisRefused
 from rsc.events.model import Timing
+from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
 from rsc.http.audit import AuditLog
@@ -91,11 +93,14 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
         leadership = Leadership(
             RedisLease(redis), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
         )
-        store = RedisStore(redis, fence_token=leadership.token)
+        features = Features(redis, settings.initial_feature_level, term=lambda: leadership.terms)
+        await check_feature_level(features)
+        store = RedisStore(redis, fence_token=leadership.token, features=features)
         effects = RedisEffects(redis, fence_token=leadership.token)
         actors = registry_settings(settings)
         try:
             async with trio.open_nursery() as terms:
+                terms.start_soon(register, redis, leadership.holder_id)
                 async with open_registry(store, effects, WallClock(), actors) as registry:
                     await terms.start(leadership.run, registry.stop_all)
                     yield registry, AuditLog(redis), leadership
@@ -112,6 +117,18 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
                         released = False
                     if not released:
                         log.warning("could not release the coordinator lease (it expires by itself)")
+
+
+async def check_feature_level(features: Features) -> None:
+    """Refuse to start where the deployment is finalized at a level this release does not know."""
+    try:
+        state = await features.load()
+    except UnsupportedFeatureLevel as exc:
+        raise ConfigError(str(exc)) from exc
+    except StoreError as exc:  # Redis away: the store reads the level before its first write
+        log.warning("could not read the feature level yet: %s", exc)
+        return
+    log.info("feature level %d (this release supports 1 to %d)", state.level, MAX_FEATURE_LEVEL)
 
 
 async def serve(
@@ -137,7 +154,12 @@ async def serve(
             config.certfile, config.keyfile = settings.certfile, settings.keyfile
         app = create_app(registry, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-        add_admin_routes(app, registry, account, audit)
+        redis = registry.effects.redis  # type: ignore[attr-defined]
+
+        async def coordinators() -> list[Party]:
+            return await coordinator_parties(redis, leadership.backend)
+
+        add_admin_routes(app, registry, account, audit, coordinators)
         add_openapi_route(app)
         add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
         stopped = trio.Event()

@@ -13,11 +13,8 @@ import attrs
 
 from rsc import __version__
 from rsc.actors.effects import GroupLag, ShardStats
-from rsc.actors.keys import SCHEMA_VERSION
 from rsc.events.group import GroupState
 from rsc.events.model import (
-    MIN_PROTOCOL_VERSION,
-    PROTOCOL_VERSION,
     ClientInfo,
     GroupConfig,
     Layout,
@@ -26,6 +23,16 @@ from rsc.events.model import (
     ShardState,
 )
 from rsc.events.stream import StreamState
+from rsc.events.versions import (
+    FEATURE_LEVELS,
+    MAX_FEATURE_LEVEL,
+    MAX_JOURNAL_SCHEMA,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    PROTOCOLS,
+    FeatureLevel,
+    ProtocolVersion,
+)
 
 
 @attrs.frozen
@@ -156,11 +163,27 @@ class Lifecycle:
 
 
 @attrs.frozen
+class FeaturesView:
+    """The deployment's finalized feature level (None: Redis did not answer), the highest level
+    whose data has been written (it cannot be lowered below that), and what this server supports."""
+
+    finalized: int | None
+    written: int | None
+    supported: ProtocolRange
+    levels: tuple[FeatureLevel, ...]
+
+
+@attrs.frozen
 class VersionView:
+    """`protocol`: the versions spoken; `protocols`: each one's lifecycle; `lifecycle`: that of
+    the newest; `schemaVersion`: the newest journal schema this server reads."""
+
     server_version: str
     protocol: ProtocolRange
     schema_version: int
     lifecycle: Lifecycle
+    protocols: tuple[ProtocolVersion, ...]
+    features: FeaturesView
 
 
 def shard_views(layout: Layout, active_only: bool = False) -> tuple[ShardView, ...]:
@@ -274,10 +297,13 @@ def group_view(state: GroupState, leases: Mapping[str, int], now_ms: int) -> Gro
     )
 
 
-def version_view() -> VersionView:
+def version_view(finalized: int | None = None, written: int | None = None) -> VersionView:
+    newest = next(p for p in PROTOCOLS if p.version == PROTOCOL_VERSION)
     return VersionView(
         server_version=__version__,
         protocol=ProtocolRange(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION),
-        schema_version=SCHEMA_VERSION,
-        lifecycle=Lifecycle(status="supported"),
+        schema_version=MAX_JOURNAL_SCHEMA,
+        lifecycle=Lifecycle(newest.status, newest.deprecated_after, newest.end_of_life),
+        protocols=PROTOCOLS,
+        features=FeaturesView(finalized, written, ProtocolRange(1, MAX_FEATURE_LEVEL), FEATURE_LEVELS),
     )

@@ -1,0 +1,315 @@
+"""The deployment's finalized feature level, kept in Redis, and the coordinators' registry.
+
+Keys (both with the `{coordinator}` hash tag, next to the lease):
+
+* `rsc:v1:{coordinator}:features`: hash `level` (finalized: what coordinators may
+  write), `written` (the highest level whose data has been written: the level can
+  be lowered to no less), `changedAtMs`, `changedBy`. A deployment without it is
+  initialized once, atomically, by the first coordinator of a release that knows
+  it: at level 1 if a coordinator ever ran there (the token key exists: a 0.1.0
+  deployment being upgraded), else at the level `rsc serve` is configured to start
+  new deployments at (`RSC_INITIAL_FEATURE_LEVEL`, default the highest it knows).
+* `rsc:v1:{coordinator}:coordinators`: hash holder id -> JSON `{"version",
+  "featureLevel", "seenMs"}`, written by every coordinator (active or standby) every
+  few seconds and removed when it stops. Coordinators of 0.1.0 do not register;
+  one holding the lease is still seen (its holder id is not in the registry).
+
+The active coordinator reads the level at the start of each term (a standby may
+have been told of a change it did not make) and before it writes: the journal
+schema it appends with is the one its level allows (`rsc.events.versions`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from rsc import __version__
+from rsc.actors.connect import redis_errors
+from rsc.actors.errors import StoreError
+from rsc.actors.keys import COORDINATOR_TOKEN_KEY, PREFIX
+from rsc.actors.leadership import LeaseBackend
+from rsc.events.versions import (
+    BASELINE_FEATURE_LEVEL,
+    MAX_FEATURE_LEVEL,
+    Party,
+    feature_level,
+    level_of_schema,
+)
+
+log = logging.getLogger("rsc.features")
+
+FEATURES_KEY = f"{PREFIX}:{{coordinator}}:features"
+COORDINATORS_KEY = f"{PREFIX}:{{coordinator}}:coordinators"
+#: A registered coordinator counts as running while it wrote its entry at most this long ago.
+REGISTRATION_FRESH_MS = 30_000
+#: How often a coordinator writes its registry entry.
+REGISTER_EVERY_S = 5.0
+
+# KEYS: features, token; ARGV: initial level, baseline level, now ms
+# Returns {level, written}.
+INIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  local level = ARGV[1]
+  if redis.call('EXISTS', KEYS[2]) == 1 then level = ARGV[2] end
+  redis.call('HSET', KEYS[1], 'level', level, 'written', ARGV[2], 'changedAtMs', ARGV[3],
+             'changedBy', 'initialized')
+end
+return {redis.call('HGET', KEYS[1], 'level'), redis.call('HGET', KEYS[1], 'written')}
+"""
+
+# KEYS: features; ARGV: level (the caller's view of it), written
+# Raise `written` (never lower it); refused if the level changed meanwhile.
+MARK_WRITTEN = """
+if redis.call('HGET', KEYS[1], 'level') ~= ARGV[1] then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'written') or '1') < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'written', ARGV[2])
+end
+return 1
+"""
+
+# KEYS: features; ARGV: expected level, new level, now ms, by
+# Change the level if it is still the expected one and nothing above the new level was written.
+FINALIZE = """
+local level = redis.call('HGET', KEYS[1], 'level')
+local written = tonumber(redis.call('HGET', KEYS[1], 'written') or '1')
+if level ~= ARGV[1] then return {'moved', level, written} end
+if written > tonumber(ARGV[2]) then return {'written', level, written} end
+redis.call('HSET', KEYS[1], 'level', ARGV[2], 'changedAtMs', ARGV[3], 'changedBy', ARGV[4])
+return {'ok', ARGV[2], written}
+"""
+
+
+class UnsupportedFeatureLevel(StoreError):
+    """The deployment is finalized at a level this release does not know: it must not write."""
+
+
+class FeatureLevelMoved(StoreError):
+    """Another coordinator changed the level meanwhile, or data above the new level exists."""
+
+    def __init__(self, message: str, level: int, written: int) -> None:
+        super().__init__(message)
+        self.level = level
+        self.written = written
+
+
+@attrs.frozen
+class FeatureState:
+    level: int
+    written: int
+
+
+def unsupported(level: int) -> UnsupportedFeatureLevel:
+    return UnsupportedFeatureLevel(
+        f"the deployment is finalized at feature level {level}; this release ({__version__}) runs "
+        f"at levels 1 to {MAX_FEATURE_LEVEL}: run a release that supports level {level}"
+    )
+
+
+class FeatureSource(Protocol):
+    """The deployment's feature level, as a store and the HTTP layer use it."""
+
+    @property
+    def level(self) -> int: ...
+
+    async def current(self) -> FeatureState: ...
+
+    async def load(self) -> FeatureState: ...
+
+    async def schema_for_write(self) -> int: ...
+
+    async def finalize(self, level: int, by: str) -> FeatureState: ...
+
+
+class StaticFeatures:
+    """`Features` kept in memory (with `MemoryStore`, in tests): the same rules, no Redis."""
+
+    def __init__(self, level: int = MAX_FEATURE_LEVEL, written: int = BASELINE_FEATURE_LEVEL) -> None:
+        self.state = FeatureState(level, written)
+
+    @property
+    def level(self) -> int:
+        return self.state.level
+
+    async def current(self) -> FeatureState:
+        return self.state
+
+    async def load(self) -> FeatureState:
+        return self.state
+
+    async def schema_for_write(self) -> int:
+        schema = feature_level(self.state.level).journal_schema
+        self.state = FeatureState(self.state.level, max(self.state.written, level_of_schema(schema)))
+        return schema
+
+    async def finalize(self, level: int, by: str) -> FeatureState:
+        if not 1 <= level <= MAX_FEATURE_LEVEL:
+            raise unsupported(level)
+        if self.state.written > level:
+            raise FeatureLevelMoved(
+                f"data of feature level {self.state.written} has been written: the level cannot go below it",
+                self.state.level,
+                self.state.written,
+            )
+        self.state = FeatureState(level, self.state.written)
+        return self.state
+
+
+class Features:
+    """The finalized level as this coordinator knows it, read again at each new term."""
+
+    def __init__(
+        self,
+        redis: Any,
+        initial_level: int = MAX_FEATURE_LEVEL,
+        term: Callable[[], int] | None = None,
+    ) -> None:
+        self.redis = redis
+        self.initial_level = initial_level
+        #: The current term's token (None: one reader, as `rsc journal`); a new one reloads.
+        self.term = term
+        self._state: FeatureState | None = None
+        self._loaded_in: int | None = None
+        self._lock = trio.Lock()
+        self._init = redis.register_script(INIT)
+        self._mark = redis.register_script(MARK_WRITTEN)
+        self._finalize = redis.register_script(FINALIZE)
+
+    @property
+    def level(self) -> int:
+        """The finalized level as last read (the baseline before the first read)."""
+        return self._state.level if self._state is not None else BASELINE_FEATURE_LEVEL
+
+    async def current(self) -> FeatureState:
+        """The finalized level and the highest written (initializing them on first use)."""
+        term = self.term() if self.term is not None else None
+        if self._state is None or term != self._loaded_in:
+            await self.load()
+            self._loaded_in = term
+        assert self._state is not None
+        return self._state
+
+    async def load(self) -> FeatureState:
+        with redis_errors("reading the feature level"):
+            level, written = await self._init(
+                keys=[FEATURES_KEY, COORDINATOR_TOKEN_KEY],
+                args=[self.initial_level, BASELINE_FEATURE_LEVEL, _now_ms()],
+            )
+        state = FeatureState(int(level), int(written or BASELINE_FEATURE_LEVEL))
+        if state.level > MAX_FEATURE_LEVEL:
+            raise unsupported(state.level)
+        if self._state is not None and self._state.level != state.level:
+            log.info("feature level %d (was %d)", state.level, self._state.level)
+        self._state = state
+        return state
+
+    async def schema_for_write(self) -> int:
+        """The journal schema to append with now; marks its level written first."""
+        state = await self.current()
+        schema = feature_level(state.level).journal_schema
+        needed = level_of_schema(schema)
+        if needed > state.written:
+            async with self._lock:
+                state = await self.current()
+                if needed > state.written:
+                    with redis_errors("recording the feature level written"):
+                        done = await self._mark(keys=[FEATURES_KEY], args=[state.level, needed])
+                    if not done:  # changed by another coordinator: read it again
+                        self._state = None
+                        return await self.schema_for_write()
+                    self._state = FeatureState(state.level, needed)
+        return schema
+
+    async def finalize(self, level: int, by: str) -> FeatureState:
+        """Move the finalized level to `level` (`FeatureLevelMoved` if it cannot be lowered
+        that far, or changed meanwhile)."""
+        if not 1 <= level <= MAX_FEATURE_LEVEL:
+            raise unsupported(level)
+        async with self._lock:
+            state = await self.load()
+            with redis_errors("finalizing the feature level"):
+                outcome, now, written = await self._finalize(
+                    keys=[FEATURES_KEY], args=[state.level, level, _now_ms(), by]
+                )
+            if outcome == "moved":
+                self._state = None
+                raise FeatureLevelMoved("the feature level changed meanwhile", int(now), int(written))
+            if outcome == "written":
+                raise FeatureLevelMoved(
+                    f"data of feature level {written} has been written: the level cannot go below it",
+                    int(now),
+                    int(written),
+                )
+            self._state = FeatureState(int(now), int(written))
+            log.warning("feature level finalized at %d (was %d) by %s", level, state.level, by)
+            return self._state
+
+
+@attrs.frozen
+class Registration:
+    """A coordinator as its registry entry says."""
+
+    holder: str
+    version: str
+    feature_level: int
+    seen_ms: int
+
+
+async def register(redis: Any, holder: str, every_s: float = REGISTER_EVERY_S) -> None:
+    """Keep this coordinator's registry entry fresh while it runs; remove it on the way out."""
+    entry = json.dumps({"version": __version__, "featureLevel": MAX_FEATURE_LEVEL})
+    try:
+        while True:
+            data = json.loads(entry) | {"seenMs": _now_ms()}
+            try:
+                with redis_errors("registering this coordinator"):
+                    await redis.hset(COORDINATORS_KEY, {holder: json.dumps(data)})
+            except StoreError as exc:
+                log.debug("could not register: %s", exc)
+            await trio.sleep(every_s)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            try:  # best effort: an entry left behind goes stale by itself
+                await redis.hdel(COORDINATORS_KEY, [holder])
+            except Exception as exc:  # the connection may be gone on the way out
+                log.debug("could not unregister: %r", exc)
+
+
+async def registrations(redis: Any) -> list[Registration]:
+    """The registered coordinators seen within `REGISTRATION_FRESH_MS`."""
+    with redis_errors("reading the coordinators' registry"):
+        raw = await redis.hgetall(COORDINATORS_KEY)
+    now = _now_ms()
+    out = []
+    for holder, text in raw.items():
+        try:
+            data = json.loads(text)
+            entry = Registration(
+                str(holder), str(data["version"]), int(data["featureLevel"]), int(data["seenMs"])
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+        if now - entry.seen_ms <= REGISTRATION_FRESH_MS:
+            out.append(entry)
+    return sorted(out, key=lambda r: r.holder)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def coordinator_parties(redis: Any, lease: LeaseBackend) -> list[Party]:
+    """Every running coordinator with the highest level its release supports: the registered
+    ones, and the lease holder if it did not register (a 0.1.0 coordinator: level 1)."""
+    found = await registrations(redis)
+    parties = [Party("coordinator", r.holder, r.version, r.feature_level) for r in found]
+    holder = await lease.current()
+    if holder is not None and holder.holder not in {r.holder for r in found}:
+        parties.append(Party("coordinator", holder.holder, "0.1.0 or older (unregistered)", 1))
+    return parties

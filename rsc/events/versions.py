@@ -1,0 +1,223 @@
+"""Every version rsc has, in one table: protocol versions and their lifecycle, feature levels.
+
+Three things are versioned, each on its own:
+
+* The **release** (`rsc.__version__`, semantic versioning): what `rsc --version`,
+  `GET /v1/version` and the package metadata say.
+* The **wire protocol** (`protocolVersion` in every heartbeat): a server speaks
+  every version in `PROTOCOLS` that is not removed and answers in the highest one
+  both sides speak; a client facing an older server steps down (`negotiated`).
+* The **feature level** of a deployment (Kafka's finalized features): what the
+  coordinators may write to Redis (events, event versions, journal schema, keys,
+  scripts) and what clients may be asked to do. It is finalized explicitly by an
+  operator (`PUT /v1/admin/features`) once every coordinator, member and producer
+  supports it, and recorded in Redis (`rsc.actors.features`). Until then a newer
+  coordinator writes exactly what the previous release wrote, so the two can run
+  side by side and either can be rolled back to.
+
+The rule for every change (docs/development.md): a new event type, a new version
+of an event's data, a new Redis key or script semantics, or a new required request
+field belongs to a new feature level, listed here; the compat tier
+(`tests/compat`) runs the previous release beside this one and fails otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from rsc import __version__
+
+Status = Literal["supported", "deprecated", "removed"]
+
+
+@attrs.frozen
+class ProtocolVersion:
+    """One wire protocol version and where it is in its life: `supported`; `deprecated`
+    (still spoken; `deprecated_after` is the date from which it may be removed, in the
+    release `end_of_life` names); `removed` (refused with `UNSUPPORTED_PROTOCOL_VERSION`)."""
+
+    version: int
+    since: str
+    status: Status
+    summary: str
+    deprecated_after: str | None = None
+    end_of_life: str | None = None
+
+
+PROTOCOLS: tuple[ProtocolVersion, ...] = (
+    ProtocolVersion(1, "0.1.0", "supported", "heartbeats, producer heartbeats, routing metadata"),
+    ProtocolVersion(
+        2,
+        "0.2.0",
+        "supported",
+        "answers name the protocolVersion they are in and the deployment's featureLevel",
+    ),
+)
+#: The newest protocol version this code speaks, and the oldest it still accepts.
+PROTOCOL_VERSION = max(p.version for p in PROTOCOLS if p.status != "removed")
+MIN_PROTOCOL_VERSION = min(p.version for p in PROTOCOLS if p.status != "removed")
+
+
+def negotiated(requested: int) -> int | None:
+    """The version to answer a request of `requested` in: the highest both sides speak (None:
+    `requested` is older than anything this server still speaks)."""
+    if requested < MIN_PROTOCOL_VERSION:
+        return None
+    return min(requested, PROTOCOL_VERSION)
+
+
+@attrs.frozen
+class FeatureLevel:
+    """What a feature level adds, the release that brought it, and the journal schema it writes."""
+
+    level: int
+    since: str
+    summary: str
+    journal_schema: int
+
+
+FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
+    FeatureLevel(
+        1,
+        "0.1.0",
+        "the baseline: journal schema 1 (entries kind, rev, data), the event types of 0.1.0",
+        journal_schema=1,
+    ),
+    FeatureLevel(
+        2,
+        "0.2.0",
+        "versioned journal: each entry names its event's version (v), read through upcasters; "
+        "snapshots say schemaVersion 2 (a 0.1.0 coordinator refuses them)",
+        journal_schema=2,
+    ),
+)
+#: The highest level this code can run at (write and read), and the level a deployment that
+#: never finalized one is at (every deployment made by 0.1.0).
+MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
+BASELINE_FEATURE_LEVEL = 1
+#: The highest journal schema this code reads (every older one is migrated on read).
+MAX_JOURNAL_SCHEMA = max(f.journal_schema for f in FEATURE_LEVELS)
+
+
+def feature_level(level: int) -> FeatureLevel:
+    """The table entry of `level` (ValueError if this code does not know it)."""
+    for f in FEATURE_LEVELS:
+        if f.level == level:
+            return f
+    raise ValueError(f"feature level {level} is not in [1, {MAX_FEATURE_LEVEL}]")
+
+
+def level_of_schema(schema: int) -> int:
+    """The lowest feature level that writes journal `schema` (for error messages)."""
+    return min((f.level for f in FEATURE_LEVELS if f.journal_schema >= schema), default=schema)
+
+
+#: Every journaled event type and the feature level that introduced it. A new event type is
+#: added here with a new level (a coordinator of an older release cannot replay it); the
+#: tests check that every durable event of the core is listed.
+EVENT_LEVELS: Mapping[str, int] = {
+    **dict.fromkeys(
+        (
+            # group events
+            "GroupCreated",
+            "MemberJoined",
+            "MemberLeft",
+            "MemberLeaving",
+            "MemberFenced",
+            "TargetAssignmentUpdated",
+            "MemberEpochAdvanced",
+            "ShardsRevokeRequested",
+            "ShardsRevokeAcked",
+            "ShardsReleased",
+            "ShardsInstalled",
+            "LayoutApplied",
+            "GroupConfigured",
+            "TimersRestarted",
+            "GroupDeleted",
+            # stream events
+            "StreamCreated",
+            "ShardsAdded",
+            "ShardsDraining",
+            "ShardsRetired",
+            "GroupRegistered",
+            "GroupUnregistered",
+            "StreamDeleted",
+            "ProducerRegistered",
+            "ProducerAcknowledged",
+            "ProducerExpired",
+            "ProducerLeft",
+            "ProducersPaused",
+            "ProducersResumed",
+        ),
+        1,
+    ),
+}
+
+#: An upcaster turns the JSON data of one version of an event into the next version's.
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@attrs.frozen
+class EventVersion:
+    """Version `version` of an event type's data, the level that may write it, and the
+    upcaster that turns the previous version's data into this one."""
+
+    version: int
+    level: int
+    upcast: Upcaster
+
+
+#: The versions after 1 of each event type's data, oldest first (none yet: every event type is
+#: at version 1). A change of an event's fields that a reader of the previous version would
+#: misread adds an entry here, with its feature level and the upcaster from the previous one.
+EVENT_VERSIONS: Mapping[str, tuple[EventVersion, ...]] = {}
+
+
+class UnsupportedEventVersion(ValueError):
+    """A journal entry this code cannot read: written by a newer release at a higher level."""
+
+
+def current_event_version(kind: str, level: int, versions: Mapping[str, tuple[EventVersion, ...]]) -> int:
+    """The version of `kind` a writer at feature `level` writes: the newest that level allows."""
+    allowed = [v.version for v in versions.get(kind, ()) if v.level <= level]
+    return max(allowed, default=1)
+
+
+def upcast(
+    kind: str, version: int, data: dict[str, Any], versions: Mapping[str, tuple[EventVersion, ...]]
+) -> dict[str, Any]:
+    """`data` of version `version` of event `kind`, brought to the newest version this code has.
+
+    Raises `UnsupportedEventVersion` for a version newer than that, naming the feature level
+    that writes it where this code knows it."""
+    steps = versions.get(kind, ())
+    newest = max((v.version for v in steps), default=1)
+    if version > newest or version < 1:
+        raise UnsupportedEventVersion(
+            f"{kind} version {version}: this release ({__version__}) reads versions 1 to {newest} "
+            f"(up to feature level {MAX_FEATURE_LEVEL}); it was written by a newer release "
+            "at a higher feature level: run that release, or one newer"
+        )
+    for step in steps:
+        if step.version > version:
+            data = step.upcast(data)
+    return data
+
+
+@attrs.frozen
+class Party:
+    """A coordinator, member or producer, with the release it runs and the highest feature level
+    that release supports (what a change of the finalized level has to wait for)."""
+
+    kind: Literal["coordinator", "member", "producer"]
+    name: str
+    version: str
+    feature_level: int
+
+
+def blockers(target: int, parties: Sequence[Party]) -> tuple[Party, ...]:
+    """The parties that do not support feature level `target`: raising to it waits for them."""
+    return tuple(p for p in parties if p.feature_level < target)
