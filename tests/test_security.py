@@ -262,7 +262,7 @@ async def test_unicode_client_names_within_limits_are_kept(
     body = {**hb(prefix, "a", 0), "client": {"name": "клиент-日本", "version": "1.0"}}
     assert (await open_client.post("/v1/heartbeat", json=body)).status_code == 200
     view = (await open_client.get(f"/v1/streams/{prefix}/groups/billing")).json()
-    assert view["members"][0]["client"] == {"name": "клиент-日本", "version": "1.0"}
+    assert view["members"][0]["client"] == {"name": "клиент-日本", "version": "1.0", "featureLevel": 1}
 
 
 async def test_admin_numbers_and_reasons_are_bounded(open_client: httpx.AsyncClient, prefix: str) -> None:

@@ -18,6 +18,7 @@ import redis as redis_py
 import rsc
 from rsc.actors.aggregates import GroupAggregate
 from rsc.actors.connect import open_redis
+from rsc.actors.effects import MemoryEffects
 from rsc.actors.errors import NotFinalized, UnsupportedSchema
 from rsc.actors.features import (
     COORDINATORS_KEY,
@@ -29,7 +30,7 @@ from rsc.actors.features import (
 )
 from rsc.actors.keys import COORDINATOR_TOKEN_KEY, AggregateId
 from rsc.actors.redis_store import RedisStore
-from rsc.actors.store import MemoryStore
+from rsc.actors.store import MemoryStore, check_writable
 from rsc.client.coordinator import Coordinator, Negotiation
 from rsc.client.errors import CoordinatorRejected
 from rsc.client.sync import SyncCoordinator
@@ -48,6 +49,7 @@ from rsc.events.versions import (
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, ProducerHeartbeatRequest, ShardAssignment
 from rsc.journal import verify
 from tests import redis_servers
+from tests.actorkit import Member, registry_on
 from tests.httpkit import FAST, serve_on
 
 AUTH = ("admin", "s3cret")
@@ -185,15 +187,26 @@ async def test_a_schema_newer_than_this_release_reads_is_refused_with_its_level(
     assert "schemaVersion 3" in verdict.problems[0]
 
 
-async def test_an_event_type_of_a_higher_level_is_never_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = MemoryStore(level=1)
+def test_an_event_type_of_a_higher_level_is_never_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_writable(["MemberLeft", "StreamCreated"], 1)
     # as if MemberLeft belonged to level 2
     monkeypatch.setattr("rsc.actors.store.EVENT_LEVELS", {**EVENT_LEVELS, "MemberLeft": 2})
     with pytest.raises(NotFinalized, match="needs feature level 2"):
-        await store.append(GROUP, 0, [("MemberLeft", "{}")])
+        check_writable(["MemberLeft"], 1)
+    check_writable(["MemberLeft"], 2)
     with pytest.raises(NotFinalized, match="belongs to no feature level"):
-        await store.append(GROUP, 0, [("SomethingNew", "{}")])
-    assert store.aggregates == {}
+        check_writable(["SomethingNew"], MAX_FEATURE_LEVEL)
+
+
+async def test_an_actor_refuses_to_persist_what_the_level_does_not_allow(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: Any
+) -> None:
+    monkeypatch.setattr("rsc.actors.store.EVENT_LEVELS", {**EVENT_LEVELS, "MemberJoined": 2})
+    store = MemoryStore(level=1)
+    async with registry_on(store, MemoryEffects()) as registry:
+        with pytest.raises(NotFinalized, match="MemberJoined needs feature level 2"):
+            await Member(registry, "orders", "billing", "a").heartbeat()
+    assert not any(e.kind == "MemberJoined" for a in store.aggregates.values() for e in a.entries)
 
 
 # --- the wire: negotiation on the server ---------------------------------------------

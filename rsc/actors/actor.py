@@ -39,7 +39,7 @@ import trio
 from rsc.actors.clock import Clock
 from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, StoreUnavailable
 from rsc.actors.keys import AggregateId
-from rsc.actors.store import Loaded, Store
+from rsc.actors.store import Loaded, Store, check_writable
 from rsc.events.errors import CoordinationError
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.liveness import Leases
@@ -368,6 +368,8 @@ class Actor(Generic[S, C, E]):
 
     async def _persist(self, durable: list[E], state: S) -> None:
         entries = [self.aggregate.event_to_json(e) for e in durable]
+        # Only what the deployment's finalized feature level allows (`NotFinalized`: a bug).
+        check_writable([kind for kind, _ in entries], (await self.store.features.current()).level)
         checkpoint = None
         if self.revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every:
             checkpoint = self.aggregate.checkpoint_json(state)

@@ -31,7 +31,7 @@ from rsc.actors.connect import redis_errors
 from rsc.actors.errors import ConcurrencyConflict, Fenced, UnsupportedSchema
 from rsc.actors.features import Features, FeatureSource
 from rsc.actors.keys import AggregateId
-from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, check_writable
+from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded
 from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
 
 # KEYS: snapshot, journal, checkpoints
@@ -148,7 +148,6 @@ class RedisStore:
         token = self.fence_token() if self.fence_token is not None else 0
         schema = await self.features.schema_for_write()
         state = await self.features.current()
-        check_writable([kind for kind, _ in events], state.level)
         args: list[str | int] = [expected_revision, schema, self.retention, token, len(events)]
         for kind, data in events:
             version = current_event_version(kind, state.level, EVENT_VERSIONS) if schema >= 2 else ""

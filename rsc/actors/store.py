@@ -185,7 +185,6 @@ class MemoryStore:
     ) -> Appended:
         token = self._token()
         level = self.features.level
-        check_writable([kind for kind, _ in events], level)
         agg = self.aggregates.setdefault(aggregate, _MemoryAggregate())
         self._raise_fence(aggregate, agg, token)
         if agg.revision != expected_revision:

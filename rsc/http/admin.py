@@ -25,7 +25,7 @@ from rsc.actors.registry import Registry
 from rsc.events import codec
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownGroup, UnknownStream
-from rsc.events.model import MAX_COUNTER, TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
+from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party, blockers
 from rsc.http.app import json_body, json_response, structure
@@ -58,7 +58,7 @@ class PauseRequest:
 class FeatureChange:
     """Body of `PUT /v1/admin/features`: the feature level to finalize."""
 
-    level: int = wire_field(minimum=1, maximum=MAX_COUNTER)
+    level: int = wire_field(enforce=False, minimum=1, maximum=MAX_FEATURE_LEVEL)
 
 
 @attrs.frozen
@@ -446,6 +446,8 @@ def _add_feature_routes(
     @app.put("/v1/admin/features")
     async def put_features() -> Response:
         change = structure(await json_body(), FeatureChange)
+        if change.level < 1:
+            raise ApiError(400, "INVALID_REQUEST", "level must be at least 1")
         if change.level > MAX_FEATURE_LEVEL:
             raise ApiError(
                 400,
