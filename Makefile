@@ -3,11 +3,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# Reinstalled when the dependencies or the version change (the package metadata holds the version).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py | cksum | cut -d' ' -f1)
 
 .PHONY: setup run test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml rsc/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

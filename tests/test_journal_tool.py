@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -95,6 +96,8 @@ async def test_verify_passes_and_catches_a_damaged_snapshot(
     assert code == 0, out
     code, out = await trio.to_thread.run_sync(rsc, "journal", "verify", prefix, "--redis-url", redis_url)
     assert code == 0, out
+    assert out.startswith("feature level ")  # the deployment's, then per aggregate what was seen
+    assert re.search(r"journal schema [12], event versions v1 x\d+", out), out
     snapshot_key = f"rsc:v1:{{g/{prefix}/billing}}:snapshot"
     original = await redis.hget(snapshot_key, "state")
     state = json.loads(original)

@@ -5,15 +5,18 @@ The previous release itself runs beside this one in the compat tier (`tests/comp
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import typing
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
 import pytest
 import redis as redis_py
+from click.testing import CliRunner
 
 import rsc
 from rsc.actors.aggregates import GroupAggregate
@@ -31,6 +34,7 @@ from rsc.actors.features import (
 from rsc.actors.keys import COORDINATOR_TOKEN_KEY, AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import MemoryStore, check_writable
+from rsc.cli import main
 from rsc.client.coordinator import Coordinator, Negotiation
 from rsc.client.errors import CoordinatorRejected
 from rsc.client.sync import SyncCoordinator
@@ -56,6 +60,16 @@ AUTH = ("admin", "s3cret")
 
 
 # --- the tables -------------------------------------------------------------
+
+
+def test_the_release_is_named_in_one_place() -> None:
+    """`rsc --version`, the package metadata and `rsc.__version__` agree (`/v1/version` says
+    `rsc.__version__`: tests/test_http.py); the changelog has a section for it."""
+    printed = CliRunner().invoke(main, ["--version"]).output
+    assert printed.strip() == f"rsc, version {rsc.__version__}"
+    assert importlib.metadata.version("rsc") == rsc.__version__
+    changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+    assert f"— {rsc.__version__}" in changelog or f"[{rsc.__version__}]" in changelog
 
 
 def _durable(union: Any) -> set[str]:
