@@ -24,6 +24,7 @@ from rsc.events.commands import (
     CreateStream,
     DeleteGroup,
     RemoveMember,
+    RetireShards,
 )
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import (
@@ -35,7 +36,7 @@ from rsc.events.events import (
     ShardsRevokeAcked,
 )
 from rsc.events.member import MemberMachine, MemberSettings
-from rsc.events.model import ClientInfo, HeartbeatStatus, MemberState, ReleaseReason
+from rsc.events.model import ClientInfo, DrainCheck, HeartbeatStatus, MemberState, ReleaseReason
 from rsc.events.respond import respond
 from rsc.events.stream import StreamState
 from rsc.events.stream import decide as stream_decide
@@ -179,6 +180,20 @@ class GroupMachine(RuleBasedStateMachine):
         self.stream = stream
         self.g.run(ApplyLayout(stream.layout, self.g.now))
 
+    @rule(data=st.data())
+    def retire(self, data: st.DataObject) -> None:
+        """Some DRAINING shards retire (their evidence held): the group stops reading them."""
+        draining = sorted(s.index for s in self.stream.layout.draining)
+        if not draining:
+            return
+        chosen = frozenset(data.draw(st.lists(st.sampled_from(draining), min_size=1, unique=True)))
+        evidence = {i: DrainCheck(sealed=True, drained=True) for i in chosen}
+        stream = stream_fold(stream_decide(self.stream, RetireShards(chosen, 0, evidence)), self.stream)
+        assert stream is not None
+        self.stream = stream
+        self.g.run(ApplyLayout(stream.layout, self.g.now))
+        assert not chosen & self.g.state.layout.readable_indexes
+
     @precondition(lambda self: bool(self.g.state.members))
     @rule(data=st.data())
     def remove(self, data: st.DataObject) -> None:
@@ -220,8 +235,8 @@ class GroupMachine(RuleBasedStateMachine):
         for member in state.members.values():
             assert state.member_state(member) is MemberState.STABLE
             assert self.clients[member.member_id].machine.owned == member.assigned
-        sizes = [len(m.assigned) for m in state.members.values()]
-        assert not sizes or max(sizes) - min(sizes) <= 1
+        sizes = [len(m.assigned & state.layout.active_indexes) for m in state.members.values()]
+        assert not sizes or max(sizes) - min(sizes) <= 1  # (DRAINING shards stay where they were)
 
     def stable(self) -> bool:
         state = self.g.state
@@ -284,7 +299,28 @@ class GroupMachine(RuleBasedStateMachine):
         flat = [s for t in targets for s in t]
         assert len(flat) == len(set(flat))
         assert set(flat) == set(state.layout.readable_indexes)
-        assert max(map(len, targets)) - min(map(len, targets)) <= 1
+        # Balance counts the ACTIVE shards: a DRAINING one is not new work, it stays put.
+        active = [t & state.layout.active_indexes for t in targets]
+        assert max(map(len, active)) - min(map(len, active)) <= 1
+
+    @invariant()
+    def a_draining_shard_keeps_its_owner(self) -> None:
+        """A DRAINING shard never moves to another member while its member stays in the group."""
+        state = self.g.state
+        draining = state.layout.readable_indexes - state.layout.active_indexes
+        now = {
+            s: (m, member.incarnation)
+            for m, member in state.members.items()
+            for s in state.target_of(m)
+            if s in draining
+        }
+        before = getattr(self, "_draining_owners", {})
+        for shard, (owner, incarnation) in before.items():
+            member = state.members.get(owner)
+            kept = member is not None and member.incarnation == incarnation and not member.leaving
+            if shard in draining and kept:
+                assert now.get(shard, ("",))[0] == owner, (shard, owner, now.get(shard))
+        self._draining_owners = now
 
     @invariant()
     def fold_of_events_is_the_state(self) -> None:

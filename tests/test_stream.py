@@ -26,7 +26,7 @@ from rsc.events.events import (
     ProducerRegistered,
 )
 from rsc.events.liveness import Leases
-from rsc.events.model import PauseState, ShardState, StartFrom
+from rsc.events.model import DrainCheck, PauseState, ShardState, StartFrom
 from rsc.events.stream import StreamState, decide, fold
 
 
@@ -65,7 +65,9 @@ def test_scale_in_drains_the_highest_shards_then_retires_them() -> None:
     assert s.layout.readable_indexes == {0, 1, 2, 3}
     with pytest.raises(InvalidCommand):
         decide(s, RetireShards(frozenset({0})))
-    s = run(s, RetireShards(frozenset({2, 3})))
+    with pytest.raises(InvalidCommand, match="not sealed and drained"):
+        decide(s, RetireShards(frozenset({2, 3}), 0, {2: DrainCheck(True, True), 3: DrainCheck(True, False)}))
+    s = run(s, RetireShards(frozenset({2, 3}), 0, {2: DrainCheck(True, True), 3: DrainCheck(True, True)}))
     assert s.layout.readable_indexes == {0, 1}
     assert s.layout.metadata_version == 3
     s = run(s, ChangeShardCount(3))

@@ -35,9 +35,9 @@ from rsc.events.commands import (
 from rsc.events.errors import CoordinationError
 from rsc.events.events import ShardsAdded, ShardsDraining, ShardsRetired, StreamCreated, StreamEvent
 from rsc.events.liveness import Leases
-from rsc.events.model import ShardState, StartFrom
+from rsc.events.model import DrainCheck, ShardState, StartFrom
 from rsc.events.slots import SLOTS, Primary, Topology
-from rsc.events.stream import StreamState, execute, fold
+from rsc.events.stream import StreamState, execute, fold, stale_producers
 
 TOPOLOGY = Topology(
     tuple(
@@ -103,7 +103,12 @@ class StreamMachine(RuleBasedStateMachine):
             return
         draining = sorted(s.index for s in self.state.layout.shards if s.state is ShardState.DRAINING)
         chosen = frozenset(data.draw(st.lists(st.sampled_from(draining), unique=True)) if draining else [])
-        if self.run(RetireShards(chosen)):
+        evidence = {i: DrainCheck(data.draw(st.booleans()), data.draw(st.booleans())) for i in chosen}
+        stale = stale_producers(self.state)
+        if self.run(RetireShards(chosen, self.now, evidence)):
+            # Never retired while evidence is missing or a live producer may still route to it.
+            assert all(e.sealed and e.drained for e in evidence.values())
+            assert not stale
             self.retired |= chosen
 
     @rule(group=st.sampled_from(["billing", "audit"]), register=st.booleans())

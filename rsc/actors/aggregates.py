@@ -22,6 +22,7 @@ from rsc.events.events import (
     LayoutApplied,
     MemberEpochAdvanced,
     ShardsAdded,
+    ShardsDraining,
     ShardsInstalled,
     ShardsReleased,
     StreamCreated,
@@ -213,6 +214,9 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
                     await self.effects.ensure_streams(keys)
                     for name in sorted(after.groups):
                         await self.effects.ensure_consumer_groups(keys, name, "0")
+                case ShardsDraining():
+                    keys = [s.key for s in after.layout.shards if s.index in event.indexes]
+                    await self.effects.seal(keys, event.metadata_version)
         if (
             before is not None
             and not after.deleted
@@ -227,3 +231,6 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
             return
         await self.effects.register_stream(state.stream_prefix)
         await self.effects.ensure_streams(s.key for s in state.layout.shards if s.readable)
+        draining = [s.key for s in state.layout.draining]
+        if draining:  # sealed once they began to drain; again in case that write was lost
+            await self.effects.seal(draining, state.layout.metadata_version)

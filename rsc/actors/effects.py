@@ -23,13 +23,14 @@ from typing import Any, Protocol
 
 import attrs
 import coredis
+from coredis.tokens import PureToken
 
 from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import Fenced, StoreUnavailable
 from rsc.actors.keys import STREAMS_KEY, owner_key
 from rsc.events import codec
 from rsc.events.slots import Primary, Topology
-from rsc.events.wire import OwnerToken
+from rsc.events.wire import OwnerToken, seal_key
 
 # Create the stream key empty if it does not exist (XADD then trim to 0 keeps the key).
 ENSURE_STREAM = """
@@ -58,6 +59,23 @@ return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
 
 #: The field of an owner-token hash that keeps the highest coordinator token that wrote it
 #: (not a group name: those start with a letter or digit).
+# The drain evidence of one shard, read on its own node in one script (KEYS: shard, seal):
+# {sealed 0/1, the stream's last entry id ('' if the key does not exist or is empty),
+#  per consumer group on the key {name, pending, entries after its last-delivered id (0/1)}}.
+DRAIN_EVIDENCE = """
+local sealed = redis.call('EXISTS', KEYS[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then return {sealed, '', {}} end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local groups = {}
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  local after = redis.call('XRANGE', KEYS[1], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
+  groups[#groups + 1] = {info['name'], info['pending'], #after}
+end
+return {sealed, last[1] and last[1][1] or '', groups}
+"""
+
 OWNER_FENCE_FIELD = "__fence"
 
 # The fencing check of every owner-token write, in the shard key's own slot: a writer whose
@@ -116,6 +134,35 @@ class GroupLag:
 
 
 @attrs.frozen
+class GroupDrain:
+    """One consumer group on a DRAINING shard: entries read but not acknowledged, and whether
+    any entry is left to deliver after its last-delivered id."""
+
+    group: str
+    pending: int
+    undelivered: bool
+
+
+@attrs.frozen
+class DrainEvidence:
+    """What Redis says, in one script on the shard's own node, about a DRAINING shard."""
+
+    sealed: bool
+    exists: bool
+    groups: tuple[GroupDrain, ...] = ()
+
+    def drained(self, groups: Iterable[str]) -> bool:
+        """No entry pending or left to deliver in any consumer group on the key, and each of
+        `groups` (the stream's) present there, unless the key holds nothing at all."""
+        if not self.exists:
+            return True
+        present = {g.group for g in self.groups}
+        if not set(groups) <= present:
+            return False
+        return all(g.pending == 0 and not g.undelivered for g in self.groups)
+
+
+@attrs.frozen
 class ShardStats:
     """What Redis says about one shard key (for monitoring; `lag` may be null or stale)."""
 
@@ -155,6 +202,14 @@ class Effects(Protocol):
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None: ...
 
+    async def seal(self, shard_keys: Iterable[str], version: int) -> None:
+        """Seal the shard keys: producers' appends to them are refused from now on."""
+        ...
+
+    async def drain_evidence(self, shard_keys: Iterable[str]) -> dict[str, DrainEvidence]:
+        """Each key's drain evidence (`DRAIN_EVIDENCE`), read on its own node."""
+        ...
+
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None: ...
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
@@ -193,6 +248,7 @@ class RedisEffects:
         self._delete_owner = redis.register_script(DELETE_OWNER)
         self._ensure_group = redis.register_script(ENSURE_GROUP)
         self._destroy_group = redis.register_script(DESTROY_GROUP)
+        self._drain_evidence = redis.register_script(DRAIN_EVIDENCE)
 
     async def register_stream(self, stream_prefix: str) -> None:
         self._in_term()
@@ -214,7 +270,28 @@ class RedisEffects:
         for chunk in _chunks(shard_keys):
             async with self._pipeline() as pipe:
                 for key in chunk:
-                    pipe.delete([key, owner_key(key)])
+                    pipe.delete([key, owner_key(key), seal_key(key)])
+
+    async def seal(self, shard_keys: Iterable[str], version: int) -> None:
+        for chunk in _chunks(shard_keys):
+            async with self._pipeline() as pipe:
+                for key in chunk:
+                    pipe.set(seal_key(key), str(version), condition=PureToken.NX)  # the first stays
+
+    async def drain_evidence(self, shard_keys: Iterable[str]) -> dict[str, DrainEvidence]:
+        out: dict[str, DrainEvidence] = {}
+        for chunk in _chunks(shard_keys):
+            with redis_errors("reading drain evidence"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key in chunk:
+                        self._drain_evidence(keys=[key, seal_key(key)], client=pipe)
+            for key, (sealed, last, groups) in zip(chunk, pipe.results or (), strict=True):
+                out[key] = DrainEvidence(
+                    bool(int(sealed)),
+                    bool(last),
+                    tuple(GroupDrain(str(g[0]), int(g[1]), bool(int(g[2]))) for g in groups),
+                )
+        return out
 
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
         for chunk in _chunks(shard_keys):
@@ -381,6 +458,16 @@ class MemoryEffects:
         self.shard_keys: set[str] = set()
         self.consumer_groups: dict[tuple[str, str], str] = {}
         self.tokens: dict[tuple[str, str], OwnerToken] = {}
+        self.sealed: dict[str, int] = {}
+        #: What `drain_evidence` says of a key (default: sealed as sealed here, nothing left).
+        self.evidence: dict[str, DrainEvidence] = {}
+
+    async def seal(self, shard_keys: Iterable[str], version: int) -> None:
+        for key in shard_keys:
+            self.sealed[key] = version
+
+    async def drain_evidence(self, shard_keys: Iterable[str]) -> dict[str, DrainEvidence]:
+        return {k: self.evidence.get(k, DrainEvidence(k in self.sealed, False)) for k in shard_keys}
 
     async def register_stream(self, stream_prefix: str) -> None:
         self.registered.add(stream_prefix)

@@ -36,14 +36,15 @@ from rsc.events.commands import (
     DeleteStream,
     GroupCommand,
     RegisterGroup,
+    RetireShards,
     StreamCommand,
     UnregisterGroup,
 )
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
-from rsc.events.model import GroupConfig, Layout, ReshardMode, Timing, check_name
-from rsc.events.stream import StreamState
+from rsc.events.model import DrainCheck, GroupConfig, Layout, ReshardMode, Timing, check_name
+from rsc.events.stream import StreamState, retirable
 
 log = logging.getLogger("rsc.registry")
 
@@ -59,6 +60,8 @@ class RegistrySettings:
     auto_create_streams: bool = True
     idle_after_s: float = 600.0
     actor: ActorSettings = ActorSettings()
+    #: How often the drain evidence of DRAINING shards is read (`watch_drains`).
+    drain_check_s: float = 1.0
 
 
 @attrs.define
@@ -316,6 +319,41 @@ class Registry:
                     log.info("stopping idle actor %s", aggregate_id)
                     self.stop(aggregate_id)
 
+    async def watch_drains(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Retire DRAINING shards once Redis says they are sealed and drained, forever.
+
+        Every `drain_check_s`, each stream with DRAINING shards has their evidence read on
+        their own nodes (`Effects.drain_evidence`), and those the core accepts
+        (`stream.retirable`: sealed, drained, every live producer on the current layout) are
+        retired. No member's word is needed, so shards retire with no member at all (the
+        all-expired path), and never while an entry is left in them.
+        """
+        task_status.started()
+        while True:
+            await trio.sleep(self.settings.drain_check_s)
+            try:
+                prefixes = await self.stream_prefixes()
+            except StoreError:
+                continue
+            for prefix in prefixes:
+                try:
+                    await self._retire_drained(prefix)
+                except (CoordinationError, StoreError, ActorStopped) as exc:
+                    log.debug("drain check of %s: %s", prefix, exc)
+
+    async def _retire_drained(self, stream_prefix: str) -> None:
+        actor = await self.stream(stream_prefix, create=False)
+        state = actor.state
+        if state is None or state.deleted or not state.layout.draining:
+            return
+        index_of = {s.key: s.index for s in state.layout.draining}
+        found = await self.effects.drain_evidence(index_of)
+        evidence = {index_of[key]: DrainCheck(e.sealed, e.drained(state.groups)) for key, e in found.items()}
+        ready = retirable(state, evidence)
+        if ready:
+            log.info("retiring drained shards %s of %s", sorted(ready), stream_prefix)
+            await self.ask_stream(stream_prefix, RetireShards(ready, self.clock.now_ms(), evidence))
+
     async def stream_prefixes(self) -> list[str]:
         """Every stream the coordinator has created, sorted."""
         return sorted(await self.effects.streams())
@@ -343,6 +381,7 @@ async def open_registry(
     async with trio.open_nursery() as nursery:
         registry = Registry(nursery, store, effects, clock, settings)
         await nursery.start(registry.reap_idle)
+        await nursery.start(registry.watch_drains)
         try:
             yield registry
         finally:

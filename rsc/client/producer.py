@@ -38,20 +38,26 @@ from rsc.client.errors import (
 from rsc.client.member import CLIENT
 from rsc.client.redis_calls import redis_call
 from rsc.client.routing import (
+    SEALED_APPEND,
+    SEALED_APPEND_SHA,
     DeliveryRetries,
     Fields,
     Key,
+    NoWritableShards,
     ProducerPaused,
     ProducerState,
     PublishFailed,
     RoutingView,
     UnsupportedRouting,
+    append_call,
     entry_ids,
     publish_failed,
+    refusal,
 )
 
 __all__ = [
     "Fields",
+    "NoWritableShards",
     "Key",
     "Producer",
     "ProducerPaused",
@@ -139,37 +145,82 @@ class Producer(RoutingView):
         return (await self.publish_many([(fields, key)]))[0]
 
     async def publish_many(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
-        """Append several messages, pipelined (one round trip per Redis node); ids in order."""
+        """Append several messages, pipelined (one round trip per Redis node); ids in order.
+
+        Each goes through `SEALED_APPEND`: a message refused because its shard is sealed (it
+        drains: this producer's layout is stale) is routed again with the layout a heartbeat
+        brings, and sent again; the others were written once. `NoWritableShards` when the
+        stream has no ACTIVE shard."""
         await self._wait_until_open()
         state = self.state
         state.in_flight += 1
         self._idle = trio.Event() if state.in_flight == 1 else self._idle
         try:
             retries = DeliveryRetries(trio.current_time(), self.delivery_timeout_s)
-            while True:
-                targets = state.targets(messages)  # again on each try: the layout may have changed
+            ids: list[str | None] = [None] * len(messages)
+            todo = list(range(len(messages)))
+            while todo:
+                # Routed again on each try: the layout may have changed.
+                targets = [(i, state.shard_key(messages[i][1])) for i in todo]
                 try:
                     with redis_call("XADD"):
-                        async with self.redis.pipeline(transaction=False) as pipe:
-                            for target, fields in targets:
-                                pipe.xadd(target, fields)
-                    break
+                        async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
+                            for i, target in targets:
+                                keys, args = append_call(target, messages[i][0])
+                                pipe.evalsha(SEALED_APPEND_SHA, keys=keys, args=args)
                 except RedisUnavailable as exc:
-                    wait = retries.next_wait(trio.current_time())
-                    if wait is None:
-                        raise publish_failed(self.stream_prefix, len(targets), exc) from exc
-                    if retries.attempts == 1:
-                        log.warning("%s: Redis unavailable, retrying: %s", self.producer_id, exc)
-                    await trio.sleep(wait)
+                    await self._retry_later(retries, len(todo), exc)
+                    continue
                 except RedisCommandFailed as exc:
-                    raise publish_failed(self.stream_prefix, len(targets), exc) from exc
-            ids = entry_ids(pipe.results or ())
-            state.published += len(ids)
-            return ids
+                    raise publish_failed(self.stream_prefix, len(todo), exc) from exc
+                todo, why = await self._written(targets, pipe.results or (), ids)
+                if why == "SEALED":
+                    await self._refresh_layout(retries, len(todo))
+            done = [i for i in ids if i is not None]
+            state.published += len(done)
+            return done
         finally:
             state.in_flight -= 1
             if not state.in_flight:
                 self._idle.set()
+
+    async def _written(
+        self, targets: list[tuple[int, str]], results: Sequence[object], ids: list[str | None]
+    ) -> tuple[list[int], str | None]:
+        """Note the ids written; the messages to send again, and why (SEALED wins)."""
+        again: list[int] = []
+        reasons: set[str] = set()
+        for (i, _), result in zip(targets, results, strict=True):
+            why = refusal(result)
+            if why is None:
+                ids[i] = entry_ids([result])[0]
+            elif why in ("SEALED", "NOSCRIPT"):
+                again.append(i)
+                reasons.add(why)
+            else:
+                raise publish_failed(self.stream_prefix, len(targets), RedisCommandFailed(why))
+        if "NOSCRIPT" in reasons:  # a restarted or new Redis node: load it, send them again
+            with redis_call("SCRIPT LOAD"):
+                await self.redis.script_load(SEALED_APPEND)
+        return again, ("SEALED" if "SEALED" in reasons else "NOSCRIPT" if reasons else None)
+
+    async def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
+        """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""
+        before = self.state.layout.metadata_version
+        try:
+            await self.heartbeat()
+        except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+            log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
+        if self.state.layout.metadata_version == before:
+            await self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
+
+    async def _retry_later(self, retries: DeliveryRetries, count: int, exc: Exception) -> None:
+        wait = retries.next_wait(trio.current_time())
+        if wait is None:
+            raise publish_failed(self.stream_prefix, count, exc) from exc
+        if retries.attempts == 1:
+            log.warning("%s: publish not taken yet, retrying: %s", self.producer_id, exc)
+        await trio.sleep(wait)
 
     async def flush(self) -> None:
         """Wait until nothing this producer started is in flight (publishes are not buffered)."""

@@ -7,6 +7,7 @@ and differ only in how they wait and talk to Redis.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import random
@@ -19,7 +20,7 @@ from rsc.client.errors import RscError
 from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
 from rsc.events.versions import PROTOCOL_VERSION
-from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
+from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse, seal_key
 
 log = logging.getLogger("rsc.client.producer")
 
@@ -62,6 +63,40 @@ class DeliveryRetries:
 def entry_ids(results: Iterable[object]) -> list[str]:
     """The entry ids a pipeline of XADDs returned, as text."""
     return [r.decode() if isinstance(r, bytes) else str(r) for r in results]
+
+
+#: How producers append (feature level 2): refused while the shard is sealed (it is DRAINING:
+#: the layout the producer routes with is stale), else one XADD. KEYS: shard, its seal; ARGV:
+#: the fields, flat. One EVALSHA per message in the same pipeline the XADDs went in.
+SEALED_APPEND = """
+local sealed = redis.call('GET', KEYS[2])
+if sealed then return redis.error_reply('SEALED ' .. KEYS[1] .. ' drains since layout v' .. sealed) end
+return redis.call('XADD', KEYS[1], '*', unpack(ARGV))
+"""
+SEALED_APPEND_SHA = hashlib.sha1(SEALED_APPEND.encode()).hexdigest()
+
+
+def append_call(target: str, fields: Fields) -> tuple[list[str], list[str | bytes | int | float]]:
+    """KEYS and ARGV of `SEALED_APPEND` for one message."""
+    return [target, seal_key(target)], [x for pair in fields.items() for x in pair]
+
+
+def refusal(result: object) -> str | None:
+    """For one reply of a publish pipeline: "SEALED" (re-route it), "NOSCRIPT" (load the script,
+    send it again), another error's text, or None (written)."""
+    if not isinstance(result, BaseException):
+        return None
+    text = str(result)
+    if "NoScript" in type(result).__name__ or text.startswith(("NOSCRIPT", "No matching script")):
+        return "NOSCRIPT"  # (coredis and redis-py name it differently)
+    if text.startswith("SEALED"):
+        return "SEALED"
+    return text or type(result).__name__
+
+
+class NoWritableShards(RscError):
+    """The stream has no ACTIVE shard (scaled in to 0): nothing can be published until it is
+    scaled out again. Nothing was published."""
 
 
 class UnsupportedRouting(RscError):
@@ -156,7 +191,9 @@ class ProducerState:
             return cached
         active = self.router.active
         if not active:
-            raise RscError(f"stream {self.stream_prefix!r} has no ACTIVE shard")
+            raise NoWritableShards(
+                f"stream {self.stream_prefix!r} has no ACTIVE shard (scaled in to 0): nothing was published"
+            )
         if key is None:
             return active[next(self._round_robin) % len(active)].key
         shard = active[jump(key_hash(key.encode() if isinstance(key, str) else key), len(active))].key

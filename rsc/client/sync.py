@@ -43,16 +43,21 @@ from rsc.client.coordinator import (
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.routing import (
+    SEALED_APPEND,
+    SEALED_APPEND_SHA,
     DeliveryRetries,
     Fields,
     Key,
+    NoWritableShards,
     ProducerPaused,
     ProducerState,
     PublishFailed,
     RoutingView,
     UnsupportedRouting,
+    append_call,
     entry_ids,
     publish_failed,
+    refusal,
 )
 from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events import codec
@@ -61,6 +66,7 @@ from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 __all__ = [
     "Fields",
     "Key",
+    "NoWritableShards",
     "ProducerPaused",
     "PublishFailed",
     "UnsupportedRouting",
@@ -248,39 +254,84 @@ class SyncProducer(RoutingView):
         return self.publish_many([(fields, key)])[0]
 
     def publish_many(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
-        """Append several messages in one pipeline; ids in order."""
+        """Append several messages in one pipeline; ids in order.
+
+        As the trio producer: each through `SEALED_APPEND`; one refused by a seal is routed
+        again with the layout a heartbeat brings; `NoWritableShards` with no ACTIVE shard."""
         self._wait_until_open()
         with self._lock:
             self.state.in_flight += 1
         try:
             retries = DeliveryRetries(time.monotonic(), self.delivery_timeout_s)
-            while True:
-                with self._lock:
-                    targets = self.state.targets(messages)  # again on each try: the layout may change
+            ids: list[str | None] = [None] * len(messages)
+            todo = list(range(len(messages)))
+            while todo:
+                with self._lock:  # routed again on each try: the layout may change
+                    targets = [(i, self.state.shard_key(messages[i][1])) for i in todo]
                 pipe = self.redis.pipeline(transaction=False)
-                for target, fields in targets:
-                    pipe.xadd(target, fields)
+                for i, target in targets:
+                    keys, args = append_call(target, messages[i][0])
+                    # (redis-py's cluster pipeline blocks its evalsha method, not the command)
+                    pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, len(keys), *keys, *args)
                 try:
-                    results = pipe.execute()
-                    break
+                    results = pipe.execute(raise_on_error=False)
                 except REDIS_ERRORS as exc:
                     if not _unavailable(exc):
-                        raise publish_failed(self.stream_prefix, len(targets), exc) from exc
-                    wait = retries.next_wait(time.monotonic())
-                    if wait is None or self._closing.is_set():
-                        raise publish_failed(self.stream_prefix, len(targets), exc) from exc
-                    if retries.attempts == 1:
-                        log.warning("%s: Redis unavailable, retrying: %s", self.producer_id, exc)
-                    time.sleep(wait)
-            ids = entry_ids(results)
+                        raise publish_failed(self.stream_prefix, len(todo), exc) from exc
+                    self._retry_later(retries, len(todo), exc)
+                    continue
+                todo, why = self._written(targets, results, ids)
+                if why == "SEALED":
+                    self._refresh_layout(retries, len(todo))
+            done = [i for i in ids if i is not None]
             with self._lock:
-                self.state.published += len(ids)
-            return ids
+                self.state.published += len(done)
+            return done
         finally:
             with self._lock:
                 self.state.in_flight -= 1
                 if not self.state.in_flight:
                     self._idle.notify_all()
+
+    def _written(
+        self, targets: list[tuple[int, str]], results: Sequence[object], ids: list[str | None]
+    ) -> tuple[list[int], str | None]:
+        """Note the ids written; the messages to send again, and why (SEALED wins)."""
+        again: list[int] = []
+        reasons: set[str] = set()
+        for (i, _), result in zip(targets, results, strict=True):
+            why = refusal(result)
+            if why is None:
+                ids[i] = entry_ids([result])[0]
+            elif why in ("SEALED", "NOSCRIPT"):
+                again.append(i)
+                reasons.add(why)
+            else:
+                raise publish_failed(self.stream_prefix, len(targets), RscError(why))
+        if "NOSCRIPT" in reasons:  # a restarted or new Redis node: load it, send them again
+            try:
+                self.redis.script_load(SEALED_APPEND)
+            except REDIS_ERRORS as exc:
+                raise publish_failed(self.stream_prefix, len(again), exc) from exc
+        return again, ("SEALED" if "SEALED" in reasons else "NOSCRIPT" if reasons else None)
+
+    def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
+        """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""
+        before = self.state.layout.metadata_version
+        try:
+            self.heartbeat()
+        except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+            log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
+        if self.state.layout.metadata_version == before:
+            self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
+
+    def _retry_later(self, retries: DeliveryRetries, count: int, exc: Exception) -> None:
+        wait = retries.next_wait(time.monotonic())
+        if wait is None or self._closing.is_set():
+            raise publish_failed(self.stream_prefix, count, exc) from exc
+        if retries.attempts == 1:
+            log.warning("%s: publish not taken yet, retrying: %s", self.producer_id, exc)
+        time.sleep(wait)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until no publish of this producer is in flight; False if `timeout_s` passed first."""

@@ -14,6 +14,7 @@ import attrs
 
 from rsc.events.model import (
     ClientInfo,
+    DrainCheck,
     DrainProgress,
     GroupConfig,
     Layout,
@@ -147,10 +148,12 @@ class ChangeShardCount:
 
 @attrs.frozen
 class RetireShards:
-    """Retire DRAINING shards once drain evidence is in (checked by the caller)."""
+    """Retire DRAINING shards, given the Redis-level drain evidence of each (the coordinator
+    reads it on the shard's own node); the core checks it, and the producers' acknowledgements."""
 
     indexes: frozenset[int]
     now_ms: int = 0
+    evidence: Mapping[int, DrainCheck] = attrs.field(factory=dict)
 
 
 @attrs.frozen

@@ -532,10 +532,34 @@ def _refresh_target(decision: _Decision, now_ms: int) -> None:
     if last is not None and now_ms - last < group.timing.assignment_interval_ms:
         return
     staying = [m for m, member in group.members.items() if not member.leaving]
-    target = assignor.assign(staying, group.layout.readable_indexes, group.target)
+    target = draining_stays(
+        assignor.assign(staying, group.layout.active_indexes, group.target), group.layout, group.target
+    )
     changed = {m: shards for m, shards in target.items() if group.target.get(m) != shards}
     changed.update({m: frozenset() for m, shards in group.target.items() if shards and m not in target})
     decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
+
+
+def draining_stays(
+    target: dict[str, frozenset[int]], layout: Layout, previous: Mapping[str, frozenset[int]]
+) -> dict[str, frozenset[int]]:
+    """`target` (a balanced assignment of the ACTIVE shards) with each DRAINING shard added.
+
+    A DRAINING shard is not new work and does not move while it drains: it stays targeted to
+    the member it was targeted to, as long as that member is in `target`. Only when that
+    member left (or the shard had none) does it go to the member with the fewest shards
+    (ties by member id), so that someone reads what is left in it.
+    """
+    if not target:
+        return target
+    out = dict(target)
+    owner_of = {s: m for m, shards in previous.items() for s in shards}
+    for shard in sorted(layout.readable_indexes - layout.active_indexes):
+        owner = owner_of.get(shard)
+        if owner not in out:
+            owner = min(out, key=lambda m: (len(out[m]), m))
+        out[owner] = out[owner] | {shard}
+    return out
 
 
 def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:

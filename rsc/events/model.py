@@ -213,6 +213,16 @@ class Layout:
         """Indexes of the shards a consumer group must have assigned."""
         return frozenset(s.index for s in self.shards if s.readable)
 
+    @property
+    def active_indexes(self) -> frozenset[int]:
+        """Indexes of the ACTIVE shards: the work the assignor balances."""
+        return frozenset(s.index for s in self.shards if s.state is ShardState.ACTIVE)
+
+    @property
+    def draining(self) -> tuple[Shard, ...]:
+        """Shards that take no new appends and are read until drained."""
+        return tuple(s for s in self.shards if s.state is ShardState.DRAINING)
+
 
 EMPTY_LAYOUT = Layout(metadata_version=0, shards=())
 
@@ -250,6 +260,17 @@ class ClientInfo:
     #: The highest feature level the client supports (`rsc.events.versions`); a client that
     #: does not say (every 0.1.0 client) supports level 1 only.
     feature_level: int = wire_field(1, enforce=False, minimum=1, maximum=MAX_COUNTER)
+
+
+@attrs.frozen
+class DrainCheck:
+    """Redis-level evidence about one DRAINING shard, read in one script on its own node:
+    `sealed` (producers' appends are refused) and `drained` (in every consumer group on the
+    key nothing is pending and nothing is left to deliver after its last-delivered id, each of
+    the stream's groups being there; or the key holds nothing at all)."""
+
+    sealed: bool
+    drained: bool
 
 
 @attrs.frozen

@@ -61,6 +61,7 @@ from rsc.events.events import (
 )
 from rsc.events.liveness import expired
 from rsc.events.model import (
+    DrainCheck,
     Layout,
     PauseState,
     Producer,
@@ -305,7 +306,34 @@ def _retire(state: StreamState, command: RetireShards) -> list[StreamEvent]:
         raise InvalidCommand(f"only DRAINING shards can be retired, not {wrong}")
     if not command.indexes:
         return []
+    missing = sorted(i for i in command.indexes if not _evidence_holds(command.evidence.get(i)))
+    if missing:
+        raise InvalidCommand(f"shards {missing} are not sealed and drained (Redis evidence)")
+    stale = stale_producers(state)
+    if stale:
+        raise InvalidCommand(
+            f"producers {stale} have not acknowledged layout v{state.layout.metadata_version} yet"
+        )
     return [ShardsRetired(command.indexes, state.layout.metadata_version + 1)]
+
+
+def _evidence_holds(check: DrainCheck | None) -> bool:
+    return check is not None and check.sealed and check.drained
+
+
+def stale_producers(state: StreamState) -> list[str]:
+    """Live producers still routing with an older layout than the current one (it may still
+    route to a DRAINING shard): no shard retires until each has caught up or expired."""
+    version = state.layout.metadata_version
+    return sorted(p.producer_id for p in state.producers.values() if p.acked_version != version)
+
+
+def retirable(state: StreamState, evidence: Mapping[int, DrainCheck]) -> frozenset[int]:
+    """The DRAINING shards `RetireShards` would retire now with `evidence` (none while a live
+    producer has not caught up with the current layout)."""
+    if stale_producers(state):
+        return frozenset()
+    return frozenset(s.index for s in state.layout.draining if _evidence_holds(evidence.get(s.index)))
 
 
 def _check_count(count: int) -> None:

@@ -90,10 +90,14 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         2,
         "0.2.0",
         "versioned journal: each entry names its event's version (v), read through upcasters; "
-        "snapshots say schemaVersion 2 (a 0.1.0 coordinator refuses them)",
+        "snapshots say schemaVersion 2 (a 0.1.0 coordinator refuses them); shard seals: "
+        "producers append through a script that refuses a sealed (DRAINING) shard, which "
+        "scale-in needs (0.1.0 producers do not check seals)",
         journal_schema=2,
     ),
 )
+#: The level from which shards are sealed when they drain, and scale-in is allowed.
+SEAL_LEVEL = 2
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level

@@ -203,3 +203,13 @@ OWNERS_SUFFIX = ":rsc:v1:owners"
 def owner_key(shard_key: str) -> str:
     """The hash of owner tokens of one shard (field: group), in the shard key's slot."""
     return f"{shard_key}{OWNERS_SUFFIX}"
+
+
+#: The seal next to a shard key (same hash slot): while it exists, producers' appends to the
+#: shard are refused with `SEALED <metadata version>` (feature level 2; docs/producers.md).
+SEAL_SUFFIX = ":rsc:v1:seal"
+
+
+def seal_key(shard_key: str) -> str:
+    """The seal of one shard: set when the shard starts DRAINING, gone with the shard key."""
+    return f"{shard_key}{SEAL_SUFFIX}"

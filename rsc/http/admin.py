@@ -27,7 +27,7 @@ from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
-from rsc.events.versions import MAX_FEATURE_LEVEL, Party, blockers
+from rsc.events.versions import MAX_FEATURE_LEVEL, SEAL_LEVEL, Party, blockers
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.auth import AdminAccount, Gate, basic_credentials
@@ -43,7 +43,8 @@ __all__ = ["AdminAccount", "add_admin_routes"]
 
 @attrs.frozen
 class StreamSpec:
-    shard_count: int = wire_field(minimum=1, maximum=MAX_SHARDS)
+    #: 0 only for a stream that exists (scale-in to nothing); a new stream needs at least 1.
+    shard_count: int = wire_field(minimum=0, maximum=MAX_SHARDS)
     reshard_mode: ReshardMode = ReshardMode.ONLINE
 
 
@@ -188,11 +189,25 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
         actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
         _check_if_match(actor.revision)
         state = actor.state
-        if spec.shard_count < state.shard_count:
+        if spec.shard_count != state.shard_count and spec.reshard_mode is ReshardMode.QUIESCE:
             raise ApiError(
-                409, "SCALE_IN_NOT_SUPPORTED", "scale-in (with drain) is not available yet; only scale-out"
+                409,
+                "QUIESCE_NOT_SUPPORTED",
+                "reshardMode quiesce is not available yet: reshard online, or pause the producers "
+                "first (POST .../pause) and resume them after",
             )
-        if spec.shard_count > state.shard_count:
+        if spec.shard_count < state.shard_count:
+            level = (await registry.store.features.current()).level
+            if level < SEAL_LEVEL:
+                raise ApiError(
+                    409,
+                    "FEATURE_LEVEL_REQUIRED",
+                    f"scale-in seals the shards it drains, which needs feature level {SEAL_LEVEL} "
+                    f"(every producer checks seals); the deployment is at {level} "
+                    "(PUT /v1/admin/features)",
+                    {"required": SEAL_LEVEL, "finalized": level},
+                )
+        if spec.shard_count != state.shard_count:
             await registry.change_shard_count(stream_prefix, spec.shard_count, spec.reshard_mode)
         return await _stream_resource(registry, stream_prefix)
 
