@@ -100,7 +100,7 @@ class Settings:
     coordinator_lease_ttl_ms: int = 4_000
     advertise_url: str | None = None
     #: The feature level a deployment starts at when the first coordinator that knows feature
-    #: levels finds none in Redis and no coordinator ever ran there (an upgraded 0.1.0
+    #: levels finds none in Redis and no stream exists there yet (an upgraded 0.1.0
     #: deployment starts at 1, whatever this says). Lower it to keep 0.1.0 coordinators usable.
     initial_feature_level: int = MAX_FEATURE_LEVEL
 

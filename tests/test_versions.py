@@ -16,6 +16,7 @@ import attrs
 import httpx
 import pytest
 import redis as redis_py
+import trio
 from click.testing import CliRunner
 
 import rsc
@@ -31,7 +32,7 @@ from rsc.actors.features import (
     StaticFeatures,
     UnsupportedFeatureLevel,
 )
-from rsc.actors.keys import COORDINATOR_TOKEN_KEY, AggregateId
+from rsc.actors.keys import COORDINATOR_TOKEN_KEY, STREAMS_KEY, AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import MemoryStore, check_writable
 from rsc.cli import main
@@ -148,7 +149,10 @@ def entry(event: Any) -> tuple[str, str]:
 async def test_a_new_deployment_starts_at_the_highest_level_an_upgraded_one_at_1(fresh: Any) -> None:
     assert (await Features(fresh).load()).level == MAX_FEATURE_LEVEL
     await fresh.delete([FEATURES_KEY])
-    await fresh.set(COORDINATOR_TOKEN_KEY, "7")  # a coordinator of 0.1.0 ran here
+    await fresh.set(COORDINATOR_TOKEN_KEY, "7")  # a coordinator ran (or only took the lease): still new
+    assert (await Features(fresh).load()).level == MAX_FEATURE_LEVEL
+    await fresh.delete([FEATURES_KEY])
+    await fresh.sadd(STREAMS_KEY, ["orders"])  # streams made by 0.1.0: an upgrade
     state = await Features(fresh, initial_level=MAX_FEATURE_LEVEL).load()
     assert (state.level, state.written) == (1, 1)
     await fresh.hset(FEATURES_KEY, {"level": "9"})  # finalized by a newer release
@@ -188,6 +192,17 @@ async def test_level_1_writes_what_0_1_0_wrote_level_2_the_versioned_journal(fre
         assert verdict.describe_versions().startswith("journal schema 2, event versions v1 x")
         with pytest.raises(FeatureLevelMoved, match="cannot go below"):
             await Features(client_redis).finalize(1, "test")
+
+
+async def test_a_level_lowered_by_another_coordinator_is_honoured_before_the_first_write(
+    fresh: Any,
+) -> None:
+    features = Features(fresh)
+    assert (await features.load()).level == 2  # a new deployment; nothing of level 2 written yet
+    await fresh.hset(FEATURES_KEY, {"level": "1"})  # lowered elsewhere; this one has not seen it
+    assert await features.schema_for_write() == 1
+    assert (await fresh.hget(FEATURES_KEY, "written")) == "1"
+    assert features.level == 1
 
 
 async def test_a_schema_newer_than_this_release_reads_is_refused_with_its_level(fresh: Any) -> None:
@@ -291,7 +306,7 @@ async def test_views_show_each_clients_version_and_feature_level(
 # --- the wire: the client steps down --------------------------------------------------
 
 
-def _old_server(seen: list[int]) -> httpx.MockTransport:
+def _old_server(seen: list[int], slow: bool = False) -> httpx.MockTransport:
     """The HTTP interface of a coordinator that speaks protocol version 1 only (as 0.1.0 does)."""
 
     def refusal() -> httpx.Response:
@@ -329,7 +344,14 @@ def _old_server(seen: list[int]) -> httpx.MockTransport:
             )
         return httpx.Response(200, json=answer(body))
 
-    return httpx.MockTransport(handle)
+    if not slow:
+        return httpx.MockTransport(handle)
+
+    async def handle_later(request: httpx.Request) -> httpx.Response:
+        await trio.sleep(0.01)  # requests sent together are in flight together
+        return handle(request)
+
+    return httpx.MockTransport(handle_later)
 
 
 REQUEST = HeartbeatRequest(PROTOCOL_VERSION, "orders", "billing", "a", "i", 0)
@@ -352,6 +374,25 @@ async def test_a_client_facing_an_older_coordinator_steps_down() -> None:
         answer = sync.producer_heartbeat(ProducerHeartbeatRequest(PROTOCOL_VERSION, "orders", "p"))
         assert answer.status is HeartbeatStatus.OK
         assert seen == [2, 1]
+
+
+async def test_requests_in_flight_when_the_client_steps_down_are_sent_again() -> None:
+    """A worker's members share one client: several requests go out in version 2 at once, the
+    first refusal steps down, and the others, refused too, are sent again in version 1."""
+    seen: list[int] = []
+    answers: list[Any] = []
+    async with Coordinator("http://old", transport=_old_server(seen, slow=True)) as coordinator:
+
+        async def beat() -> None:
+            answers.append(await coordinator.heartbeat(REQUEST))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(beat)
+    assert [a.status for a in answers] == [HeartbeatStatus.OK] * 5
+    assert seen.count(1) == 5
+    assert seen.count(2) > 1, seen  # they were in flight together (else this proves nothing)
+    assert coordinator.negotiation.version == 1
 
 
 async def test_a_bad_version_of_the_callers_own_does_not_step_the_client_down() -> None:

@@ -6,7 +6,9 @@ side effects its events imply on Redis.
 
 from __future__ import annotations
 
+import functools
 import json
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -47,6 +49,12 @@ def start_id(start_from: StartFrom) -> str:
     return "0" if start_from is StartFrom.EARLIEST else "$"
 
 
+@functools.cache
+def _kinds_of(union: Any) -> frozenset[str]:
+    """The event type names of a union (what a journal entry's `type` may say)."""
+    return frozenset(t.__name__ for t in typing.get_args(union))
+
+
 class _Journaled(Generic[S, E]):
     """The journal format of an aggregate: events and checkpoints as camelCase JSON."""
 
@@ -60,6 +68,12 @@ class _Journaled(Generic[S, E]):
         """The event of a journal entry, its data of `version` upcast to today's version first
         (`UnsupportedSchema` for a version newer than this release reads)."""
         raw = json.loads(data)
+        kind = raw.get(codec.TAG) if isinstance(raw, dict) else None
+        if kind not in _kinds_of(self.event_union):
+            raise UnsupportedSchema(
+                f"event type {kind!r} is unknown to this release: written by a newer release at a "
+                "higher feature level; run that release, or one newer"
+            )
         if version != 1 or EVENT_VERSIONS:
             try:
                 raw = upcast(str(raw.get(codec.TAG, "")), version, raw, EVENT_VERSIONS)

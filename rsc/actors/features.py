@@ -6,9 +6,9 @@ Keys (both with the `{coordinator}` hash tag, next to the lease):
   write), `written` (the highest level whose data has been written: the level can
   be lowered to no less), `changedAtMs`, `changedBy`. A deployment without it is
   initialized once, atomically, by the first coordinator of a release that knows
-  it: at level 1 if a coordinator ever ran there (the token key exists: a 0.1.0
-  deployment being upgraded), else at the level `rsc serve` is configured to start
-  new deployments at (`RSC_INITIAL_FEATURE_LEVEL`, default the highest it knows).
+  it: at level 1 if streams exist there already (made by 0.1.0: a deployment being
+  upgraded), else at the level `rsc serve` is configured to start new deployments
+  at (`RSC_INITIAL_FEATURE_LEVEL`, default the highest it knows).
 * `rsc:v1:{coordinator}:coordinators`: hash holder id -> JSON `{"version",
   "featureLevel", "seenMs"}`, written by every coordinator (active or standby) every
   few seconds and removed when it stops. Coordinators of 0.1.0 do not register;
@@ -32,8 +32,8 @@ import trio
 
 from rsc import __version__
 from rsc.actors.connect import redis_errors
-from rsc.actors.errors import StoreError
-from rsc.actors.keys import COORDINATOR_TOKEN_KEY, PREFIX
+from rsc.actors.errors import StoreError, StoreUnavailable
+from rsc.actors.keys import PREFIX, STREAMS_KEY
 from rsc.actors.leadership import LeaseBackend
 from rsc.events.versions import (
     BASELINE_FEATURE_LEVEL,
@@ -52,13 +52,11 @@ REGISTRATION_FRESH_MS = 30_000
 #: How often a coordinator writes its registry entry.
 REGISTER_EVERY_S = 5.0
 
-# KEYS: features, token; ARGV: initial level, baseline level, now ms
+# KEYS: features; ARGV: the level to start at, baseline level, now ms
 # Returns {level, written}.
 INIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  local level = ARGV[1]
-  if redis.call('EXISTS', KEYS[2]) == 1 then level = ARGV[2] end
-  redis.call('HSET', KEYS[1], 'level', level, 'written', ARGV[2], 'changedAtMs', ARGV[3],
+  redis.call('HSET', KEYS[1], 'level', ARGV[1], 'written', ARGV[2], 'changedAtMs', ARGV[3],
              'changedBy', 'initialized')
 end
 return {redis.call('HGET', KEYS[1], 'level'), redis.call('HGET', KEYS[1], 'written')}
@@ -67,7 +65,8 @@ return {redis.call('HGET', KEYS[1], 'level'), redis.call('HGET', KEYS[1], 'writt
 # KEYS: features; ARGV: level (the caller's view of it), written
 # Raise `written` (never lower it); refused if the level changed meanwhile.
 MARK_WRITTEN = """
-if redis.call('HGET', KEYS[1], 'level') ~= ARGV[1] then return 0 end
+local level = redis.call('HGET', KEYS[1], 'level')
+if level ~= ARGV[1] or tonumber(level) < tonumber(ARGV[2]) then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'written') or '1') < tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], 'written', ARGV[2])
 end
@@ -122,9 +121,13 @@ class FeatureSource(Protocol):
 
     async def load(self) -> FeatureState: ...
 
+    async def peek(self) -> FeatureState | None:
+        """The level as Redis holds it now, read only (None: not recorded yet)."""
+        ...
+
     async def schema_for_write(self) -> int: ...
 
-    async def finalize(self, level: int, by: str) -> FeatureState: ...
+    async def finalize(self, level: int, by: str, expected: int | None = None) -> FeatureState: ...
 
 
 class StaticFeatures:
@@ -143,14 +146,21 @@ class StaticFeatures:
     async def load(self) -> FeatureState:
         return self.state
 
+    async def peek(self) -> FeatureState | None:
+        return self.state
+
     async def schema_for_write(self) -> int:
         schema = feature_level(self.state.level).journal_schema
         self.state = FeatureState(self.state.level, max(self.state.written, level_of_schema(schema)))
         return schema
 
-    async def finalize(self, level: int, by: str) -> FeatureState:
+    async def finalize(self, level: int, by: str, expected: int | None = None) -> FeatureState:
         if not 1 <= level <= MAX_FEATURE_LEVEL:
             raise unsupported(level)
+        if expected is not None and expected != self.state.level:
+            raise FeatureLevelMoved(
+                "the feature level changed meanwhile", self.state.level, self.state.written
+            )
         if self.state.written > level:
             raise FeatureLevelMoved(
                 f"data of feature level {self.state.written} has been written: the level cannot go below it",
@@ -197,9 +207,11 @@ class Features:
 
     async def load(self) -> FeatureState:
         with redis_errors("reading the feature level"):
+            start = self.initial_level
+            if not await self.redis.exists([FEATURES_KEY]) and await self.redis.exists([STREAMS_KEY]):
+                start = BASELINE_FEATURE_LEVEL  # streams made by 0.1.0: an upgrade starts at 1
             level, written = await self._init(
-                keys=[FEATURES_KEY, COORDINATOR_TOKEN_KEY],
-                args=[self.initial_level, BASELINE_FEATURE_LEVEL, _now_ms()],
+                keys=[FEATURES_KEY], args=[start, BASELINE_FEATURE_LEVEL, _now_ms()]
             )
         state = FeatureState(int(level), int(written or BASELINE_FEATURE_LEVEL))
         if state.level > MAX_FEATURE_LEVEL:
@@ -209,37 +221,57 @@ class Features:
         self._state = state
         return state
 
-    async def schema_for_write(self) -> int:
-        """The journal schema to append with now; marks its level written first."""
-        state = await self.current()
-        schema = feature_level(state.level).journal_schema
-        needed = level_of_schema(schema)
-        if needed > state.written:
-            async with self._lock:
-                state = await self.current()
-                if needed > state.written:
-                    with redis_errors("recording the feature level written"):
-                        done = await self._mark(keys=[FEATURES_KEY], args=[state.level, needed])
-                    if not done:  # changed by another coordinator: read it again
-                        self._state = None
-                        return await self.schema_for_write()
-                    self._state = FeatureState(state.level, needed)
-        return schema
+    async def peek(self) -> FeatureState | None:
+        with redis_errors("reading the feature level"):
+            raw = await self.redis.hgetall(FEATURES_KEY)
+        if "level" not in raw:
+            return None
+        return FeatureState(int(raw["level"]), int(raw.get("written", BASELINE_FEATURE_LEVEL)))
 
-    async def finalize(self, level: int, by: str) -> FeatureState:
+    async def schema_for_write(self) -> int:
+        """The journal schema to append with now; marks its level written first.
+
+        Under the lock `finalize` takes, and decided from the level read under it: a level
+        lowered meanwhile is seen here, and one lowered after this returns finds `written`
+        raised already and is refused. The mark itself is refused if another coordinator
+        changed the level (then it is read again)."""
+        state = await self.current()
+        if level_of_schema(feature_level(state.level).journal_schema) <= state.written:
+            return feature_level(state.level).journal_schema  # the usual case: nothing to mark
+        async with self._lock:
+            for _ in range(3):
+                state = await self.current()
+                schema = feature_level(state.level).journal_schema
+                needed = level_of_schema(schema)
+                if needed <= state.written:
+                    return schema
+                with redis_errors("recording the feature level written"):
+                    done = await self._mark(keys=[FEATURES_KEY], args=[state.level, needed])
+                if done:
+                    self._state = FeatureState(state.level, needed)
+                    return schema
+                await self.load()  # changed by another coordinator: read it again
+        raise StoreUnavailable("the feature level keeps changing; retry")
+
+    async def finalize(self, level: int, by: str, expected: int | None = None) -> FeatureState:
         """Move the finalized level to `level` (`FeatureLevelMoved` if it cannot be lowered
-        that far, or changed meanwhile)."""
+        that far, or is no longer `expected`: the level the caller decided on)."""
         if not 1 <= level <= MAX_FEATURE_LEVEL:
             raise unsupported(level)
         async with self._lock:
             state = await self.load()
             with redis_errors("finalizing the feature level"):
                 outcome, now, written = await self._finalize(
-                    keys=[FEATURES_KEY], args=[state.level, level, _now_ms(), by]
+                    keys=[FEATURES_KEY],
+                    args=[state.level if expected is None else expected, level, _now_ms(), by],
                 )
             if outcome == "moved":
-                self._state = None
-                raise FeatureLevelMoved("the feature level changed meanwhile", int(now), int(written))
+                await self.load()
+                raise FeatureLevelMoved(
+                    f"the feature level changed meanwhile (it is {now} now): look again",
+                    int(now),
+                    int(written),
+                )
             if outcome == "written":
                 raise FeatureLevelMoved(
                     f"data of feature level {written} has been written: the level cannot go below it",
@@ -297,6 +329,9 @@ async def registrations(redis: Any) -> list[Registration]:
             continue
         if now - entry.seen_ms <= REGISTRATION_FRESH_MS:
             out.append(entry)
+        elif now - entry.seen_ms > 10 * REGISTRATION_FRESH_MS:  # a crashed one: forget it
+            with redis_errors("pruning the coordinators' registry"):
+                await redis.hdel(COORDINATORS_KEY, [holder])
     return sorted(out, key=lambda r: r.holder)
 
 

@@ -15,7 +15,7 @@ The fence lives in the snapshot hash, not next to the coordinator lease,
 because on a cluster only keys of one slot can be checked in one script.
 
 What is written follows the deployment's finalized feature level
-(`rsc.actors.features`): at level 1 exactly what 0.1.0 writes (schema 1, no `v`),
+(`rsc.actors.features`): at level 1 only what 0.1.0 reads (schema 1, no `v`),
 so a 0.1.0 coordinator can take over or be rolled back to. Every schema up to
 `MAX_JOURNAL_SCHEMA` is read (an entry without `v` is version 1); a newer one is
 refused with an error naming it.

@@ -153,7 +153,11 @@ class Negotiation:
     def refused(self, code: str, sent: Any) -> bool:
         """Whether a refusal with `code` of `sent` means: speak an older version, try again."""
         version = sent.get("protocolVersion") if isinstance(sent, dict) else None
-        if code != UNSUPPORTED_PROTOCOL or version != self.version or version <= MIN_PROTOCOL_VERSION:
+        if code != UNSUPPORTED_PROTOCOL or not isinstance(version, int):
+            return False
+        if version > self.version:
+            return True  # a request sent before another one stepped down: send it again
+        if version != self.version or version <= MIN_PROTOCOL_VERSION:
             return False
         self.version -= 1
         self._stepped_down_at = time.monotonic()

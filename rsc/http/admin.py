@@ -20,11 +20,12 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc import __version__
+from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.features import FeatureLevelMoved
 from rsc.actors.registry import Registry
 from rsc.events import codec
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
-from rsc.events.errors import UnknownGroup, UnknownStream
+from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
 from rsc.events.versions import MAX_FEATURE_LEVEL, SEAL_LEVEL, Party, blockers
@@ -486,7 +487,7 @@ def _add_feature_routes(
                     {"blockers": [codec.wire.unstructure(p) for p in waiting]},
                 )
         try:
-            await features.finalize(change.level, g.caller or "admin")
+            final = await features.finalize(change.level, g.caller or "admin", expected=state.level)
         except FeatureLevelMoved as exc:
             raise ApiError(
                 409,
@@ -494,4 +495,9 @@ def _add_feature_routes(
                 f"cannot finalize feature level {change.level}: {exc}",
                 {"level": exc.level, "written": exc.written},
             ) from exc
-        return json_response(await status(previous=state.level))
+        try:
+            return json_response(await status(previous=state.level))
+        except (StoreError, ActorStopped, CoordinationError) as exc:  # done: say so, even so
+            log.warning("feature level %d finalized; listing the parties failed: %s", final.level, exc)
+            supported = (1, MAX_FEATURE_LEVEL)
+            return json_response(FeaturesStatus(final.level, final.written, supported, (), (), state.level))

@@ -22,7 +22,8 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from rsc.actors.errors import ActorStopped, StoreError
+from rsc.actors.errors import ActorStopped, NotFinalized, StoreError, UnsupportedSchema
+from rsc.actors.features import UnsupportedFeatureLevel
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.connect import first_leaf
@@ -149,6 +150,14 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
 
     @app.errorhandler(StoreError)
     async def unavailable(error: StoreError) -> Response:
+        if isinstance(error, UnsupportedSchema | UnsupportedFeatureLevel):
+            # Written by a newer release: this coordinator must not act on it (an operator's
+            # problem: run a release that supports it). Clients retry elsewhere or later.
+            log.error("%s", error)
+            return error_response(503, "UNSUPPORTED_VERSION", str(error))
+        if isinstance(error, NotFinalized):
+            log.error("bug: %s", error)
+            return error_response(500, "INTERNAL", "internal error: an event the feature level forbids")
         log.warning("store unavailable: %s", error)
         return error_response(503, "UNAVAILABLE", "the coordinator's Redis is unavailable; retry")
 
@@ -369,9 +378,11 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
 
     @app.get("/v1/version")
     async def version() -> Response:
-        try:  # a standby reads it too: the active one may have changed it
-            state = await registry.store.features.load()
+        try:  # read only (a standby answers too; nothing is initialized by a look)
+            state = await registry.store.features.peek()
         except StoreError:  # Redis away: the rest is still worth answering
+            state = None
+        if state is None:
             return json_response(views.version_view())
         return json_response(views.version_view(state.level, state.written))
 
