@@ -80,13 +80,18 @@ async def test_declarative_stream_put_get_etag(client: httpx.AsyncClient, prefix
     assert grown.status_code == 200
     assert grown.json()["status"]["metadataVersion"] == 2
     assert grown.headers["ETag"] != got.headers["ETag"]
-    shrink = await client.put(path, json={"shardCount": 2}, auth=AUTH)
-    assert shrink.status_code == 409
+    quiesce = await client.put(path, json={"shardCount": 2, "reshardMode": "quiesce"}, auth=AUTH)
+    assert (quiesce.status_code, quiesce.json()["error"]) == (409, "QUIESCE_NOT_SUPPORTED")
+    shrink = await client.put(path, json={"shardCount": 2}, auth=AUTH)  # scale-in: 2 ACTIVE, 3 DRAINING
+    assert shrink.status_code == 200, shrink.text
+    states = [s["state"] for s in shrink.json()["status"]["shards"]]
+    assert states.count("ACTIVE") == 2
     bad = await client.put(path, json={"shardCount": "many"}, auth=AUTH)
     assert bad.status_code == 400
     records = await audit(client, pathPrefix=path, method="PUT")
-    assert [r["status"] for r in records] == [400, 409, 200, 412, 200, 200]
-    assert records[2]["revision"] is not None
+    assert [r["status"] for r in records] == [400, 200, 409, 200, 412, 200, 200]
+    assert records[1]["revision"] is not None
+    assert records[3]["revision"] is not None
 
 
 async def test_scale_out_and_max_concurrency_reach_members(client: httpx.AsyncClient, prefix: str) -> None:

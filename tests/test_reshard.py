@@ -1,0 +1,268 @@
+"""Resharding end to end: scale-in with drain-gated retirement, seals, scale to 0 and out again.
+
+A real coordinator, `rsc worker` processes and both producers (trio and synchronous)
+publishing keyed messages throughout, on standalone Redis and on the 3-primary cluster:
+8 -> 4 -> 2 -> 0 -> 4 shards. Every acknowledged publish must be handled, nothing left
+pending, and each retired shard retired only once Redis showed it drained.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import redis as redis_py
+import trio
+
+from rsc.actors.connect import open_redis
+from rsc.client.coordinator import Coordinator
+from rsc.client.producer import NoWritableShards, Producer, open_producer
+from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.events.wire import seal_key
+from tests.httpkit import FAST, serve_on
+from tests.test_worker import group_view, start_worker, until
+
+AUTH = ("admin", "s3cret")
+KEYS = 16
+
+
+def checker_for(url: str) -> Any:
+    """An independent redis-py client (a cluster client on the cluster)."""
+    client = redis_py.Redis.from_url(url, decode_responses=True)
+    try:
+        client.cluster("info")
+    except redis_py.ResponseError:
+        return client
+    client.close()
+    return redis_py.RedisCluster.from_url(url, decode_responses=True)
+
+
+@attrs.define
+class Published:
+    acked: dict[str, str] = attrs.field(factory=dict)  # entry id -> shard key
+    refused_empty: int = 0  # publishes refused with no ACTIVE shard (scale to 0)
+
+
+async def stream_shards(http: httpx.AsyncClient, prefix: str) -> dict[int, str]:
+    view = (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).json()
+    return {s["index"]: s["state"] for s in view["status"]["shards"]}
+
+
+async def reshard(http: httpx.AsyncClient, prefix: str, count: int) -> None:
+    response = await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": count}, auth=AUTH)
+    assert response.status_code == 200, response.text
+
+
+async def all_retired_but_active(http: httpx.AsyncClient, prefix: str) -> bool:
+    return "DRAINING" not in (await stream_shards(http, prefix)).values()
+
+
+async def publish_forever(publish: Callable[[dict[str, str], str], Any], out: Published, name: str) -> None:
+    n = 0
+    while True:
+        n += 1
+        key = f"{name}:k{n % KEYS}"
+        try:
+            entry_id, shard = await publish({"bkey": key, "seq": str(n)}, key)
+            out.acked[entry_id] = shard
+        except NoWritableShards:
+            out.refused_empty += 1
+        await trio.sleep(0.01)
+
+
+@pytest.mark.timeout(240)
+async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (one story, told in order)
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    settings = attrs.evolve(
+        FAST,
+        redis_url=redis_url,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+        admin_password="s3cret",
+        default_shard_count=8,
+    )
+    results = tmp_path / "handled.txt"
+    checker, sync_redis = checker_for(redis_url), checker_for(redis_url)
+    sync_coordinator: Any = None
+    async with serve_on(settings) as http:
+        base_url = str(http.base_url)
+        await reshard(http, prefix, 8)
+        workers = [
+            start_worker(
+                base_url,
+                redis_url,
+                prefix,
+                f"10.0.0.{i}",
+                2,
+                results_file=results,
+                log=tmp_path / f"w{i}.log",
+            )
+            for i in (1, 2)
+        ]
+        trio_out, sync_out = Published(), Published()
+        sync_coordinator = SyncCoordinator(base_url)
+        try:
+            async with (
+                open_redis(redis_url) as redis,
+                Coordinator(base_url) as coordinator,
+                open_producer(coordinator, redis, prefix, "trio-producer") as producer,
+                trio.open_nursery() as nursery,
+            ):
+                sync_producer = SyncProducer(sync_coordinator, sync_redis, prefix, "sync-producer")
+                await trio.to_thread.run_sync(sync_producer.start)  # (the coordinator runs here)
+
+                async def trio_publish(fields: dict[str, str], key: str) -> tuple[str, str]:
+                    shard = producer.state.shard_key(key)
+                    return await producer.publish(fields, key), shard
+
+                async def sync_publish(fields: dict[str, str], key: str) -> tuple[str, str]:
+                    def one() -> tuple[str, str]:
+                        shard = sync_producer.state.shard_key(key)
+                        return sync_producer.publish(fields, key), shard
+
+                    return await trio.to_thread.run_sync(one)
+
+                nursery.start_soon(publish_forever, trio_publish, trio_out, "t")
+                nursery.start_soon(publish_forever, sync_publish, sync_out, "s")
+
+                async def four_members() -> bool:
+                    view = await group_view(http, prefix)
+                    return len(view["members"]) == 4 and all(m["state"] == "STABLE" for m in view["members"])
+
+                await until(four_members, 30)
+                await trio.sleep(1)
+                for count in (4, 2, 0):
+                    await reshard(http, prefix, count)
+                    await trio.sleep(0.5)
+                    await until(lambda: all_retired_but_active(http, prefix), 60)
+                    shards = await stream_shards(http, prefix)
+                    assert sum(state == "ACTIVE" for state in shards.values()) == count
+                await trio.sleep(1)  # nothing is writable now
+                assert trio_out.refused_empty
+                assert sync_out.refused_empty
+                await reshard(http, prefix, 4)
+                shards = await stream_shards(http, prefix)
+                assert sorted(i for i, s in shards.items() if s == "ACTIVE") == [8, 9, 10, 11]  # never reused
+                await trio.sleep(2)
+                nursery.cancel_scope.cancel()
+            await trio.to_thread.run_sync(sync_producer.close)
+            sync_coordinator.close()
+            sync_redis.close()
+
+            acked = {**trio_out.acked, **sync_out.acked}
+            assert len(acked) > 200
+
+            def handled() -> set[str]:
+                text = results.read_text() if results.exists() else ""
+                return {line.split()[1] for line in text.splitlines() if line.strip()}
+
+            async def everything_handled() -> bool:
+                return set(acked) <= handled()
+
+            await until(everything_handled, 60)
+            routing = (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).json()["status"]["shards"]
+            for shard in routing:
+                if shard["state"] == "RETIRED":
+                    assert checker.xpending(shard["key"], "billing")["pending"] == 0
+                    assert checker.exists(seal_key(shard["key"]))  # sealed before it retired
+
+            async def nothing_pending() -> bool:
+                return all(
+                    checker.xpending(s["key"], "billing")["pending"] == 0
+                    for s in routing
+                    if checker.exists(s["key"])
+                )
+
+            await until(nothing_pending, 20)
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.send_signal(signal.SIGTERM)
+            for worker in workers:
+                try:
+                    worker.wait(timeout=20)
+                except Exception:
+                    worker.kill()
+            checker.close()
+
+
+@pytest.fixture
+async def admin(standalone_url: str) -> Any:
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+        admin_password="s3cret",
+    )
+    async with serve_on(settings) as http:
+        yield http
+
+
+async def test_a_producer_on_a_stale_layout_is_refused_by_the_seal_and_re_routes(
+    admin: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    """Producers that have not heartbeated since the scale-in (held on the old layout on
+    purpose: no heartbeat loop) publish to a DRAINING shard: the seal refuses, they learn the
+    new layout and the message lands on an ACTIVE shard, written once."""
+    await reshard(admin, prefix, 4)
+    base_url = str(admin.base_url)
+    checker = checker_for(standalone_url)
+    async with open_redis(standalone_url) as redis, Coordinator(base_url) as coordinator:
+        producer = Producer(coordinator, redis, prefix, "stale-trio")
+        await producer.heartbeat()  # layout v1, and no more heartbeats
+        sync_coordinator = SyncCoordinator(base_url)
+        sync_producer = SyncProducer(sync_coordinator, checker_for(standalone_url), prefix, "stale-sync")
+        await trio.to_thread.run_sync(sync_producer.heartbeat)
+        old = producer.state.layout
+        key = next(f"k{n}" for n in range(1000) if producer.state.shard_key(f"k{n}") == old.active[3].key)
+        await reshard(admin, prefix, 2)
+        assert checker.exists(seal_key(old.active[3].key))
+        entry = await producer.publish({"n": "1"}, key)
+        sync_entry = await trio.to_thread.run_sync(lambda: sync_producer.publish({"n": "2"}, key))
+        for stale in (producer.state, sync_producer.state):
+            assert stale.layout.metadata_version > old.metadata_version  # it learnt the new layout
+        drained, kept = old.active[3].key, [s.key for s in old.active[:2]]
+        assert checker.xlen(drained) == 0  # the seal kept both out of the draining shard
+        landed = {e for k in kept for e, _ in checker.xrange(k)}
+        assert {entry, sync_entry} <= landed
+        sync_coordinator.close()
+        sync_producer.redis.close()
+    checker.close()
+
+
+async def test_with_no_consumer_draining_shards_wait_then_retire_from_redis_evidence_alone(
+    admin: httpx.AsyncClient, standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """The all-expired path: no member at all. Shards with entries left stay DRAINING (and
+    visible); once a later member has consumed them, the coordinator retires them on the
+    evidence alone, with no member's word."""
+    await reshard(admin, prefix, 4)
+    group = {"startFrom": "earliest"}
+    assert (
+        await admin.put(f"/v1/admin/streams/{prefix}/groups/billing", json=group, auth=AUTH)
+    ).status_code == 200
+    checker = checker_for(standalone_url)
+    keys = [s["key"] for s in (await admin.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+    for key in keys:
+        checker.xadd(key, {"n": "1"})
+    await reshard(admin, prefix, 2)
+    await trio.sleep(3)  # several evidence rounds: entries remain, nobody reads them
+    shards = await stream_shards(admin, prefix)
+    assert [shards[i] for i in (2, 3)] == ["DRAINING", "DRAINING"]
+    results = tmp_path / "handled.txt"
+    worker = start_worker(str(admin.base_url), standalone_url, prefix, "10.0.0.9", 1, results_file=results)
+    try:
+        await until(lambda: all_retired_but_active(admin, prefix), 30)
+        handled = {line.split()[1] for line in results.read_text().splitlines()}
+        assert {e for key in keys for e, _ in checker.xrange(key)} <= handled
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=20)
+        checker.close()
