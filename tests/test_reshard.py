@@ -266,3 +266,21 @@ async def test_with_no_consumer_draining_shards_wait_then_retire_from_redis_evid
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=20)
         checker.close()
+
+
+async def test_a_stream_scaled_to_zero_and_emptied_can_be_deleted(
+    admin: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    await reshard(admin, prefix, 2)
+    group = f"/v1/admin/streams/{prefix}/groups/billing"
+    assert (await admin.put(group, json={"startFrom": "earliest"}, auth=AUTH)).status_code == 200
+    keys = [s["key"] for s in (await admin.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+    await reshard(admin, prefix, 0)
+    await until(lambda: all_retired_but_active(admin, prefix), 20)
+    refused = await admin.delete(f"/v1/admin/streams/{prefix}", auth=AUTH)
+    assert (refused.status_code, refused.json()["error"]) == (409, "NOT_EMPTY")  # the group still reads it
+    assert (await admin.delete(group, auth=AUTH)).status_code == 204
+    assert (await admin.delete(f"/v1/admin/streams/{prefix}", auth=AUTH)).status_code == 204
+    checker = checker_for(standalone_url)
+    assert not any(checker.exists(k, seal_key(k)) for k in keys)  # keys and seals are gone
+    checker.close()

@@ -74,6 +74,12 @@ def test_scale_in_drains_the_highest_shards_then_retires_them() -> None:
     assert [sh.index for sh in s.layout.active] == [0, 1, 4]  # indexes are never reused
 
 
+def test_a_stream_may_start_with_no_shard() -> None:
+    """As after a scale-in to 0: nothing is writable until it is scaled out."""
+    s = run(None, CreateStream("orders", 0), ChangeShardCount(2))
+    assert [sh.index for sh in s.layout.active] == [0, 1]
+
+
 def test_scale_in_to_zero() -> None:
     s = run(None, CreateStream("orders", 3), ChangeShardCount(0))
     assert s.shard_count == 0
@@ -84,7 +90,6 @@ def test_scale_in_to_zero() -> None:
     "command",
     [
         CreateStream("bad{name}", 1),
-        CreateStream("orders", 0),
         CreateStream("orders", 20_000),
         CreateStream("", 1),
     ],

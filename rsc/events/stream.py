@@ -272,8 +272,6 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
 def _create(state: StreamState | None, command: CreateStream) -> list[StreamEvent]:
     check_name(command.stream_prefix, "streamPrefix")
     _check_count(command.shard_count)
-    if command.shard_count < 1:
-        raise InvalidCommand("a new stream needs at least one shard")
     if state is not None and not state.deleted:
         return []  # idempotent: the stream exists, resharding is a separate command
     indexes = range(command.shard_count)

@@ -44,7 +44,7 @@ __all__ = ["AdminAccount", "add_admin_routes"]
 
 @attrs.frozen
 class StreamSpec:
-    #: 0 only for a stream that exists (scale-in to nothing); a new stream needs at least 1.
+    #: 0: no writable shard (a scale-in to nothing, or a stream to scale out later).
     shard_count: int = wire_field(minimum=0, maximum=MAX_SHARDS)
     reshard_mode: ReshardMode = ReshardMode.ONLINE
 
