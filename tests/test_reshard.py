@@ -256,6 +256,14 @@ async def test_with_no_consumer_draining_shards_wait_then_retire_from_redis_evid
     await trio.sleep(3)  # several evidence rounds: entries remain, nobody reads them
     shards = await stream_shards(admin, prefix)
     assert [shards[i] for i in (2, 3)] == ["DRAINING", "DRAINING"]
+    view = (await admin.get(f"/v1/streams/{prefix}")).json()
+    drain = {s["index"]: s["drain"] for s in view["shards"]}
+    assert drain[0] is None  # ACTIVE
+    assert drain[2]["sealed"]  # what keeps it: one entry never delivered to billing
+    assert not drain[2]["drained"]
+    assert drain[2]["groups"] == [{"group": "billing", "pending": 0, "undelivered": True}]
+    metrics = (await admin.get("/metrics")).text
+    assert f'rsc_shards{{state="DRAINING",stream="{prefix}"}} 2.0' in metrics
     results = tmp_path / "handled.txt"
     worker = start_worker(str(admin.base_url), standalone_url, prefix, "10.0.0.9", 1, results_file=results)
     try:

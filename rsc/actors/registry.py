@@ -329,23 +329,37 @@ class Registry:
         all-expired path), and never while an entry is left in them.
         """
         task_status.started()
+        # Streams known to drain (None: not looked at yet, so the first round looks at all).
+        # Others are looked at only while their actor runs anyway (a scale-in goes through
+        # it), so this loop keeps no idle actor alive.
+        draining: set[str] | None = None
         while True:
             await trio.sleep(self.settings.drain_check_s)
             try:
                 prefixes = await self.stream_prefixes()
             except StoreError:
                 continue
+            still: set[str] = set()
             for prefix in prefixes:
+                wanted = draining is None or prefix in draining or AggregateId(prefix) in self.actors
+                if not wanted:
+                    continue
                 try:
-                    await self._retire_drained(prefix)
+                    if await self._retire_drained(prefix):
+                        still.add(prefix)
+                except UnknownStream:
+                    continue  # gone meanwhile: nothing drains there
                 except (CoordinationError, StoreError, ActorStopped) as exc:
+                    still.add(prefix)  # look again next round
                     log.debug("drain check of %s: %s", prefix, exc)
+            draining = still
 
-    async def _retire_drained(self, stream_prefix: str) -> None:
+    async def _retire_drained(self, stream_prefix: str) -> bool:
+        """Retire what may be retired; whether DRAINING shards remain."""
         actor = await self.stream(stream_prefix, create=False)
         state = actor.state
         if state is None or state.deleted or not state.layout.draining:
-            return
+            return False
         index_of = {s.key: s.index for s in state.layout.draining}
         found = await self.effects.drain_evidence(index_of)
         evidence = {index_of[key]: DrainCheck(e.sealed, e.drained(state.groups)) for key, e in found.items()}
@@ -353,6 +367,7 @@ class Registry:
         if ready:
             log.info("retiring drained shards %s of %s", sorted(ready), stream_prefix)
             await self.ask_stream(stream_prefix, RetireShards(ready, self.clock.now_ms(), evidence))
+        return ready != frozenset(s.index for s in state.layout.draining)
 
     async def stream_prefixes(self) -> list[str]:
         """Every stream the coordinator has created, sorted."""

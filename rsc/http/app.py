@@ -350,7 +350,9 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
         actor = await existing_stream_actor(stream_prefix)
         state = actor.state
         stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
-        return json_response(views.stream_view(state, actor.leases, registry.clock.now_ms(), stats))
+        evidence = await registry.effects.drain_evidence(s.key for s in state.layout.draining)
+        view = views.stream_view(state, actor.leases, registry.clock.now_ms(), stats, evidence)
+        return json_response(view)
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
     async def group(stream_prefix: str, consumer_group: str) -> Response:

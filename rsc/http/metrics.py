@@ -17,7 +17,8 @@ from rsc.events.events import (
     TargetAssignmentUpdated,
 )
 from rsc.events.group import GroupState
-from rsc.events.model import MemberState
+from rsc.events.model import MemberState, ShardState
+from rsc.events.stream import StreamState
 
 
 class Metrics:
@@ -109,6 +110,11 @@ class _ActorCollector:
         conflicts = CounterMetricFamily(
             "rsc_cas_conflicts", "Concurrency conflicts met", labels=["aggregate"]
         )
+        shards = GaugeMetricFamily(
+            "rsc_shards",
+            "Shards of a stream by state (DRAINING: a scale-in in progress)",
+            labels=["stream", "state"],
+        )
         for aggregate_id, entry in list(self.registry.actors.items()):
             actor = entry.actor
             name = str(aggregate_id)
@@ -124,4 +130,8 @@ class _ActorCollector:
                 group_epoch.add_metric(labels, state.group_epoch)
                 assignment_epoch.add_metric(labels, state.assignment_epoch)
                 revoking.add_metric(labels, sum(len(m.revoking) for m in state.members.values()))
-        yield from (members, group_epoch, assignment_epoch, revoking, inbox, writes, conflicts)
+            elif isinstance(state, StreamState) and not state.deleted:
+                by_shard_state = collections.Counter(s.state for s in state.layout.shards)
+                for shard_state in ShardState:
+                    shards.add_metric([state.stream_prefix, shard_state.value], by_shard_state[shard_state])
+        yield from (members, group_epoch, assignment_epoch, revoking, inbox, writes, conflicts, shards)

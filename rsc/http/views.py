@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import attrs
 
 from rsc import __version__
-from rsc.actors.effects import GroupLag, ShardStats
+from rsc.actors.effects import DrainEvidence, GroupDrain, GroupLag, ShardStats
 from rsc.events.group import GroupState
 from rsc.events.model import (
     ClientInfo,
@@ -22,7 +22,7 @@ from rsc.events.model import (
     PauseState,
     ShardState,
 )
-from rsc.events.stream import StreamState
+from rsc.events.stream import StreamState, stale_producers
 from rsc.events.versions import (
     FEATURE_LEVELS,
     MAX_FEATURE_LEVEL,
@@ -64,6 +64,19 @@ class ShardStatusView:
     length: int | None = None
     primary_node: str | None = None
     groups: tuple[GroupLag, ...] = ()
+    #: A DRAINING shard's drain evidence, as the coordinator reads it before retiring it.
+    drain: DrainStatusView | None = None
+
+
+@attrs.frozen
+class DrainStatusView:
+    """What keeps a DRAINING shard from retiring, if anything: its seal, each consumer group's
+    pending and undelivered entries, and the producers not yet on the current layout."""
+
+    sealed: bool
+    drained: bool
+    groups: tuple[GroupDrain, ...]
+    waiting_for_producers: tuple[str, ...]
 
 
 @attrs.frozen
@@ -224,19 +237,30 @@ def stream_view(
     leases: Mapping[str, int],
     now_ms: int,
     stats: Mapping[str, ShardStats] | None = None,
+    evidence: Mapping[str, DrainEvidence] | None = None,
 ) -> StreamView:
-    """The layout and producers (leases from `leases`), with Redis figures per shard when `stats` is given."""
+    """The layout and producers (leases from `leases`), with Redis figures per shard when `stats`
+    is given, and the drain evidence of DRAINING shards when `evidence` is."""
     layout = state.layout
     stats = stats or {}
+    evidence = evidence or {}
+    waiting = tuple(stale_producers(state))
     shards = []
     per_primary: dict[str, int] = {}
     for shard in layout.shards:
         found = stats.get(shard.key)
+        seen = evidence.get(shard.key)
+        drain = None
+        if seen is not None:
+            drained = seen.drained(state.groups)
+            drain = DrainStatusView(seen.sealed, drained, seen.groups, waiting)
         if found is None:
-            shards.append(ShardStatusView(shard.index, shard.key, shard.state))
+            shards.append(ShardStatusView(shard.index, shard.key, shard.state, drain=drain))
             continue
         node = found.primary_node
-        shards.append(ShardStatusView(shard.index, shard.key, shard.state, found.length, node, found.groups))
+        shards.append(
+            ShardStatusView(shard.index, shard.key, shard.state, found.length, node, found.groups, drain)
+        )
         if node is not None and shard.state is ShardState.ACTIVE:
             per_primary[node] = per_primary.get(node, 0) + 1
     producers = producer_views(state, leases, now_ms)
