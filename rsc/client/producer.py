@@ -40,6 +40,7 @@ from rsc.client.redis_calls import redis_call
 from rsc.client.routing import (
     SEALED_APPEND,
     SEALED_APPEND_SHA,
+    Append,
     DeliveryRetries,
     Fields,
     Key,
@@ -49,7 +50,7 @@ from rsc.client.routing import (
     PublishFailed,
     RoutingView,
     UnsupportedRouting,
-    append_call,
+    appends,
     entry_ids,
     publish_failed,
     refusal,
@@ -161,19 +162,18 @@ class Producer(RoutingView):
             todo = list(range(len(messages)))
             while todo:
                 # Routed again on each try: the layout may have changed.
-                targets = [(i, state.shard_key(messages[i][1])) for i in todo]
+                calls = appends([(i, state.shard_key(messages[i][1])) for i in todo], messages)
                 try:
                     with redis_call("XADD"):
                         async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
-                            for i, target in targets:
-                                keys, args = append_call(target, messages[i][0])
-                                pipe.evalsha(SEALED_APPEND_SHA, keys=keys, args=args)
+                            for call in calls:
+                                pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args)
                 except RedisUnavailable as exc:
                     await self._retry_later(retries, len(todo), exc)
                     continue
                 except RedisCommandFailed as exc:
                     raise publish_failed(self.stream_prefix, len(todo), exc) from exc
-                todo, why = await self._written(targets, pipe.results or (), ids)
+                todo, why = await self._written(calls, pipe.results or (), ids)
                 if why == "SEALED":
                     await self._refresh_layout(retries, len(todo))
             done = [i for i in ids if i is not None]
@@ -185,20 +185,25 @@ class Producer(RoutingView):
                 self._idle.set()
 
     async def _written(
-        self, targets: list[tuple[int, str]], results: Sequence[object], ids: list[str | None]
+        self, calls: list[Append], results: Sequence[object], ids: list[str | None]
     ) -> tuple[list[int], str | None]:
         """Note the ids written; the messages to send again, and why (SEALED wins)."""
         again: list[int] = []
         reasons: set[str] = set()
-        for (i, _), result in zip(targets, results, strict=True):
+        for call, result in zip(calls, results, strict=True):
             why = refusal(result)
             if why is None:
-                ids[i] = entry_ids([result])[0]
+                if not isinstance(result, list | tuple) or len(result) != len(call.positions):
+                    raise publish_failed(
+                        self.stream_prefix, len(ids), RedisCommandFailed(f"unexpected reply {result!r}")
+                    )
+                for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
+                    ids[position] = entry_id
             elif why in ("SEALED", "NOSCRIPT"):
-                again.append(i)
+                again.extend(call.positions)
                 reasons.add(why)
             else:
-                raise publish_failed(self.stream_prefix, len(targets), RedisCommandFailed(why))
+                raise publish_failed(self.stream_prefix, len(ids), RedisCommandFailed(why))
         if "NOSCRIPT" in reasons:  # a restarted or new Redis node: load it, send them again
             with redis_call("SCRIPT LOAD"):
                 await self.redis.script_load(SEALED_APPEND)

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import logging
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -66,19 +66,48 @@ def entry_ids(results: Iterable[object]) -> list[str]:
 
 
 #: How producers append (feature level 2): refused while the shard is sealed (it is DRAINING:
-#: the layout the producer routes with is stale), else one XADD. KEYS: shard, its seal; ARGV:
-#: the fields, flat. One EVALSHA per message in the same pipeline the XADDs went in.
+#: the layout the producer routes with is stale), else the messages' XADDs, in order, atomic
+#: with the check. KEYS: shard, its seal; ARGV: the number of messages, then per message the
+#: number of field values and the fields, flat. Returns the entry ids. One EVALSHA per shard a
+#: call writes to, in one pipeline: the seal is checked once per shard and call, not per message.
 SEALED_APPEND = """
 local sealed = redis.call('GET', KEYS[2])
 if sealed then return redis.error_reply('SEALED ' .. KEYS[1] .. ' drains since layout v' .. sealed) end
-return redis.call('XADD', KEYS[1], '*', unpack(ARGV))
+local ids, at = {}, 2
+for n = 1, tonumber(ARGV[1]) do
+  local count = tonumber(ARGV[at])
+  ids[n] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, at + 1, at + count))
+  at = at + count + 1
+end
+return ids
 """
 SEALED_APPEND_SHA = hashlib.sha1(SEALED_APPEND.encode()).hexdigest()
 
 
-def append_call(target: str, fields: Fields) -> tuple[list[str], list[str | bytes | int | float]]:
-    """KEYS and ARGV of `SEALED_APPEND` for one message."""
-    return [target, seal_key(target)], [x for pair in fields.items() for x in pair]
+@attrs.frozen
+class Append:
+    """One `SEALED_APPEND` call: the messages (their positions in the publish) for one shard."""
+
+    target: str
+    positions: list[int]
+    keys: list[str]
+    args: list[str | bytes | int | float]
+
+
+def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Key]]) -> list[Append]:
+    """The calls for messages at positions `todo` routed to their shards, one per shard."""
+    by_shard: dict[str, list[int]] = {}
+    for position, target in todo:
+        by_shard.setdefault(target, []).append(position)
+    calls = []
+    for target, positions in by_shard.items():
+        args: list[str | bytes | int | float] = [len(positions)]
+        for position in positions:
+            flat = [x for pair in messages[position][0].items() for x in pair]
+            args.append(len(flat))
+            args.extend(flat)
+        calls.append(Append(target, positions, [target, seal_key(target)], args))
+    return calls
 
 
 def refusal(result: object) -> str | None:

@@ -45,6 +45,7 @@ from rsc.client.member import CLIENT
 from rsc.client.routing import (
     SEALED_APPEND,
     SEALED_APPEND_SHA,
+    Append,
     DeliveryRetries,
     Fields,
     Key,
@@ -54,7 +55,7 @@ from rsc.client.routing import (
     PublishFailed,
     RoutingView,
     UnsupportedRouting,
-    append_call,
+    appends,
     entry_ids,
     publish_failed,
     refusal,
@@ -267,12 +268,12 @@ class SyncProducer(RoutingView):
             todo = list(range(len(messages)))
             while todo:
                 with self._lock:  # routed again on each try: the layout may change
-                    targets = [(i, self.state.shard_key(messages[i][1])) for i in todo]
+                    routed = [(i, self.state.shard_key(messages[i][1])) for i in todo]
+                calls = appends(routed, messages)
                 pipe = self.redis.pipeline(transaction=False)
-                for i, target in targets:
-                    keys, args = append_call(target, messages[i][0])
+                for call in calls:
                     # (redis-py's cluster pipeline blocks its evalsha method, not the command)
-                    pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, len(keys), *keys, *args)
+                    pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)
                 try:
                     results = pipe.execute(raise_on_error=False)
                 except REDIS_ERRORS as exc:
@@ -280,7 +281,7 @@ class SyncProducer(RoutingView):
                         raise publish_failed(self.stream_prefix, len(todo), exc) from exc
                     self._retry_later(retries, len(todo), exc)
                     continue
-                todo, why = self._written(targets, results, ids)
+                todo, why = self._written(calls, results, ids)
                 if why == "SEALED":
                     self._refresh_layout(retries, len(todo))
             done = [i for i in ids if i is not None]
@@ -294,20 +295,25 @@ class SyncProducer(RoutingView):
                     self._idle.notify_all()
 
     def _written(
-        self, targets: list[tuple[int, str]], results: Sequence[object], ids: list[str | None]
+        self, calls: list[Append], results: Sequence[object], ids: list[str | None]
     ) -> tuple[list[int], str | None]:
         """Note the ids written; the messages to send again, and why (SEALED wins)."""
         again: list[int] = []
         reasons: set[str] = set()
-        for (i, _), result in zip(targets, results, strict=True):
+        for call, result in zip(calls, results, strict=True):
             why = refusal(result)
             if why is None:
-                ids[i] = entry_ids([result])[0]
+                if not isinstance(result, list | tuple) or len(result) != len(call.positions):
+                    raise publish_failed(
+                        self.stream_prefix, len(ids), RscError(f"unexpected reply {result!r}")
+                    )
+                for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
+                    ids[position] = entry_id
             elif why in ("SEALED", "NOSCRIPT"):
-                again.append(i)
+                again.extend(call.positions)
                 reasons.add(why)
             else:
-                raise publish_failed(self.stream_prefix, len(targets), RscError(why))
+                raise publish_failed(self.stream_prefix, len(ids), RscError(why))
         if "NOSCRIPT" in reasons:  # a restarted or new Redis node: load it, send them again
             try:
                 self.redis.script_load(SEALED_APPEND)
