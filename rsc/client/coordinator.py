@@ -22,7 +22,7 @@ import random
 import ssl
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import httpx
@@ -301,19 +301,42 @@ class Coordinator:
                     self.failover.failed(index)
                     break
                 try:
-                    data = answer(method, path, response)
-                except CoordinatorRejected as rejected:
-                    if stamp and self.negotiation.refused(rejected.code, sent):
-                        continue  # the same coordinator, an older protocol version
-                    raise
+                    data = settle(method, path, response, sent if stamp else None, self, index)
                 except Retry as retry:
                     last = retry.rejection
-                    if retry.rejection.status == 503:
-                        self.failover.failed(index, retry.rejection)
                     break
-                self.negotiation.answered(data)
-                return data
+                if data is not AGAIN:
+                    return data
         raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
+
+
+#: `settle`'s answer when the request is to go to the same coordinator again, stepped down.
+AGAIN: Any = object()
+
+
+class Negotiating(Protocol):
+    failover: Failover
+    negotiation: Negotiation
+
+
+def settle(
+    method: str, path: str, response: httpx.Response, sent: Any, client: Negotiating, index: int
+) -> Any:
+    """An answer's JSON (the negotiation noting its version), or `AGAIN` when the coordinator
+    refused the protocol version of `sent` (None: not negotiated) and the client stepped down.
+    Raises `Retry` (a 503 moves the failover on) or `CoordinatorRejected`."""
+    try:
+        data = answer(method, path, response)
+    except CoordinatorRejected as rejected:
+        if sent is not None and client.negotiation.refused(rejected.code, sent):
+            return AGAIN
+        raise
+    except Retry as retry:
+        if retry.rejection.status == 503:
+            client.failover.failed(index, retry.rejection)
+        raise
+    client.negotiation.answered(data)
+    return data
 
 
 class Retry(Exception):

@@ -51,9 +51,8 @@ from rsc.client.routing import (
     RoutingView,
     UnsupportedRouting,
     appends,
-    entry_ids,
     publish_failed,
-    refusal,
+    take_replies,
 )
 
 __all__ = [
@@ -188,26 +187,13 @@ class Producer(RoutingView):
         self, calls: list[Append], results: Sequence[object], ids: list[str | None]
     ) -> tuple[list[int], str | None]:
         """Note the ids written; the messages to send again, and why (SEALED wins)."""
-        again: list[int] = []
-        reasons: set[str] = set()
-        for call, result in zip(calls, results, strict=True):
-            why = refusal(result)
-            if why is None:
-                if not isinstance(result, list | tuple) or len(result) != len(call.positions):
-                    raise publish_failed(
-                        self.stream_prefix, len(ids), RedisCommandFailed(f"unexpected reply {result!r}")
-                    )
-                for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
-                    ids[position] = entry_id
-            elif why in ("SEALED", "NOSCRIPT"):
-                again.extend(call.positions)
-                reasons.add(why)
-            else:
-                raise publish_failed(self.stream_prefix, len(ids), RedisCommandFailed(why))
-        if "NOSCRIPT" in reasons:  # a restarted or new Redis node: load it, send them again
+        replies = take_replies(calls, results, ids)
+        if replies.failure is not None:
+            raise publish_failed(self.stream_prefix, len(ids), RedisCommandFailed(replies.failure))
+        if replies.noscript:  # a restarted or new Redis node: load it, send them again
             with redis_call("SCRIPT LOAD"):
                 await self.redis.script_load(SEALED_APPEND)
-        return again, ("SEALED" if "SEALED" in reasons else "NOSCRIPT" if reasons else None)
+        return replies.again, ("SEALED" if replies.sealed else "NOSCRIPT" if replies.noscript else None)
 
     async def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""

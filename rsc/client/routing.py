@@ -123,6 +123,39 @@ def refusal(result: object) -> str | None:
     return text or type(result).__name__
 
 
+@attrs.define
+class Replies:
+    """What a pipeline of `SEALED_APPEND` calls came back with."""
+
+    #: Positions of the messages to send again (their shard was sealed, or the script unknown).
+    again: list[int] = attrs.field(factory=list)
+    sealed: bool = False
+    noscript: bool = False
+    #: Another error (the call failed: some messages may have been written).
+    failure: str | None = None
+
+
+def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
+    """Note in `ids` the entry ids written; what is to be sent again, and why."""
+    out = Replies()
+    for call, result in zip(calls, results, strict=True):
+        why = refusal(result)
+        if why is None:
+            if not isinstance(result, list | tuple) or len(result) != len(call.positions):
+                out.failure = f"unexpected reply {result!r}"
+                return out
+            for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
+                ids[position] = entry_id
+        elif why in ("SEALED", "NOSCRIPT"):
+            out.again.extend(call.positions)
+            out.sealed |= why == "SEALED"
+            out.noscript |= why == "NOSCRIPT"
+        else:
+            out.failure = why
+            return out
+    return out
+
+
 class NoWritableShards(RscError):
     """The stream has no ACTIVE shard (scaled in to 0): nothing can be published until it is
     scaled out again. Nothing was published."""

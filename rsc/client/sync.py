@@ -31,13 +31,14 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
 from rsc.client.coordinator import (
+    AGAIN,
     Backoff,
     Failover,
     Negotiation,
     Retry,
-    answer,
     describe,
     http_options,
+    settle,
     structure,
 )
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
@@ -56,9 +57,8 @@ from rsc.client.routing import (
     RoutingView,
     UnsupportedRouting,
     appends,
-    entry_ids,
     publish_failed,
-    refusal,
+    take_replies,
 )
 from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events import codec
@@ -162,18 +162,12 @@ class SyncCoordinator:
                     self.failover.failed(index)
                     break
                 try:
-                    data = answer(method, path, response)
-                except CoordinatorRejected as rejected:
-                    if self.negotiation.refused(rejected.code, sent):
-                        continue  # the same coordinator, an older protocol version
-                    raise
+                    data = settle(method, path, response, sent, self, index)
                 except Retry as retry:
                     last = retry.rejection
-                    if retry.rejection.status == 503:
-                        self.failover.failed(index, retry.rejection)
                     break
-                self.negotiation.answered(data)
-                return data
+                if data is not AGAIN:
+                    return data
         raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
 
 
@@ -298,28 +292,15 @@ class SyncProducer(RoutingView):
         self, calls: list[Append], results: Sequence[object], ids: list[str | None]
     ) -> tuple[list[int], str | None]:
         """Note the ids written; the messages to send again, and why (SEALED wins)."""
-        again: list[int] = []
-        reasons: set[str] = set()
-        for call, result in zip(calls, results, strict=True):
-            why = refusal(result)
-            if why is None:
-                if not isinstance(result, list | tuple) or len(result) != len(call.positions):
-                    raise publish_failed(
-                        self.stream_prefix, len(ids), RscError(f"unexpected reply {result!r}")
-                    )
-                for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
-                    ids[position] = entry_id
-            elif why in ("SEALED", "NOSCRIPT"):
-                again.extend(call.positions)
-                reasons.add(why)
-            else:
-                raise publish_failed(self.stream_prefix, len(ids), RscError(why))
-        if "NOSCRIPT" in reasons:  # a restarted or new Redis node: load it, send them again
+        replies = take_replies(calls, results, ids)
+        if replies.failure is not None:
+            raise publish_failed(self.stream_prefix, len(ids), RscError(replies.failure))
+        if replies.noscript:  # a restarted or new Redis node: load it, send them again
             try:
                 self.redis.script_load(SEALED_APPEND)
             except REDIS_ERRORS as exc:
-                raise publish_failed(self.stream_prefix, len(again), exc) from exc
-        return again, ("SEALED" if "SEALED" in reasons else "NOSCRIPT" if reasons else None)
+                raise publish_failed(self.stream_prefix, len(replies.again), exc) from exc
+        return replies.again, ("SEALED" if replies.sealed else "NOSCRIPT" if replies.noscript else None)
 
     def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""
