@@ -292,3 +292,53 @@ async def test_a_stream_scaled_to_zero_and_emptied_can_be_deleted(
     checker = checker_for(standalone_url)
     assert not any(checker.exists(k, seal_key(k)) for k in keys)  # keys and seals are gone
     checker.close()
+
+
+async def test_members_killed_during_a_scale_in_lose_nothing(
+    admin: httpx.AsyncClient, standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """kill -9 of every worker right after a scale-in: the draining shards keep what was read
+    but not acknowledged; they retire only once a later worker has claimed and handled it."""
+    await reshard(admin, prefix, 4)
+    base_url = str(admin.base_url)
+    results = tmp_path / "handled.txt"
+    first = start_worker(base_url, standalone_url, prefix, "10.0.0.1", 2, delay=0.05, results_file=results)
+    checker = checker_for(standalone_url)
+    try:
+
+        async def two_members() -> bool:
+            view = await group_view(admin, prefix)
+            return len(view["members"]) == 2 and all(m["state"] == "STABLE" for m in view["members"])
+
+        await until(two_members, 30)
+        keys = [s["key"] for s in (await admin.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+        published = {checker.xadd(keys[n % 4], {"n": str(n)}) for n in range(200)}
+
+        async def handling() -> bool:
+            return results.exists()
+
+        await until(handling, 10)
+        await reshard(admin, prefix, 2)
+        first.send_signal(signal.SIGKILL)  # mid-drain, handlers in flight
+        first.wait()
+        await trio.sleep(3)
+        states = await stream_shards(admin, prefix)
+        assert "DRAINING" in states.values()  # entries left behind: nothing retires on them
+        for index, state in states.items():  # (one that did retire was drained)
+            if state == "RETIRED":
+                assert checker.xpending(keys[index], "billing")["pending"] == 0
+        second = start_worker(base_url, standalone_url, prefix, "10.0.0.2", 2, results_file=results)
+        try:
+            await until(lambda: all_retired_but_active(admin, prefix), 60)
+
+            async def all_handled() -> bool:
+                return published <= {line.split()[1] for line in results.read_text().splitlines()}
+
+            await until(all_handled, 30)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=20)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        checker.close()
