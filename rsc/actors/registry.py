@@ -341,11 +341,8 @@ class Registry:
                 continue
             still: set[str] = set()
             for prefix in prefixes:
-                wanted = draining is None or prefix in draining or AggregateId(prefix) in self.actors
-                if not wanted:
-                    continue
                 try:
-                    if await self._retire_drained(prefix):
+                    if await self._retire_drained(prefix, load=draining is None or prefix in draining):
                         still.add(prefix)
                 except UnknownStream:
                     continue  # gone meanwhile: nothing drains there
@@ -354,9 +351,16 @@ class Registry:
                     log.debug("drain check of %s: %s", prefix, exc)
             draining = still
 
-    async def _retire_drained(self, stream_prefix: str) -> bool:
-        """Retire what may be retired; whether DRAINING shards remain."""
-        actor = await self.stream(stream_prefix, create=False)
+    async def _retire_drained(self, stream_prefix: str, load: bool) -> bool:
+        """Retire what may be retired; whether DRAINING shards remain. The stream's actor is
+        started for it only with `load` (else only one running already is looked at)."""
+        entry = self.actors.get(AggregateId(stream_prefix))
+        if entry is not None and entry.started and entry.error is None:
+            actor = entry.actor
+        elif load:
+            actor = await self.stream(stream_prefix, create=False)
+        else:
+            return False
         state = actor.state
         if state is None or state.deleted or not state.layout.draining:
             return False
