@@ -38,7 +38,11 @@ they come from requests and the Admin API.
     max_connections = 1000                    # RSC_MAX_CONNECTIONS: more are answered 503
     coordinator_lease_ttl_ms = 4000           # RSC_COORDINATOR_LEASE_TTL_MS: one active coordinator
     advertise_url = "http://10.0.0.5:8080"    # RSC_ADVERTISE_URL: what standbys tell clients
-    initial_feature_level = 2                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
+    initial_feature_level = 3                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
+    quiesce_pause_timeout_ms = 30000          # RSC_QUIESCE_PAUSE_TIMEOUT_MS: PAUSING's bound
+    quiesce_consume_timeout_ms = 300000       # RSC_QUIESCE_CONSUME_TIMEOUT_MS: QUIESCED's bound
+    retired_shard_retention_ms = 86400000     # RSC_RETIRED_SHARD_RETENTION_MS: unset: keep retired
+                                              # shard keys until the stream is deleted
 """
 
 from __future__ import annotations
@@ -103,6 +107,14 @@ class Settings:
     #: levels finds none in Redis and no stream exists there yet (an upgraded 0.1.0
     #: deployment starts at 1, whatever this says). Lower it to keep 0.1.0 coordinators usable.
     initial_feature_level: int = MAX_FEATURE_LEVEL
+    #: Quiesce-mode resharding: how long producers may take to report `quiesced` (PAUSING),
+    #: and the groups to consume everything on every shard (QUIESCED), before the migration
+    #: stops for an operator to resume or abort it.
+    quiesce_pause_timeout_ms: int = 30_000
+    quiesce_consume_timeout_ms: int = 300_000
+    #: How long a retired shard key (drained: nothing pending, nothing to deliver) is kept
+    #: before Redis deletes it with its seal and owner tokens (None: until the stream is deleted).
+    retired_shard_retention_ms: int | None = None
 
     @property
     def redis_url_configured(self) -> bool:
@@ -154,7 +166,7 @@ def _coerce(name: str, value: Any) -> Any:
         return _credentials(value)
     kind = str(_FIELDS[name].type)
     try:
-        if kind == "int":
+        if kind in ("int", "int | None"):
             return _as_int(value)
         if kind == "bool":
             return _as_bool(value)
@@ -271,6 +283,11 @@ def validate(settings: Settings) -> None:
     _validate_high_availability(settings)
     if not 1 <= settings.initial_feature_level <= MAX_FEATURE_LEVEL:
         raise ConfigError(f"initial_feature_level must be between 1 and {MAX_FEATURE_LEVEL}")
+    for name in ("quiesce_pause_timeout_ms", "quiesce_consume_timeout_ms"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be positive")
+    if settings.retired_shard_retention_ms is not None and settings.retired_shard_retention_ms < 0:
+        raise ConfigError("retired_shard_retention_ms must not be negative (unset: keep until deleted)")
 
 
 def _validate_high_availability(settings: Settings) -> None:

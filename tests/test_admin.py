@@ -81,7 +81,19 @@ async def test_declarative_stream_put_get_etag(client: httpx.AsyncClient, prefix
     assert grown.json()["status"]["metadataVersion"] == 2
     assert grown.headers["ETag"] != got.headers["ETag"]
     quiesce = await client.put(path, json={"shardCount": 2, "reshardMode": "quiesce"}, auth=AUTH)
-    assert (quiesce.status_code, quiesce.json()["error"]) == (409, "QUIESCE_NOT_SUPPORTED")
+    assert quiesce.status_code == 200, quiesce.text
+    # Read back as stored: the target count and the mode, while the layout has not switched.
+    assert quiesce.json()["spec"] == {"shardCount": 2, "reshardMode": "quiesce"}
+    migration = quiesce.json()["status"]["migration"]
+    assert (migration["mode"], migration["fromShardCount"], migration["toShardCount"]) == ("quiesce", 5, 2)
+    assert migration["phase"] in ("PAUSING", "QUIESCED")
+    assert quiesce.json()["status"]["shardCount"] == 5
+    conflict = await client.put(path, json={"shardCount": 3}, auth=AUTH)
+    assert (conflict.status_code, conflict.json()["error"]) == (409, "MIGRATION_IN_PROGRESS")
+    aborted = await client.post(f"{path}/migration/abort", json={"reason": "test"}, auth=AUTH)
+    assert aborted.status_code == 200, aborted.text
+    assert aborted.json()["status"]["migration"]["phase"] == "ABORTED"
+    assert aborted.json()["spec"] == {"shardCount": 5, "reshardMode": "quiesce"}
     shrink = await client.put(path, json={"shardCount": 2}, auth=AUTH)  # scale-in: 2 ACTIVE, 3 DRAINING
     assert shrink.status_code == 200, shrink.text
     states = [s["state"] for s in shrink.json()["status"]["shards"]]
@@ -89,7 +101,7 @@ async def test_declarative_stream_put_get_etag(client: httpx.AsyncClient, prefix
     bad = await client.put(path, json={"shardCount": "many"}, auth=AUTH)
     assert bad.status_code == 400
     records = await audit(client, pathPrefix=path, method="PUT")
-    assert [r["status"] for r in records] == [400, 200, 409, 200, 412, 200, 200]
+    assert [r["status"] for r in records] == [400, 200, 409, 200, 200, 412, 200, 200]
     assert records[1]["revision"] is not None
     assert records[3]["revision"] is not None
 

@@ -1,18 +1,28 @@
 """A hypothesis state machine over the stream aggregate.
 
-Random creations, scale-outs and scale-ins (to 0 too), retirements, group
-registrations, producer heartbeats (any acknowledged version, quiesced or
-not), producers leaving and expiring, pauses, resumes and deletions, every
-reshard naming its shards against one 3-primary cluster topology. After every
-step: shard indexes are identities (0..n-1, never reused), keys distinct,
-only DRAINING shards retire, the layout version moves by exactly one per
-layout change and never otherwise, ACTIVE shards stay within one of each
-other per primary, producers acknowledge only issued versions, the lease
-table (fed by the events alone) holds exactly the live producers, and
-replaying the durable events gives the state.
+Random creations, scale-outs and scale-ins (to 0 too) online and in quiesce
+mode, retirements, migration advances with random Redis evidence, stalls (phase
+bounds), resumes and aborts, group registrations, producer heartbeats (any
+acknowledged version, quiesced or not), producers leaving and expiring, pauses,
+resumes and deletions, every reshard naming its shards against one 3-primary
+cluster topology. After every step: shard indexes are identities (0..n-1, never
+reused), keys distinct, only DRAINING shards retire, the layout version moves
+by exactly one per layout change and never otherwise, ACTIVE shards stay within
+one of each other per primary, producers acknowledge only issued versions, the
+lease table (fed by the events alone) holds exactly the live producers, and
+replaying the durable events gives the state. For migrations: phases follow
+PAUSING -> QUIESCED -> SWITCHING -> DRAINING -> DONE (online ones start at
+SWITCHING; only the first two may end ABORTED); a migration that has not
+switched keeps the producers paused and the layout's ACTIVE shards as they
+were; QUIESCED is entered only with every producer quiesced; the layout
+switches only with every producer quiesced and every readable shard drained
+in Redis; DONE only with nothing draining and every producer on the layout; a
+stalled migration moves only when resumed or aborted.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import attrs
 from hypothesis import HealthCheck, settings
@@ -20,12 +30,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from rsc.events.commands import (
+    AbortMigration,
+    AdvanceMigration,
     ChangeShardCount,
     CreateStream,
     DeleteStream,
     PauseProducers,
     ProducerHeartbeat,
     RegisterGroup,
+    ResumeMigration,
     ResumeProducers,
     RetireShards,
     StreamCommand,
@@ -33,11 +46,25 @@ from rsc.events.commands import (
     UnregisterGroup,
 )
 from rsc.events.errors import CoordinationError
-from rsc.events.events import ShardsAdded, ShardsDraining, ShardsRetired, StreamCreated, StreamEvent
+from rsc.events.events import (
+    MigrationPhaseChanged,
+    ShardsAdded,
+    ShardsDraining,
+    ShardsRetired,
+    StreamCreated,
+    StreamEvent,
+)
 from rsc.events.liveness import Leases
-from rsc.events.model import DrainCheck, ShardState, StartFrom
+from rsc.events.model import (
+    DrainCheck,
+    MigrationBounds,
+    MigrationPhase,
+    ReshardMode,
+    ShardState,
+    StartFrom,
+)
 from rsc.events.slots import SLOTS, Primary, Topology
-from rsc.events.stream import StreamState, execute, fold, stale_producers
+from rsc.events.stream import StreamState, execute, fold, quiet, stale_producers
 
 TOPOLOGY = Topology(
     tuple(
@@ -48,6 +75,17 @@ TOPOLOGY = Topology(
 PRODUCERS = [f"api/{i}" for i in range(3)]
 LEASE_MS = 1_000
 LAYOUT_EVENTS = (StreamCreated, ShardsAdded, ShardsDraining, ShardsRetired)
+BOUNDS = MigrationBounds(pausing_ms=2_000, quiesced_ms=3_000)
+P = MigrationPhase
+#: The phase each phase may be followed by.
+NEXT = {
+    P.PAUSING: {P.QUIESCED, P.ABORTED},
+    P.QUIESCED: {P.SWITCHING, P.ABORTED},
+    P.SWITCHING: {P.DRAINING, P.DONE},
+    P.DRAINING: {P.DONE},
+    P.DONE: set(),
+    P.ABORTED: set(),
+}
 
 
 class StreamMachine(RuleBasedStateMachine):
@@ -75,7 +113,44 @@ class StreamMachine(RuleBasedStateMachine):
             assert self.state.layout.metadata_version == before.layout.metadata_version + layout_changes
         assert layout_changes <= 1
         self.issued.add(self.state.layout.metadata_version)
+        self.check_migration(before, command, events)
         return events
+
+    def check_migration(
+        self, before: StreamState | None, command: StreamCommand, events: list[StreamEvent]
+    ) -> None:
+        assert self.state is not None
+        m = self.state.migration
+        was = before.migration if before is not None and not before.deleted else None
+        if m is None or self.state.deleted:
+            return
+        if was is not None and was.migration_id == m.migration_id:
+            entered = [p.phase for p in m.phases[len(was.phases) :]]
+            path = [was.phase, *entered]
+            assert all(b in NEXT[a] for a, b in itertools.pairwise(path)), path
+            if was.stalled is not None and not isinstance(command, ResumeMigration | AbortMigration):
+                assert not entered  # stopped: it waits for an operator
+        else:
+            assert was is None or m.migration_id > was.migration_id
+            assert m.phases[0].phase in (P.PAUSING, P.SWITCHING)
+        state = before
+        for event in events:  # each phase change, checked against the state it follows
+            if isinstance(event, MigrationPhaseChanged) and state is not None:
+                previous = state.migration.phase if state.migration is not None else None
+                if event.phase is P.QUIESCED:
+                    assert quiet(state)
+                if event.phase is P.SWITCHING:  # checked against the state before the layout change
+                    assert before is not None
+                    assert isinstance(command, AdvanceMigration)
+                    assert quiet(before)
+                    evidence = command.evidence
+                    assert all(i in evidence and evidence[i].drained for i in before.layout.readable_indexes)
+                if event.phase in (P.DRAINING, P.DONE) and previous is P.SWITCHING:
+                    assert not stale_producers(state)
+            state = fold([event], state)
+            if isinstance(event, MigrationPhaseChanged) and event.phase is P.DONE:
+                assert state is not None
+                assert not state.layout.draining
 
     def execute(
         self, state: StreamState | None, command: StreamCommand
@@ -91,11 +166,42 @@ class StreamMachine(RuleBasedStateMachine):
             self.issued = {0}
         self.run(CreateStream("orders", count, self.now, TOPOLOGY))
 
-    @rule(count=st.integers(0, 20))
-    def reshard(self, count: int) -> None:
-        self.run(ChangeShardCount(count, now_ms=self.now, topology=TOPOLOGY))
-        if self.state is not None and not self.state.deleted:
+    @rule(count=st.integers(0, 20), quiesce=st.booleans())
+    def reshard(self, count: int, quiesce: bool) -> None:
+        mode = ReshardMode.QUIESCE if quiesce else ReshardMode.ONLINE
+        events = self.run(ChangeShardCount(count, mode, self.now, TOPOLOGY, BOUNDS))
+        if self.state is None or self.state.deleted or not events:
+            return
+        m = self.state.migration
+        if mode is ReshardMode.ONLINE and (m is None or m.phase.switched or not m.running):
             assert len(self.state.layout.active) == count
+        elif m is not None and m.running and not m.phase.switched:
+            assert m.to_count == count
+
+    @rule(data=st.data())
+    def advance_migration(self, data: st.DataObject) -> None:
+        if self.state is None or self.state.deleted:
+            return
+        readable = sorted(self.state.layout.readable_indexes)
+        partial = data.draw(st.integers(0, 3)) == 0  # mostly: every readable shard drained
+        drained = st.booleans() if partial else st.just(True)
+        evidence = {i: DrainCheck(data.draw(st.booleans()), data.draw(drained)) for i in readable}
+        if partial and readable and data.draw(st.booleans()):  # evidence missing for one shard
+            evidence.pop(data.draw(st.sampled_from(readable)))
+        self.run(AdvanceMigration(self.now, evidence, TOPOLOGY))
+
+    @rule(abort=st.booleans())
+    def resume_or_abort_migration(self, abort: bool) -> None:
+        before = self.state.migration if self.state is not None else None
+        events = self.run(AbortMigration(self.now) if abort else ResumeMigration(self.now, TOPOLOGY))
+        if events and abort:
+            assert before is not None
+            assert not before.phase.switched
+            assert self.state is not None
+            assert self.state.migration is not None
+            assert self.state.migration.phase is P.ABORTED
+            if before.paused_producers:
+                assert self.state.paused is None
 
     @rule(data=st.data())
     def retire(self, data: st.DataObject) -> None:
@@ -173,6 +279,15 @@ class StreamMachine(RuleBasedStateMachine):
     def the_lease_table_holds_exactly_the_live_producers(self) -> None:
         producers = self.state.producers if self.state is not None else {}
         assert set(self.leases) == set(producers)
+
+    @invariant()
+    def a_migration_that_has_not_switched_holds_producers_and_layout(self) -> None:
+        if self.state is None or self.state.deleted:
+            return
+        m = self.state.migration
+        if m is not None and m.running and not m.phase.switched:
+            assert self.state.paused is not None
+            assert len(self.state.layout.active) == m.from_count
 
     @invariant()
     def the_journal_replays_to_the_state(self) -> None:

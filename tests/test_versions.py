@@ -198,7 +198,8 @@ async def test_a_level_lowered_by_another_coordinator_is_honoured_before_the_fir
     fresh: Any,
 ) -> None:
     features = Features(fresh)
-    assert (await features.load()).level == 2  # a new deployment; nothing of level 2 written yet
+    # A new deployment: at the highest level, nothing above the baseline written yet.
+    assert (await features.load()).level == MAX_FEATURE_LEVEL
     await fresh.hset(FEATURES_KEY, {"level": "1"})  # lowered elsewhere; this one has not seen it
     assert await features.schema_for_write() == 1
     assert (await fresh.hget(FEATURES_KEY, "written")) == "1"
@@ -263,7 +264,7 @@ async def test_each_protocol_version_is_answered_in_its_own_shape(
     assert "featureLevel" not in v1
     v2 = (await client.post("/v1/heartbeat", json=hb(prefix, "b", 2))).json()
     assert v2["protocolVersion"] == 2
-    assert v2["featureLevel"] in (1, 2)
+    assert 1 <= v2["featureLevel"] <= MAX_FEATURE_LEVEL
     newer = (await client.post("/v1/heartbeat", json=hb(prefix, "c", 7))).json()
     assert newer["protocolVersion"] == 2  # the client steps down to it
     batch = [hb(prefix, "d", 1), hb(prefix, "e", 2), hb(prefix, "f", 0)]
@@ -433,12 +434,12 @@ async def test_raising_the_level_waits_for_every_member_and_producer_then_is_aud
 ) -> None:
     client = level_1
     status = (await client.get("/v1/admin/features", auth=AUTH)).json()
-    assert (status["level"], status["written"], status["supported"]) == (1, 1, [1, 2])
+    assert (status["level"], status["written"], status["supported"]) == (1, 1, [1, MAX_FEATURE_LEVEL])
     [coordinator] = status["parties"]
     assert (coordinator["kind"], coordinator["version"], coordinator["featureLevel"]) == (
         "coordinator",
         rsc.__version__,
-        2,
+        MAX_FEATURE_LEVEL,
     )
     old = {"name": "rsc-python", "version": "0.1.0"}
     joined = (await client.post("/v1/heartbeat", json=hb(prefix, "old-one", 1, client=old))).json()
@@ -467,7 +468,7 @@ async def test_raising_the_level_waits_for_every_member_and_producer_then_is_aud
     # Level 2 data is written now: no way back to 1.
     lowered = await client.put("/v1/admin/features", json={"level": 1}, auth=AUTH)
     assert (lowered.status_code, lowered.json()["error"]) == (409, "FEATURE_LEVEL_IN_USE")
-    unknown = await client.put("/v1/admin/features", json={"level": 3}, auth=AUTH)
+    unknown = await client.put("/v1/admin/features", json={"level": MAX_FEATURE_LEVEL + 1}, auth=AUTH)
     assert (unknown.status_code, unknown.json()["error"]) == (400, "UNSUPPORTED_FEATURE_LEVEL")
     for bad in ({"level": "2"}, {"level": 0}, {}, [2]):
         response = await client.put("/v1/admin/features", json=bad, auth=AUTH)
@@ -487,9 +488,9 @@ async def test_raising_the_level_waits_for_every_member_and_producer_then_is_aud
 
 async def test_lowering_is_allowed_while_nothing_of_the_higher_level_was_written(fresh_url: str) -> None:
     settings = attrs.evolve(FAST, redis_url=fresh_url, admin_password="s3cret")
-    async with serve_on(settings) as client:  # a new deployment: level 2, nothing written yet
+    async with serve_on(settings) as client:  # a new deployment: the highest level, nothing written yet
         status = (await client.get("/v1/admin/features", auth=AUTH)).json()
-        assert (status["level"], status["written"]) == (2, 1)
+        assert (status["level"], status["written"]) == (MAX_FEATURE_LEVEL, 1)
         lowered = await client.put("/v1/admin/features", json={"level": 1}, auth=AUTH)
         assert lowered.status_code == 200, lowered.text
         assert lowered.json()["level"] == 1

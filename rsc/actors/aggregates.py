@@ -27,6 +27,7 @@ from rsc.events.events import (
     ShardsDraining,
     ShardsInstalled,
     ShardsReleased,
+    ShardsRetired,
     StreamCreated,
     StreamDeleted,
     StreamEvent,
@@ -192,10 +193,18 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
     event_union = StreamEvent
     state_type = StreamState
 
-    def __init__(self, aggregate_id: AggregateId, effects: Effects, on_layout: LayoutListener) -> None:
+    def __init__(
+        self,
+        aggregate_id: AggregateId,
+        effects: Effects,
+        on_layout: LayoutListener,
+        retired_retention_ms: int | None = None,
+    ) -> None:
         self.aggregate_id = aggregate_id
         self.effects = effects
         self.on_layout = on_layout
+        #: How long a retired shard key is kept (None: until the stream is deleted).
+        self.retired_retention_ms = retired_retention_ms
 
     def execute(
         self, state: StreamState | None, command: StreamCommand
@@ -206,7 +215,9 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
         return stream.evolve(state, event)
 
     def tick(self, state: StreamState | None, leases: Mapping[str, int], now_ms: int) -> StreamCommand | None:
-        return Tick(now_ms, leases) if state is not None and state.producers else None
+        # Producers' leases, and the bound of a migration's phase.
+        due = state is not None and (bool(state.producers) or stream.moving(state))
+        return Tick(now_ms, leases) if due else None
 
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:
         return RestartTimers(now_ms) if state.producers else None
@@ -231,6 +242,9 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
                 case ShardsDraining():
                     keys = [s.key for s in after.layout.shards if s.index in event.indexes]
                     await self.effects.seal(keys, event.metadata_version)
+                case ShardsRetired() if self.retired_retention_ms is not None:
+                    keys = [s.key for s in after.layout.shards if s.index in event.indexes]
+                    await self.effects.expire_streams(keys, self.retired_retention_ms)
         if (
             before is not None
             and not after.deleted
@@ -248,3 +262,6 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
         draining = [s.key for s in state.layout.draining]
         if draining:  # sealed once they began to drain; again in case that write was lost
             await self.effects.seal(draining, state.layout.metadata_version)
+        retired = [s.key for s in state.layout.shards if not s.readable]
+        if retired and self.retired_retention_ms is not None:  # in case that write was lost
+            await self.effects.expire_streams(retired, self.retired_retention_ms)

@@ -180,6 +180,11 @@ class Effects(Protocol):
         """Delete shard keys with everything kept next to them (owner tokens)."""
         ...
 
+    async def expire_streams(self, shard_keys: Iterable[str], after_ms: int) -> None:
+        """Have Redis delete retired shard keys (with their owner tokens and seal) `after_ms`
+        from now; a key that has a time to live already keeps it."""
+        ...
+
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
         """Destroy `group`'s consumer group (and its pending entries) and owner token on each key."""
         ...
@@ -271,6 +276,16 @@ class RedisEffects:
             async with self._pipeline() as pipe:
                 for key in chunk:
                     pipe.delete([key, owner_key(key), seal_key(key)])
+
+    async def expire_streams(self, shard_keys: Iterable[str], after_ms: int) -> None:
+        if after_ms <= 0:
+            await self.delete_streams(shard_keys)
+            return
+        for chunk in _chunks(shard_keys):
+            async with self._pipeline() as pipe:
+                for key in chunk:
+                    for each in (key, owner_key(key), seal_key(key)):
+                        pipe.pexpire(each, after_ms, condition=PureToken.NX)
 
     async def seal(self, shard_keys: Iterable[str], version: int) -> None:
         for chunk in _chunks(shard_keys):
@@ -461,6 +476,8 @@ class MemoryEffects:
         self.sealed: dict[str, int] = {}
         #: What `drain_evidence` says of a key (default: sealed as sealed here, nothing left).
         self.evidence: dict[str, DrainEvidence] = {}
+        #: Retired keys and the time to live they were given.
+        self.expiring: dict[str, int] = {}
 
     async def seal(self, shard_keys: Iterable[str], version: int) -> None:
         for key in shard_keys:
@@ -480,6 +497,10 @@ class MemoryEffects:
         self.shard_keys -= gone
         self.consumer_groups = {k: v for k, v in self.consumer_groups.items() if k[0] not in gone}
         self.tokens = {k: v for k, v in self.tokens.items() if k[0] not in gone}
+
+    async def expire_streams(self, shard_keys: Iterable[str], after_ms: int) -> None:
+        for key in shard_keys:
+            self.expiring.setdefault(key, after_ms)
 
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
         for key in shard_keys:

@@ -125,7 +125,10 @@ class FeatureSource(Protocol):
         """The level as Redis holds it now, read only (None: not recorded yet)."""
         ...
 
-    async def schema_for_write(self) -> int: ...
+    async def schema_for_write(self, needed: int = BASELINE_FEATURE_LEVEL) -> int:
+        """The journal schema to append with now, the level written raised first to cover it
+        and `needed` (the highest level of the events appended)."""
+        ...
 
     async def finalize(self, level: int, by: str, expected: int | None = None) -> FeatureState: ...
 
@@ -149,9 +152,10 @@ class StaticFeatures:
     async def peek(self) -> FeatureState | None:
         return self.state
 
-    async def schema_for_write(self) -> int:
+    async def schema_for_write(self, needed: int = BASELINE_FEATURE_LEVEL) -> int:
         schema = feature_level(self.state.level).journal_schema
-        self.state = FeatureState(self.state.level, max(self.state.written, level_of_schema(schema)))
+        written = max(self.state.written, level_of_schema(schema), needed)
+        self.state = FeatureState(self.state.level, written)
         return schema
 
     async def finalize(self, level: int, by: str, expected: int | None = None) -> FeatureState:
@@ -228,27 +232,28 @@ class Features:
             return None
         return FeatureState(int(raw["level"]), int(raw.get("written", BASELINE_FEATURE_LEVEL)))
 
-    async def schema_for_write(self) -> int:
-        """The journal schema to append with now; marks its level written first.
+    async def schema_for_write(self, needed: int = BASELINE_FEATURE_LEVEL) -> int:
+        """The journal schema to append with now; marks its level (or `needed`, the highest
+        level of the events appended, if higher) written first.
 
         Under the lock `finalize` takes, and decided from the level read under it: a level
         lowered meanwhile is seen here, and one lowered after this returns finds `written`
         raised already and is refused. The mark itself is refused if another coordinator
         changed the level (then it is read again)."""
         state = await self.current()
-        if level_of_schema(feature_level(state.level).journal_schema) <= state.written:
+        if max(level_of_schema(feature_level(state.level).journal_schema), needed) <= state.written:
             return feature_level(state.level).journal_schema  # the usual case: nothing to mark
         async with self._lock:
             for _ in range(3):
                 state = await self.current()
                 schema = feature_level(state.level).journal_schema
-                needed = level_of_schema(schema)
-                if needed <= state.written:
+                mark = max(level_of_schema(schema), needed)
+                if mark <= state.written:
                     return schema
                 with redis_errors("recording the feature level written"):
-                    done = await self._mark(keys=[FEATURES_KEY], args=[state.level, needed])
+                    done = await self._mark(keys=[FEATURES_KEY], args=[state.level, mark])
                 if done:
-                    self._state = FeatureState(state.level, needed)
+                    self._state = FeatureState(state.level, mark)
                     return schema
                 await self.load()  # changed by another coordinator: read it again
         raise StoreUnavailable("the feature level keeps changing; retry")

@@ -31,7 +31,7 @@ from rsc.actors.connect import redis_errors
 from rsc.actors.errors import ConcurrencyConflict, Fenced, UnsupportedSchema
 from rsc.actors.features import Features, FeatureSource
 from rsc.actors.keys import AggregateId
-from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded
+from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, level_of_events
 from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
 
 # KEYS: snapshot, journal, checkpoints
@@ -146,7 +146,7 @@ class RedisStore:
         checkpoint: str | None = None,
     ) -> Appended:
         token = self.fence_token() if self.fence_token is not None else 0
-        schema = await self.features.schema_for_write()
+        schema = await self.features.schema_for_write(level_of_events(kind for kind, _ in events))
         state = await self.features.current()
         args: list[str | int] = [expected_revision, schema, self.retention, token, len(events)]
         for kind, data in events:

@@ -28,6 +28,8 @@ from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Store
 from rsc.events.commands import (
+    AbortMigration,
+    AdvanceMigration,
     ApplyLayout,
     ChangeShardCount,
     CreateGroup,
@@ -36,6 +38,7 @@ from rsc.events.commands import (
     DeleteStream,
     GroupCommand,
     RegisterGroup,
+    ResumeMigration,
     RetireShards,
     StreamCommand,
     UnregisterGroup,
@@ -43,8 +46,17 @@ from rsc.events.commands import (
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
-from rsc.events.model import DrainCheck, GroupConfig, Layout, ReshardMode, Timing, check_name
-from rsc.events.stream import StreamState, retirable
+from rsc.events.model import (
+    DrainCheck,
+    GroupConfig,
+    Layout,
+    MigrationBounds,
+    MigrationPhase,
+    ReshardMode,
+    Timing,
+    check_name,
+)
+from rsc.events.stream import StreamState, moving, retirable
 
 log = logging.getLogger("rsc.registry")
 
@@ -62,6 +74,10 @@ class RegistrySettings:
     actor: ActorSettings = ActorSettings()
     #: How often the drain evidence of DRAINING shards is read (`watch_drains`).
     drain_check_s: float = 1.0
+    #: The bounds of a quiesce-mode migration's phases that keep producers paused.
+    migration_bounds: MigrationBounds = MigrationBounds()
+    #: How long a retired shard key is kept (None: until the stream is deleted).
+    retired_retention_ms: int | None = None
 
 
 @attrs.define
@@ -177,7 +193,12 @@ class Registry:
         check_name(stream_prefix, "streamPrefix")
         aggregate_id = AggregateId(stream_prefix)
         actor, _ = await self._get(
-            aggregate_id, lambda: self._actor(StreamAggregate(aggregate_id, self.effects, self._on_layout))
+            aggregate_id,
+            lambda: self._actor(
+                StreamAggregate(
+                    aggregate_id, self.effects, self._on_layout, self.settings.retired_retention_ms
+                )
+            ),
         )
         if actor.state is None or actor.state.deleted:
             if not (self.settings.auto_create_streams if create is None else create):
@@ -222,12 +243,27 @@ class Registry:
             await self.ask_stream(stream_prefix, RegisterGroup(group, state.config.start_from))
 
     async def change_shard_count(
-        self, stream_prefix: str, shard_count: int, mode: ReshardMode = ReshardMode.ONLINE
+        self,
+        stream_prefix: str,
+        shard_count: int,
+        mode: ReshardMode = ReshardMode.ONLINE,
+        migrations: bool = True,
     ) -> Reply[StreamState, StreamEvent]:
-        """Reshard; new shards are named to spread over the cluster's primaries as they are now."""
+        """Reshard (or store `mode`); new shards are named to spread over the cluster's
+        primaries as they are now. `migrations`: the feature level journals migrations."""
         topology = await self.effects.topology()
-        command = ChangeShardCount(shard_count, mode, self.clock.now_ms(), topology)
+        bounds = self.settings.migration_bounds
+        command = ChangeShardCount(shard_count, mode, self.clock.now_ms(), topology, bounds, migrations)
         return await self.ask_stream(stream_prefix, command, create=False)
+
+    async def resume_migration(self, stream_prefix: str) -> Reply[StreamState, StreamEvent]:
+        """Resume a stalled migration (`NoMigration` if none is stalled)."""
+        command = ResumeMigration(self.clock.now_ms(), await self.effects.topology())
+        return await self.ask_stream(stream_prefix, command, create=False)
+
+    async def abort_migration(self, stream_prefix: str, reason: str) -> Reply[StreamState, StreamEvent]:
+        """Abort a migration that has not changed the layout yet; producers resume."""
+        return await self.ask_stream(stream_prefix, AbortMigration(self.clock.now_ms(), reason), create=False)
 
     async def delete_stream(self, stream_prefix: str) -> None:
         """Delete a stream without groups or live producers (`NotEmpty` otherwise) and its shard keys."""
@@ -320,19 +356,22 @@ class Registry:
                     self.stop(aggregate_id)
 
     async def watch_drains(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Retire DRAINING shards once Redis says they are sealed and drained, forever.
+        """Retire DRAINING shards once Redis says they are sealed and drained, and move
+        migrations on that wait for Redis (QUIESCED), forever.
 
         Every `drain_check_s`, each stream with DRAINING shards has their evidence read on
         their own nodes (`Effects.drain_evidence`), and those the core accepts
         (`stream.retirable`: sealed, drained, every live producer on the current layout) are
         retired. No member's word is needed, so shards retire with no member at all (the
-        all-expired path), and never while an entry is left in them.
+        all-expired path), and never while an entry is left in them. A migration in QUIESCED
+        gets the evidence of every readable shard (`AdvanceMigration`): it switches the layout
+        once every group has consumed and acknowledged everything.
         """
         task_status.started()
-        # Streams known to drain (None: not looked at yet, so the first round looks at all).
-        # Others are looked at only while their actor runs anyway (a scale-in goes through
-        # it), so this loop keeps no idle actor alive.
-        draining: set[str] | None = None
+        # Streams known to drain or migrate (None: not looked at yet, so the first round looks
+        # at all). Others are looked at only while their actor runs anyway (a scale-in goes
+        # through it), so this loop keeps no idle actor alive.
+        busy: set[str] | None = None
         while True:
             await trio.sleep(self.settings.drain_check_s)
             try:
@@ -342,18 +381,19 @@ class Registry:
             still: set[str] = set()
             for prefix in prefixes:
                 try:
-                    if await self._retire_drained(prefix, load=draining is None or prefix in draining):
+                    if await self._drive(prefix, load=busy is None or prefix in busy):
                         still.add(prefix)
                 except UnknownStream:
                     continue  # gone meanwhile: nothing drains there
                 except (CoordinationError, StoreError, ActorStopped) as exc:
                     still.add(prefix)  # look again next round
                     log.debug("drain check of %s: %s", prefix, exc)
-            draining = still
+            busy = still
 
-    async def _retire_drained(self, stream_prefix: str, load: bool) -> bool:
-        """Retire what may be retired; whether DRAINING shards remain. The stream's actor is
-        started for it only with `load` (else only one running already is looked at)."""
+    async def _drive(self, stream_prefix: str, load: bool) -> bool:
+        """Retire what may be retired and move a QUIESCED migration on; whether the stream
+        needs looking at again. Its actor is started for it only with `load` (else only one
+        running already is looked at)."""
         entry = self.actors.get(AggregateId(stream_prefix))
         if entry is not None and entry.started and entry.error is None:
             actor = entry.actor
@@ -362,8 +402,23 @@ class Registry:
         else:
             return False
         state = actor.state
-        if state is None or state.deleted or not state.layout.draining:
+        if state is None or state.deleted:
             return False
+        draining = False
+        if state.layout.draining:
+            draining = await self._retire_drained(stream_prefix, state)
+            state = actor.state
+        m = state.migration
+        if moving(state) and m is not None and m.phase is MigrationPhase.QUIESCED:
+            index_of = {s.key: s.index for s in state.layout.shards if s.readable}
+            found = await self.effects.drain_evidence(index_of)
+            evidence = {index_of[k]: DrainCheck(e.sealed, e.drained(state.groups)) for k, e in found.items()}
+            topology = await self.effects.topology() if m.to_count > state.shard_count else None
+            await self.ask_stream(stream_prefix, AdvanceMigration(self.clock.now_ms(), evidence, topology))
+        return draining or moving(actor.state)
+
+    async def _retire_drained(self, stream_prefix: str, state: StreamState) -> bool:
+        """Retire what may be retired; whether DRAINING shards remain."""
         index_of = {s.key: s.index for s in state.layout.draining}
         found = await self.effects.drain_evidence(index_of)
         evidence = {index_of[key]: DrainCheck(e.sealed, e.drained(state.groups)) for key, e in found.items()}

@@ -26,7 +26,7 @@ actor logic; the same contract tests run against it and `RedisStore`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import attrs
@@ -35,6 +35,7 @@ from rsc.actors.errors import ConcurrencyConflict, Fenced, NotFinalized
 from rsc.actors.features import FeatureSource, StaticFeatures
 from rsc.actors.keys import AggregateId
 from rsc.events.versions import (
+    BASELINE_FEATURE_LEVEL,
     EVENT_LEVELS,
     EVENT_VERSIONS,
     MAX_FEATURE_LEVEL,
@@ -120,6 +121,13 @@ class _MemoryAggregate:
     fence: int = 0
 
 
+def level_of_events(kinds: Iterable[str]) -> int:
+    """The highest feature level among event types `kinds` (the baseline for none)."""
+    return max(
+        (EVENT_LEVELS.get(kind, BASELINE_FEATURE_LEVEL) for kind in kinds), default=BASELINE_FEATURE_LEVEL
+    )
+
+
 def check_writable(kinds: Sequence[str], level: int) -> None:
     """Refuse to write an event type that feature `level` does not allow (`NotFinalized`)."""
     for kind in kinds:
@@ -190,7 +198,7 @@ class MemoryStore:
         if agg.revision != expected_revision:
             raise ConcurrencyConflict(expected_revision, agg.revision)
         self.appends += 1
-        versioned = await self.features.schema_for_write() >= 2
+        versioned = await self.features.schema_for_write(level_of_events(kind for kind, _ in events)) >= 2
         for kind, data in events:
             agg.revision += 1
             version = current_event_version(kind, level, EVENT_VERSIONS) if versioned else 1

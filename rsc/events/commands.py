@@ -18,6 +18,7 @@ from rsc.events.model import (
     DrainProgress,
     GroupConfig,
     Layout,
+    MigrationBounds,
     ReshardMode,
     StartFrom,
     Timing,
@@ -137,13 +138,45 @@ class CreateStream:
 
 @attrs.frozen
 class ChangeShardCount:
-    """The next resharding: scale out (new shards) or in (shards start draining)."""
+    """The next resharding (a `Migration`): scale out (new shards) or in (shards start
+    draining), online or in quiesce mode; with the same count, only `mode` is stored."""
 
     shard_count: int
     mode: ReshardMode = ReshardMode.ONLINE
     now_ms: int = 0
     #: The Redis Cluster primaries now (None: standalone), so that new shards spread over them.
     topology: Topology | None = None
+    bounds: MigrationBounds = MigrationBounds()
+    #: The deployment's feature level journals migrations (`versions.MIGRATION_LEVEL`); below
+    #: it only online reshards run, with no migration record and no stored mode.
+    migrations: bool = True
+
+
+@attrs.frozen
+class AdvanceMigration:
+    """Move the running migration on where it can: the coordinator's drain watcher sends it
+    with Redis evidence of every readable shard (`drained`: every group consumed and
+    acknowledged everything on it), which QUIESCED waits for."""
+
+    now_ms: int
+    evidence: Mapping[int, DrainCheck] = attrs.field(factory=dict)
+    topology: Topology | None = None
+
+
+@attrs.frozen
+class ResumeMigration:
+    """An operator resumes a stalled migration: its phase gets a new bound from now."""
+
+    now_ms: int
+    topology: Topology | None = None
+
+
+@attrs.frozen
+class AbortMigration:
+    """An operator aborts a migration that has not changed the layout yet (producers resume)."""
+
+    now_ms: int
+    reason: str = "aborted by an operator"
 
 
 @attrs.frozen
@@ -217,6 +250,9 @@ StreamCommand = (
     | ProducerHeartbeat
     | PauseProducers
     | ResumeProducers
+    | AdvanceMigration
+    | ResumeMigration
+    | AbortMigration
     | Tick
     | RestartTimers
 )

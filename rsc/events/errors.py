@@ -75,3 +75,15 @@ class StaleRecheck(CoordinationError):
     it left, was fenced, or a newer heartbeat moved its epoch on. The held answer stands."""
 
     code = "STALE_RECHECK"
+
+
+class MigrationConflict(CoordinationError):
+    """A resharding, or a migration action, that the running migration does not allow now."""
+
+    code = "MIGRATION_IN_PROGRESS"
+
+
+class NoMigration(CoordinationError):
+    """A migration action (resume, abort) with no migration it applies to."""
+
+    code = "NO_MIGRATION"

@@ -20,8 +20,12 @@ from rsc.events.model import (
     GroupConfig,
     HeartbeatStatus,
     Layout,
+    Migration,
+    MigrationPhase,
     ReleaseReason,
+    ReshardMode,
     Shard,
+    Stall,
     StartFrom,
     Timing,
 )
@@ -313,6 +317,58 @@ class ProducersResumed:
     resumed_at_ms: int
 
 
+@attrs.frozen
+class ReshardModeSet:
+    """The stream's stored `reshardMode` (the mode its next reshardings use) changed."""
+
+    durable: ClassVar[bool] = True
+    mode: ReshardMode
+
+
+@attrs.frozen
+class MigrationStarted:
+    """A resharding began (its first phase is in `migration.phases`)."""
+
+    durable: ClassVar[bool] = True
+    migration: Migration
+
+
+@attrs.frozen
+class MigrationPhaseChanged:
+    """The running migration entered `phase` (DONE: it finished)."""
+
+    durable: ClassVar[bool] = True
+    phase: MigrationPhase
+    at_ms: int
+    deadline_ms: int | None = None
+
+
+@attrs.frozen
+class MigrationStalled:
+    """A phase ran out of time: the migration stops where it is until resumed or aborted."""
+
+    durable: ClassVar[bool] = True
+    stall: Stall
+
+
+@attrs.frozen
+class MigrationResumed:
+    """An operator resumed a stalled migration: its phase gets a new bound from now."""
+
+    durable: ClassVar[bool] = True
+    at_ms: int
+    deadline_ms: int | None = None
+
+
+@attrs.frozen
+class MigrationAborted:
+    """An operator aborted a migration before its layout change: nothing changed."""
+
+    durable: ClassVar[bool] = True
+    at_ms: int
+    reason: str
+
+
 StreamEvent = (
     StreamCreated
     | ShardsAdded
@@ -329,4 +385,10 @@ StreamEvent = (
     | ProducerLeasesRestarted
     | ProducersPaused
     | ProducersResumed
+    | ReshardModeSet
+    | MigrationStarted
+    | MigrationPhaseChanged
+    | MigrationStalled
+    | MigrationResumed
+    | MigrationAborted
 )

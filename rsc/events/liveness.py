@@ -42,6 +42,11 @@ from rsc.events.events import (
     MemberJoined,
     MemberLeaving,
     MemberLeft,
+    MigrationAborted,
+    MigrationPhaseChanged,
+    MigrationResumed,
+    MigrationStalled,
+    MigrationStarted,
     ProducerAcknowledged,
     ProducerExpired,
     ProducerHeartbeated,
@@ -50,6 +55,7 @@ from rsc.events.events import (
     ProducerRegistered,
     ProducersPaused,
     ProducersResumed,
+    ReshardModeSet,
     ShardsAdded,
     ShardsDraining,
     ShardsInstalled,
@@ -131,6 +137,12 @@ class Leases(Mapping[str, int]):
                     | ProducerAcknowledged()
                     | ProducersPaused()
                     | ProducersResumed()
+                    | ReshardModeSet()
+                    | MigrationStarted()
+                    | MigrationPhaseChanged()
+                    | MigrationStalled()
+                    | MigrationResumed()
+                    | MigrationAborted()
                 ):
                     pass  # no lease starts or ends (a join's or a registration's heartbeat follows it)
                 case _:

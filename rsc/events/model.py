@@ -181,6 +181,102 @@ class ReshardMode(enum.Enum):
     QUIESCE = "quiesce"
 
 
+class MigrationPhase(enum.Enum):
+    """Where a resharding (`Migration`) is; PROTOCOL section 5, docs/operations.md.
+
+    Quiesce mode runs PAUSING, QUIESCED, SWITCHING, then DRAINING (scale-in); online
+    mode starts at SWITCHING. DONE and ABORTED are final.
+    """
+
+    #: Producers are paused; waits until every live producer reports `quiesced` (or expires).
+    PAUSING = "PAUSING"
+    #: Producers are quiet; waits until every group has consumed and acknowledged everything
+    #: on every readable shard (Redis evidence), i.e. everything appended before the pause.
+    QUIESCED = "QUIESCED"
+    #: The layout has changed (producers resumed); waits until every live producer routes
+    #: with it.
+    SWITCHING = "SWITCHING"
+    #: Scale-in: the removed shards drain; waits until every DRAINING shard is RETIRED.
+    DRAINING = "DRAINING"
+    DONE = "DONE"
+    ABORTED = "ABORTED"
+
+    @property
+    def final(self) -> bool:
+        return self in (MigrationPhase.DONE, MigrationPhase.ABORTED)
+
+    @property
+    def switched(self) -> bool:
+        """The layout has changed: the migration can no longer be aborted."""
+        return self in (MigrationPhase.SWITCHING, MigrationPhase.DRAINING, MigrationPhase.DONE)
+
+
+@attrs.frozen
+class MigrationBounds:
+    """How long the phases that keep producers paused may last before the migration stops
+    (stalls) for an operator to resume or abort it."""
+
+    pausing_ms: int = 30_000
+    quiesced_ms: int = 300_000
+
+    def of(self, phase: MigrationPhase) -> int | None:
+        """The bound of `phase` (None: unbounded)."""
+        if phase is MigrationPhase.PAUSING:
+            return self.pausing_ms
+        if phase is MigrationPhase.QUIESCED:
+            return self.quiesced_ms
+        return None
+
+
+@attrs.frozen
+class PhaseStarted:
+    """A phase a migration entered, and when."""
+
+    phase: MigrationPhase
+    at_ms: int
+
+
+@attrs.frozen
+class Stall:
+    """Why a migration stopped: the phase that ran out of time, when, and what it waited for."""
+
+    phase: MigrationPhase
+    at_ms: int
+    reason: str
+
+
+@attrs.frozen
+class Migration:
+    """One resharding of a stream (the last one stays, in DONE or ABORTED, until the next).
+
+    `paused_producers`: the migration paused the stream's producers itself (quiesce mode
+    on a stream that was not paused), so it resumes them when it switches or aborts.
+    """
+
+    migration_id: int
+    mode: ReshardMode
+    from_count: int
+    to_count: int
+    from_version: int
+    started_at_ms: int
+    phases: tuple[PhaseStarted, ...]
+    bounds: MigrationBounds = MigrationBounds()
+    deadline_ms: int | None = None
+    stalled: Stall | None = None
+    paused_producers: bool = False
+    #: The migration this one replaced while the other was still draining.
+    supersedes: int | None = None
+    outcome: str = ""
+
+    @property
+    def phase(self) -> MigrationPhase:
+        return self.phases[-1].phase
+
+    @property
+    def running(self) -> bool:
+        return not self.phase.final
+
+
 @attrs.frozen
 class Shard:
     """One physical stream key of a logical stream."""

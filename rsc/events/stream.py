@@ -27,6 +27,8 @@ from typing import assert_never
 import attrs
 
 from rsc.events.commands import (
+    AbortMigration,
+    AdvanceMigration,
     ChangeShardCount,
     CreateStream,
     DeleteStream,
@@ -34,16 +36,30 @@ from rsc.events.commands import (
     ProducerHeartbeat,
     RegisterGroup,
     RestartTimers,
+    ResumeMigration,
     ResumeProducers,
     RetireShards,
     StreamCommand,
     Tick,
     UnregisterGroup,
 )
-from rsc.events.errors import AggregateNotFound, CorruptHistory, Deleted, InvalidCommand, NotEmpty
+from rsc.events.errors import (
+    AggregateNotFound,
+    CorruptHistory,
+    Deleted,
+    InvalidCommand,
+    MigrationConflict,
+    NoMigration,
+    NotEmpty,
+)
 from rsc.events.events import (
     GroupRegistered,
     GroupUnregistered,
+    MigrationAborted,
+    MigrationPhaseChanged,
+    MigrationResumed,
+    MigrationStalled,
+    MigrationStarted,
     ProducerAcknowledged,
     ProducerExpired,
     ProducerHeartbeated,
@@ -52,6 +68,7 @@ from rsc.events.events import (
     ProducerRegistered,
     ProducersPaused,
     ProducersResumed,
+    ReshardModeSet,
     ShardsAdded,
     ShardsDraining,
     ShardsRetired,
@@ -63,11 +80,15 @@ from rsc.events.liveness import expired
 from rsc.events.model import (
     DrainCheck,
     Layout,
+    Migration,
+    MigrationPhase,
     PauseState,
+    PhaseStarted,
     Producer,
     ReshardMode,
     Shard,
     ShardState,
+    Stall,
     StartFrom,
     check_client,
     check_counter,
@@ -76,6 +97,7 @@ from rsc.events.model import (
     is_plain_text,
 )
 from rsc.events.placement import place
+from rsc.events.slots import Topology
 
 #: One shard per Redis Cluster hash slot is the most that can ever help.
 MAX_SHARDS = 16_384
@@ -98,6 +120,8 @@ class StreamState:
     paused: PauseState | None = None
     #: Deleted by the Admin API (its shard keys with it): created afresh on next use.
     deleted: bool = False
+    #: The running resharding, or the last one (DONE or ABORTED) until the next begins.
+    migration: Migration | None = attrs.field(default=None, metadata={"omit_if_default": True})
 
     @property
     def shard_count(self) -> int:
@@ -158,8 +182,33 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
             return attrs.evolve(state, paused=PauseState(event.reason, event.paused_at_ms))
         case ProducersResumed():
             return attrs.evolve(state, paused=None)
+        case ReshardModeSet():
+            return attrs.evolve(state, reshard_mode=event.mode)
+        case MigrationStarted():
+            return attrs.evolve(state, migration=event.migration)
+        case MigrationPhaseChanged():
+            m = _migration(state)
+            phases = (*m.phases, PhaseStarted(event.phase, event.at_ms))
+            moved = attrs.evolve(m, phases=phases, deadline_ms=event.deadline_ms, stalled=None)
+            return attrs.evolve(state, migration=moved)
+        case MigrationStalled():
+            return attrs.evolve(state, migration=attrs.evolve(_migration(state), stalled=event.stall))
+        case MigrationResumed():
+            resumed = attrs.evolve(_migration(state), stalled=None, deadline_ms=event.deadline_ms)
+            return attrs.evolve(state, migration=resumed)
+        case MigrationAborted():
+            m = _migration(state)
+            phases = (*m.phases, PhaseStarted(MigrationPhase.ABORTED, event.at_ms))
+            aborted = attrs.evolve(m, phases=phases, deadline_ms=None, stalled=None, outcome=event.reason)
+            return attrs.evolve(state, migration=aborted)
         case _:
             assert_never(event)
+
+
+def _migration(state: StreamState) -> Migration:
+    if state.migration is None or not state.migration.running:
+        raise CorruptHistory("a migration event with no running migration")
+    return state.migration
 
 
 def _producer(state: StreamState, producer_id: str) -> Producer:
@@ -202,16 +251,22 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
                 )
             return [StreamDeleted(command.now_ms)]
         case ChangeShardCount():
-            return _change_shard_count(state, command)
+            return _reshard(state, command)
         case RetireShards():
-            return _retire(state, command)
+            return _then_advance(state, _retire(state, command), command.now_ms)
+        case AdvanceMigration():
+            return _advance(state, command.now_ms, command.evidence, command.topology)
+        case ResumeMigration():
+            return _resume_migration(state, command)
+        case AbortMigration():
+            return _abort_migration(state, command)
         case RegisterGroup():
             check_name(command.group, "consumerGroup")
             if state.groups.get(command.group) == command.start_from:
                 return []
             return [GroupRegistered(command.group, command.start_from)]
         case ProducerHeartbeat():
-            return _producer_heartbeat(state, command)
+            return _then_advance(state, _producer_heartbeat(state, command), command.now_ms)
         case PauseProducers():
             if state.paused is not None:
                 return []  # idempotent: the first pause's reason and time stay
@@ -221,13 +276,21 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
                 )
             return [ProducersPaused(command.reason, command.now_ms)]
         case ResumeProducers():
+            holding = _unswitched(state)
+            if holding is not None:
+                raise MigrationConflict(
+                    f"migration {holding.migration_id} keeps the producers paused until it switches "
+                    f"the layout (phase {holding.phase.value}); abort it to resume them now"
+                )
             return [ProducersResumed(command.now_ms)] if state.paused is not None else []
         case Tick():
-            return [
+            gone: list[StreamEvent] = [
                 ProducerExpired(producer_id, command.now_ms)
                 for producer_id in state.producers
                 if expired(command.leases, producer_id, command.now_ms)
             ]
+            gone = _then_advance(state, gone, command.now_ms)
+            return gone + _stall_if_late(_fold(gone, state), command.now_ms)
         case RestartTimers():
             if not state.producers:
                 return []
@@ -280,21 +343,226 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
     return [StreamCreated(command.stream_prefix, Layout(1, shards), command.now_ms)]
 
 
-def _change_shard_count(state: StreamState, command: ChangeShardCount) -> list[StreamEvent]:
+def _reshard(state: StreamState, command: ChangeShardCount) -> list[StreamEvent]:
     _check_count(command.shard_count)
+    if command.mode is ReshardMode.QUIESCE and not command.migrations:
+        raise InvalidCommand("reshardMode quiesce needs the feature level that journals migrations")
+    events: list[StreamEvent] = []
+    if command.migrations and command.mode is not state.reshard_mode:
+        events.append(ReshardModeSet(command.mode))
+    holding = _unswitched(state)
+    if holding is not None:
+        if (command.shard_count, command.mode) == (holding.to_count, holding.mode):
+            return events  # the same request again: it is running
+        raise MigrationConflict(
+            f"migration {holding.migration_id} ({holding.mode.value}, {holding.from_count} -> "
+            f"{holding.to_count} shards) is in phase {holding.phase.value}: resume or abort it first"
+        )
+    active = len(state.layout.active)
+    if command.shard_count == active:
+        return events
+    if not command.migrations:
+        return events + _layout_change(state, command.shard_count, command.topology)
+    previous = state.migration
+    running = previous if previous is not None and previous.running else None
+    migration = Migration(
+        migration_id=previous.migration_id + 1 if previous is not None else 1,
+        mode=command.mode,
+        from_count=active,
+        to_count=command.shard_count,
+        from_version=state.layout.metadata_version,
+        started_at_ms=command.now_ms,
+        phases=(),
+        bounds=command.bounds,
+        supersedes=running.migration_id if running is not None else None,
+    )
+    if command.mode is ReshardMode.ONLINE:
+        started = attrs.evolve(migration, phases=(PhaseStarted(MigrationPhase.SWITCHING, command.now_ms),))
+        events.append(MigrationStarted(started))
+        events.extend(_layout_change(state, command.shard_count, command.topology))
+    else:
+        pausing = PhaseStarted(MigrationPhase.PAUSING, command.now_ms)
+        started = attrs.evolve(
+            migration,
+            phases=(pausing,),
+            deadline_ms=command.now_ms + command.bounds.pausing_ms,
+            paused_producers=state.paused is None,
+        )
+        events.append(MigrationStarted(started))
+        if state.paused is None:
+            reason = f"migration {started.migration_id}: {active} -> {command.shard_count} shards (quiesce)"
+            events.append(ProducersPaused(reason, command.now_ms))
+    return _then_advance(state, events, command.now_ms, command.topology)
+
+
+def target_count(state: StreamState) -> int:
+    """The shard count the stream is at or on its way to (the Admin API spec's `shardCount`):
+    the target of a migration that has not switched the layout yet, else the ACTIVE count."""
+    holding = _unswitched(state)
+    return holding.to_count if holding is not None else state.shard_count
+
+
+def waiting_for(state: StreamState) -> list[str]:
+    """The producers the running migration waits for: those not quiesced (PAUSING, QUIESCED) or
+    not yet on the current layout (SWITCHING, DRAINING)."""
+    m = state.migration
+    if m is None or not m.running:
+        return []
+    if m.phase in (MigrationPhase.PAUSING, MigrationPhase.QUIESCED):
+        return sorted(p.producer_id for p in state.producers.values() if not p.quiesced)
+    return stale_producers(state)
+
+
+def _fold(events: list[StreamEvent], state: StreamState) -> StreamState:
+    after = fold(events, state)
+    assert after is not None  # events applied to a state
+    return after
+
+
+def _unswitched(state: StreamState) -> Migration | None:
+    """The running migration if it has not changed the layout yet (it holds producers paused)."""
+    m = state.migration
+    return m if m is not None and m.running and not m.phase.switched else None
+
+
+def _layout_change(state: StreamState, shard_count: int, topology: Topology | None) -> list[StreamEvent]:
     active = state.layout.active
     version = state.layout.metadata_version + 1
-    if command.shard_count > len(active):
+    if shard_count > len(active):
         start = max((s.index for s in state.layout.shards), default=-1) + 1
-        count = command.shard_count - len(active)
-        indexes = range(start, start + count)
-        keys = place(state.stream_prefix, indexes, (s.key for s in active), command.topology)
+        indexes = range(start, start + shard_count - len(active))
+        keys = place(state.stream_prefix, indexes, (s.key for s in active), topology)
         added = tuple(Shard(i, key) for i, key in zip(indexes, keys, strict=True))
         return [ShardsAdded(added, version)]
-    if command.shard_count < len(active):
-        draining = frozenset(s.index for s in active[command.shard_count :])
-        return [ShardsDraining(draining, version)]
+    if shard_count < len(active):
+        return [ShardsDraining(frozenset(s.index for s in active[shard_count:]), version)]
     return []
+
+
+def _then_advance(
+    state: StreamState, events: list[StreamEvent], now_ms: int, topology: Topology | None = None
+) -> list[StreamEvent]:
+    """`events`, then whatever they let the migration move on to (nothing without one running)."""
+    if not moving(state) and not any(isinstance(e, MigrationStarted) for e in events):
+        return events
+    return events + _advance(_fold(events, state), now_ms, None, topology)
+
+
+def moving(state: StreamState | None) -> bool:
+    """A migration runs and is not stalled: producers' heartbeats, expiries, retirements and
+    ticks (its phase bound) may move it on."""
+    m = state.migration if state is not None else None
+    return m is not None and m.running and m.stalled is None
+
+
+def _advance(
+    state: StreamState | None,
+    now_ms: int,
+    evidence: Mapping[int, DrainCheck] | None,
+    topology: Topology | None,
+) -> list[StreamEvent]:
+    """The phase changes the running migration makes now (`evidence`: of every readable shard,
+    which QUIESCED waits for; None: not read this time). A stalled migration stays put."""
+    out: list[StreamEvent] = []
+    while state is not None:
+        m = state.migration
+        if m is None or not m.running or m.stalled is not None:
+            break
+        step = _step(state, m, now_ms, evidence, topology)
+        if not step:
+            break
+        out.extend(step)
+        state = fold(step, state)
+    return out
+
+
+def _step(
+    state: StreamState,
+    m: Migration,
+    now_ms: int,
+    evidence: Mapping[int, DrainCheck] | None,
+    topology: Topology | None,
+) -> list[StreamEvent]:
+    match m.phase:
+        case MigrationPhase.PAUSING:
+            if not quiet(state):
+                return []
+            deadline = now_ms + m.bounds.quiesced_ms
+            return [MigrationPhaseChanged(MigrationPhase.QUIESCED, now_ms, deadline)]
+        case MigrationPhase.QUIESCED:
+            if evidence is None or not quiet(state) or not consumed(state, evidence):
+                return []
+            events = _layout_change(state, m.to_count, topology)
+            events.append(MigrationPhaseChanged(MigrationPhase.SWITCHING, now_ms))
+            if m.paused_producers and state.paused is not None:
+                events.append(ProducersResumed(now_ms))
+            return events
+        case MigrationPhase.SWITCHING:
+            if stale_producers(state):
+                return []
+            following = MigrationPhase.DRAINING if state.layout.draining else MigrationPhase.DONE
+            return [MigrationPhaseChanged(following, now_ms)]
+        case MigrationPhase.DRAINING:
+            return [] if state.layout.draining else [MigrationPhaseChanged(MigrationPhase.DONE, now_ms)]
+        case _:
+            return []
+
+
+def quiet(state: StreamState) -> bool:
+    """Every live producer reports `quiesced` (those that expired or left do not count)."""
+    return all(p.quiesced for p in state.producers.values())
+
+
+def consumed(state: StreamState, evidence: Mapping[int, DrainCheck]) -> bool:
+    """Redis shows, on every readable shard, every group done: nothing pending, nothing left to
+    deliver (so everything appended before the producers quiesced was handled)."""
+    return all(
+        (check := evidence.get(i)) is not None and check.drained for i in state.layout.readable_indexes
+    )
+
+
+def _stall_if_late(state: StreamState, now_ms: int) -> list[StreamEvent]:
+    m = state.migration
+    if m is None or not m.running or m.stalled is not None or m.deadline_ms is None:
+        return []
+    if now_ms < m.deadline_ms:
+        return []
+    bound = m.bounds.of(m.phase)
+    if m.phase is MigrationPhase.PAUSING:
+        waiting = sorted(p.producer_id for p in state.producers.values() if not p.quiesced)
+        reason = f"producers {waiting} did not report quiesced within {bound} ms"
+    else:
+        reason = (
+            f"the groups had not consumed and acknowledged everything on every shard within {bound} ms"
+            " (or a producer stopped being quiesced)"
+        )
+    return [MigrationStalled(Stall(m.phase, now_ms, reason))]
+
+
+def _resume_migration(state: StreamState, command: ResumeMigration) -> list[StreamEvent]:
+    m = state.migration
+    if m is None or not m.running or m.stalled is None:
+        raise NoMigration("no stalled migration to resume")
+    bound = m.bounds.of(m.phase)
+    resumed = MigrationResumed(command.now_ms, None if bound is None else command.now_ms + bound)
+    return [resumed, *_advance(_fold([resumed], state), command.now_ms, None, command.topology)]
+
+
+def _abort_migration(state: StreamState, command: AbortMigration) -> list[StreamEvent]:
+    m = state.migration
+    if m is None or not m.running:
+        raise NoMigration("no running migration to abort")
+    if m.phase.switched:
+        raise MigrationConflict(
+            f"migration {m.migration_id} already changed the layout (phase {m.phase.value}); "
+            "reshard again to undo it"
+        )
+    if not is_plain_text(command.reason, MAX_REASON) or not command.reason:
+        raise InvalidCommand(f"an abort needs a reason of 1-{MAX_REASON} characters, no control characters")
+    events: list[StreamEvent] = [MigrationAborted(command.now_ms, command.reason)]
+    if m.paused_producers and state.paused is not None:
+        events.append(ProducersResumed(command.now_ms))
+    return events
 
 
 def _retire(state: StreamState, command: RetireShards) -> list[StreamEvent]:

@@ -95,9 +95,20 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         "scale-in needs (0.1.0 producers do not check seals)",
         journal_schema=2,
     ),
+    FeatureLevel(
+        3,
+        "0.2.0",
+        "migrations: a resharding is journaled as a migration with phases (its progress in "
+        "the stream view), reshardMode is stored, and reshardMode quiesce pauses producers "
+        "and waits for consumers around the layout change (a 0.1.0 coordinator cannot replay "
+        "these events)",
+        journal_schema=2,
+    ),
 )
 #: The level from which shards are sealed when they drain, and scale-in is allowed.
 SEAL_LEVEL = 2
+#: The level from which reshardings are journaled as migrations, and quiesce mode is allowed.
+MIGRATION_LEVEL = 3
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
@@ -157,6 +168,17 @@ EVENT_LEVELS: Mapping[str, int] = {
             "ProducersResumed",
         ),
         1,
+    ),
+    **dict.fromkeys(
+        (
+            "ReshardModeSet",
+            "MigrationStarted",
+            "MigrationPhaseChanged",
+            "MigrationStalled",
+            "MigrationResumed",
+            "MigrationAborted",
+        ),
+        MIGRATION_LEVEL,
     ),
 }
 

@@ -27,8 +27,8 @@ from rsc.events import codec
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
-from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS
-from rsc.events.versions import MAX_FEATURE_LEVEL, SEAL_LEVEL, Party, blockers
+from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, target_count
+from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, Party, blockers
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.auth import AdminAccount, Gate, basic_credentials
@@ -54,6 +54,15 @@ class PauseRequest:
     """Optional body of `POST .../pause`: why producers are paused (shown in the stream view)."""
 
     reason: str = wire_field("admin", minLength=1, maxLength=MAX_REASON, pattern=TEXT_PATTERN)
+
+
+@attrs.frozen
+class AbortRequest:
+    """Optional body of `POST .../migration/abort`: why (kept in the migration's outcome)."""
+
+    reason: str = wire_field(
+        "aborted by an operator", minLength=1, maxLength=MAX_REASON, pattern=TEXT_PATTERN
+    )
 
 
 @attrs.frozen
@@ -148,6 +157,7 @@ def add_admin_routes(
     _add_stream_routes(app, registry)
     _add_group_routes(app, registry)
     _add_pause_routes(app, registry)
+    _add_migration_routes(app, registry)
     _add_feature_routes(app, registry, coordinators or _no_coordinators)
 
     @app.get("/v1/admin/audit")
@@ -190,26 +200,25 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
         actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
         _check_if_match(actor.revision)
         state = actor.state
-        if spec.shard_count != state.shard_count and spec.reshard_mode is ReshardMode.QUIESCE:
-            raise ApiError(
-                409,
-                "QUIESCE_NOT_SUPPORTED",
-                "reshardMode quiesce is not available yet: reshard online, or pause the producers "
-                "first (POST .../pause) and resume them after",
+        level = (await registry.store.features.current()).level
+        if spec.reshard_mode is ReshardMode.QUIESCE and level < MIGRATION_LEVEL:
+            raise _level_required(
+                f"reshardMode quiesce runs a journaled migration, which needs feature level "
+                f"{MIGRATION_LEVEL}",
+                MIGRATION_LEVEL,
+                level,
             )
-        if spec.shard_count < state.shard_count:
-            level = (await registry.store.features.current()).level
-            if level < SEAL_LEVEL:
-                raise ApiError(
-                    409,
-                    "FEATURE_LEVEL_REQUIRED",
-                    f"scale-in seals the shards it drains, which needs feature level {SEAL_LEVEL} "
-                    f"(every producer checks seals); the deployment is at {level} "
-                    "(PUT /v1/admin/features)",
-                    {"required": SEAL_LEVEL, "finalized": level},
-                )
-        if spec.shard_count != state.shard_count:
-            await registry.change_shard_count(stream_prefix, spec.shard_count, spec.reshard_mode)
+        if spec.shard_count < state.shard_count and level < SEAL_LEVEL:
+            raise _level_required(
+                f"scale-in seals the shards it drains, which needs feature level {SEAL_LEVEL} "
+                "(every producer checks seals)",
+                SEAL_LEVEL,
+                level,
+            )
+        migrations = level >= MIGRATION_LEVEL
+        changes_mode = migrations and spec.reshard_mode is not state.reshard_mode
+        if spec.shard_count != target_count(state) or changes_mode:
+            await registry.change_shard_count(stream_prefix, spec.shard_count, spec.reshard_mode, migrations)
         return await _stream_resource(registry, stream_prefix)
 
     @app.delete("/v1/admin/streams/<stream_prefix>")
@@ -268,6 +277,34 @@ def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:
         return await _stream_resource(registry, stream_prefix)
 
 
+def _add_migration_routes(app: QuartTrio, registry: Registry) -> None:
+    """Resume a stalled migration, or abort one that has not changed the layout yet."""
+
+    @app.post("/v1/admin/streams/<stream_prefix>/migration/resume")
+    async def resume_migration(stream_prefix: str) -> Response:
+        actor = await _stream_actor(registry, stream_prefix, None)
+        _check_if_match(actor.revision)
+        await registry.resume_migration(stream_prefix)
+        return await _stream_resource(registry, stream_prefix)
+
+    @app.post("/v1/admin/streams/<stream_prefix>/migration/abort")
+    async def abort_migration(stream_prefix: str) -> Response:
+        body = await _optional_body(AbortRequest)
+        actor = await _stream_actor(registry, stream_prefix, None)
+        _check_if_match(actor.revision)
+        await registry.abort_migration(stream_prefix, body.reason)
+        return await _stream_resource(registry, stream_prefix)
+
+
+def _level_required(why: str, required: int, level: int) -> ApiError:
+    return ApiError(
+        409,
+        "FEATURE_LEVEL_REQUIRED",
+        f"{why}; the deployment is at {level} (PUT /v1/admin/features)",
+        {"required": required, "finalized": level},
+    )
+
+
 async def _optional_body(as_type: type[T]) -> T:
     """The JSON body as `as_type`, or its defaults when the body is empty."""
     data = await request.get_data(as_text=False)
@@ -286,7 +323,7 @@ async def _stream_resource(registry: Registry, stream_prefix: str) -> Response:
     state = actor.state
     g.revision = actor.revision
     body = {
-        "spec": StreamSpec(state.shard_count, state.reshard_mode),
+        "spec": StreamSpec(target_count(state), state.reshard_mode),
         "status": stream_view(state, actor.leases, registry.clock.now_ms()),
         "revision": actor.revision,
     }

@@ -59,6 +59,8 @@ _STATUS = {
     "INCARNATION_MISMATCH": 409,
     "NOT_EMPTY": 409,
     "DELETED": 409,
+    "MIGRATION_IN_PROGRESS": 409,
+    "NO_MIGRATION": 409,
 }
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 #: How long `/readyz` waits for Redis before saying it is not ready.

@@ -17,7 +17,7 @@ from rsc.events.events import (
     TargetAssignmentUpdated,
 )
 from rsc.events.group import GroupState
-from rsc.events.model import MemberState, ShardState
+from rsc.events.model import MemberState, MigrationPhase, ShardState
 from rsc.events.stream import StreamState
 
 
@@ -115,6 +115,23 @@ class _ActorCollector:
             "Shards of a stream by state (DRAINING: a scale-in in progress)",
             labels=["stream", "state"],
         )
+        phase = GaugeMetricFamily(
+            "rsc_migration_phase",
+            "1 for the phase the stream's last migration is in (PAUSING, QUIESCED, SWITCHING, "
+            "DRAINING, DONE, ABORTED), 0 for the others",
+            labels=["stream", "phase"],
+        )
+        in_phase = GaugeMetricFamily(
+            "rsc_migration_phase_seconds",
+            "How long the stream's running migration has been in its phase (0 when none runs)",
+            labels=["stream"],
+        )
+        stalled = GaugeMetricFamily(
+            "rsc_migration_stalled",
+            "1 while the stream's migration is stopped at a phase bound, for an operator to resume or abort",
+            labels=["stream"],
+        )
+        now_ms = self.registry.clock.now_ms()
         for aggregate_id, entry in list(self.registry.actors.items()):
             actor = entry.actor
             name = str(aggregate_id)
@@ -134,4 +151,13 @@ class _ActorCollector:
                 by_shard_state = collections.Counter(s.state for s in state.layout.shards)
                 for shard_state in ShardState:
                     shards.add_metric([state.stream_prefix, shard_state.value], by_shard_state[shard_state])
+                m = state.migration
+                if m is not None:
+                    for each in MigrationPhase:
+                        phase.add_metric([state.stream_prefix, each.value], float(m.phase is each))
+                    since = m.phases[-1].at_ms
+                    seconds = max(0, now_ms - since) / 1000 if m.running else 0.0
+                    in_phase.add_metric([state.stream_prefix], seconds)
+                    stalled.add_metric([state.stream_prefix], float(m.stalled is not None))
         yield from (members, group_epoch, assignment_epoch, revoking, inbox, writes, conflicts, shards)
+        yield from (phase, in_phase, stalled)

@@ -28,7 +28,7 @@ from rsc.events.wire import (
     ProducerHeartbeatResponse,
 )
 from rsc.http import views
-from rsc.http.admin import FeatureChange, FeaturesStatus, GroupSpec, PauseRequest, StreamSpec
+from rsc.http.admin import AbortRequest, FeatureChange, FeaturesStatus, GroupSpec, PauseRequest, StreamSpec
 from rsc.http.audit import AuditRecord
 from rsc.http.auth import PUBLIC_PATHS
 
@@ -132,7 +132,15 @@ ROUTES = (
         views.GroupView,
     ),
     Route("get", A, "A stream's spec and status (ETag)", None, StreamResource, admin=True),
-    Route("put", A, "Create or scale out a stream", StreamSpec, StreamResource, admin=True),
+    Route(
+        "put",
+        A,
+        "Create a stream, or reshard it (scale out or in, online or in quiesce mode: a migration; "
+        "409 MIGRATION_IN_PROGRESS while a quiesce migration has not switched the layout)",
+        StreamSpec,
+        StreamResource,
+        admin=True,
+    ),
     Route(
         "delete",
         A,
@@ -153,6 +161,25 @@ ROUTES = (
     ),
     Route(
         "post", f"{A}/resume", "Let the stream's producers publish again", None, StreamResource, admin=True
+    ),
+    Route(
+        "post",
+        f"{A}/migration/resume",
+        "Resume a stalled migration: its phase gets a new bound from now (409 NO_MIGRATION if none "
+        "is stalled)",
+        None,
+        StreamResource,
+        admin=True,
+    ),
+    Route(
+        "post",
+        f"{A}/migration/abort",
+        "Abort a migration that has not changed the layout yet; producers it paused resume "
+        "(409 MIGRATION_IN_PROGRESS once it has switched, NO_MIGRATION if none runs)",
+        AbortRequest,
+        StreamResource,
+        admin=True,
+        body_required=False,
     ),
     Route(
         "get",

@@ -28,7 +28,7 @@ from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.config import ConfigError, Settings
 from rsc.connect import RedisRefused
-from rsc.events.model import Timing
+from rsc.events.model import MigrationBounds, Timing
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
@@ -72,6 +72,10 @@ def registry_settings(settings: Settings) -> RegistrySettings:
         default_shard_count=settings.default_shard_count,
         auto_create_streams=settings.auto_create_streams,
         actor=ActorSettings(tick_interval_s=settings.tick_interval_ms / 1000),
+        migration_bounds=MigrationBounds(
+            settings.quiesce_pause_timeout_ms, settings.quiesce_consume_timeout_ms
+        ),
+        retired_retention_ms=settings.retired_shard_retention_ms,
     )
 
 

@@ -19,10 +19,15 @@ from rsc.events.model import (
     GroupConfig,
     Layout,
     MemberState,
+    MigrationBounds,
+    MigrationPhase,
     PauseState,
+    PhaseStarted,
+    ReshardMode,
     ShardState,
+    Stall,
 )
-from rsc.events.stream import StreamState, stale_producers
+from rsc.events.stream import StreamState, stale_producers, waiting_for
 from rsc.events.versions import (
     FEATURE_LEVELS,
     MAX_FEATURE_LEVEL,
@@ -102,6 +107,38 @@ class ProducersSummary:
 
 
 @attrs.frozen
+class MigrationView:
+    """The running resharding, or the last one (DONE, ABORTED) until the next begins.
+
+    `phases`: each phase entered and when; `inPhaseMs`: how long the current one has lasted
+    (0 once final); `deadlineMs`: when the current phase stops (stalls) if
+    it has not moved on; `stalled`: why it stopped, until an operator resumes or aborts it;
+    `waitingForProducers`: the producers it waits for now (not quiesced while PAUSING or
+    QUIESCED, not on the current layout while SWITCHING or DRAINING); `producerVersions`:
+    the layout version each live producer routes with; `drainingShards`: the DRAINING
+    shards (their evidence is in `shards[].drain`)."""
+
+    migration_id: int
+    mode: ReshardMode
+    from_shard_count: int
+    to_shard_count: int
+    from_version: int
+    phase: MigrationPhase
+    phases: tuple[PhaseStarted, ...]
+    started_at_ms: int
+    in_phase_ms: int
+    deadline_ms: int | None
+    stalled: Stall | None
+    paused_producers: bool
+    supersedes: int | None
+    outcome: str
+    bounds: MigrationBounds
+    waiting_for_producers: tuple[str, ...]
+    producer_versions: Mapping[str, int]
+    draining_shards: tuple[int, ...]
+
+
+@attrs.frozen
 class StreamView:
     stream_prefix: str
     metadata_version: int
@@ -113,6 +150,7 @@ class StreamView:
     paused: PauseState | None = None
     producers: tuple[ProducerView, ...] = ()
     producers_summary: ProducersSummary = ProducersSummary(0, 0, 0)
+    migration: MigrationView | None = None
 
 
 @attrs.frozen
@@ -277,6 +315,34 @@ def stream_view(
         ProducersSummary(
             len(producers), sum(p.up_to_date for p in producers), sum(p.quiesced for p in producers)
         ),
+        migration_view(state, now_ms),
+    )
+
+
+def migration_view(state: StreamState, now_ms: int) -> MigrationView | None:
+    m = state.migration
+    if m is None:
+        return None
+    current = m.phases[-1]
+    return MigrationView(
+        migration_id=m.migration_id,
+        mode=m.mode,
+        from_shard_count=m.from_count,
+        to_shard_count=m.to_count,
+        from_version=m.from_version,
+        phase=m.phase,
+        phases=m.phases,
+        started_at_ms=m.started_at_ms,
+        in_phase_ms=max(0, now_ms - current.at_ms) if m.running else 0,
+        deadline_ms=m.deadline_ms,
+        stalled=m.stalled,
+        paused_producers=m.paused_producers,
+        supersedes=m.supersedes,
+        outcome=m.outcome,
+        bounds=m.bounds,
+        waiting_for_producers=tuple(waiting_for(state)),
+        producer_versions={p: state.producers[p].acked_version for p in sorted(state.producers)},
+        draining_shards=tuple(s.index for s in state.layout.draining),
     )
 
 
