@@ -31,6 +31,7 @@ def start_worker(
     delay: float = 0.002,
     self_fence: bool = True,
     results_file: Path | None = None,
+    record_order: bool = False,
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -42,6 +43,7 @@ def start_worker(
         "RSC_TEST_CONCURRENCY": str(concurrency),
         "RSC_REDIS_URL": redis_url,
         "RSC_TEST_RESULTS_FILE": str(results_file or ""),
+        "RSC_TEST_RECORD_ORDER": "1" if record_order else "0",
     }
     command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base_url]
     if log is None:

@@ -2,7 +2,9 @@
 
 It records every handled entry in a Redis list (`RSC_TEST_RESULTS`) as
 "<shard key> <entry id> <pid>" so the test can check nothing was lost; or, with
-`RSC_TEST_RESULTS_FILE`, as lines of that file (for tests that take Redis down).
+`RSC_TEST_RESULTS_FILE`, as lines of that file (for tests that take Redis down), where
+`RSC_TEST_RECORD_ORDER=1` adds the entry's `bkey` and `seq` fields (per-key order checks:
+lines are appended when a handler finishes, so the file is the order of completion).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ results = redis.Redis.from_url(
 KEY = os.environ.get("RSC_TEST_RESULTS", "rsc-test:results")
 RESULTS_FILE = os.environ.get("RSC_TEST_RESULTS_FILE")
 DELAY = float(os.environ.get("RSC_TEST_DELAY", "0.002"))
+RECORD_ORDER = os.environ.get("RSC_TEST_RECORD_ORDER") == "1"
 
 
 @app.listener(
@@ -40,6 +43,8 @@ DELAY = float(os.environ.get("RSC_TEST_DELAY", "0.002"))
 async def handle(message: Message) -> None:
     await trio.sleep(DELAY)
     line = f"{message.key} {message.id} {os.getpid()}"
+    if RECORD_ORDER:
+        line += f" {message.fields.get('bkey', '-')} {message.fields.get('seq', '-')}"
     if RESULTS_FILE:
         fd = os.open(RESULTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
