@@ -262,18 +262,18 @@ async def test_fewer_workers_let_the_calls_in_flight_finish(
     standalone_url: str, sync_redis: redis.Redis, prefix: str
 ) -> None:
     keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(3)]
-    started: list[str] = []
-    finished: list[str] = []
+    started: list[tuple[str, str]] = []  # (shard key, entry id): ids are unique per key only
+    finished: list[tuple[str, str]] = []
 
     async def handle(message: Message) -> None:
-        started.append(message.id)
+        started.append((message.key, message.id))
         await trio.sleep(0.3)
-        finished.append(message.id)
+        finished.append((message.key, message.id))
 
     for key in keys:
         sync_redis.xgroup_create(key, "billing", "0", mkstream=True)
         own(sync_redis, key, "w0")
-    ids = [sync_redis.xadd(keys[n % 3], {"n": str(n)}) for n in range(9)]
+    ids = [(k, sync_redis.xadd(k, {"n": str(n)})) for n in range(9) for k in [keys[n % 3]]]
     three = Layout(1, tuple(Shard(i, k, ShardState.ACTIVE) for i, k in enumerate(keys)))
     async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
         poller = Poller(r, "billing", "w0", "w0-inc", handle, FAST_POLL)

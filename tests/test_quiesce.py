@@ -191,7 +191,7 @@ async def test_quiesce_mode_keeps_per_key_order_across_a_scale_out_and_a_scale_i
                 return not missing()
 
             with trio.move_on_after(60):
-                await until(everything_handled, 60)
+                await until(everything_handled, 120)
             assert not missing(), f"{len(missing())} acknowledged but never handled: {missing()[:20]}"
             order, repeats = handled_in_order(results)
             for key, sequence in acked.items():

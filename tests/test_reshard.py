@@ -25,7 +25,7 @@ from rsc.client.producer import NoWritableShards, Producer, open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.events.wire import seal_key
 from tests.httpkit import FAST, serve_on
-from tests.test_worker import group_view, start_worker, until
+from tests.test_worker import group_view, handled_entries, spread, start_worker, until
 
 AUTH = ("admin", "s3cret")
 KEYS = 16
@@ -44,7 +44,9 @@ def checker_for(url: str) -> Any:
 
 @attrs.define
 class Published:
-    acked: dict[str, str] = attrs.field(factory=dict)  # entry id -> shard key
+    #: (key, sequence number) of each acknowledged publish: unique per message, wherever it
+    #: landed (a publish refused by a seal lands on another shard than first routed to).
+    acked: set[tuple[str, str]] = attrs.field(factory=set)
     refused_empty: int = 0  # publishes refused with no ACTIVE shard (scale to 0)
 
 
@@ -68,8 +70,8 @@ async def publish_forever(publish: Callable[[dict[str, str], str], Any], out: Pu
         n += 1
         key = f"{name}:k{n % KEYS}"
         try:
-            entry_id, shard = await publish({"bkey": key, "seq": str(n)}, key)
-            out.acked[entry_id] = shard
+            await publish({"bkey": key, "seq": str(n)}, key)
+            out.acked.add((key, str(n)))
         except NoWritableShards:
             out.refused_empty += 1
         await trio.sleep(0.01)
@@ -101,6 +103,7 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
                 f"10.0.0.{i}",
                 2,
                 results_file=results,
+                record_order=True,
                 log=tmp_path / f"w{i}.log",
             )
             for i in (1, 2)
@@ -117,16 +120,11 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
                 sync_producer = SyncProducer(sync_coordinator, sync_redis, prefix, "sync-producer")
                 await trio.to_thread.run_sync(sync_producer.start)  # (the coordinator runs here)
 
-                async def trio_publish(fields: dict[str, str], key: str) -> tuple[str, str]:
-                    shard = producer.state.shard_key(key)
-                    return await producer.publish(fields, key), shard
+                async def trio_publish(fields: dict[str, str], key: str) -> str:
+                    return await producer.publish(fields, key)
 
-                async def sync_publish(fields: dict[str, str], key: str) -> tuple[str, str]:
-                    def one() -> tuple[str, str]:
-                        shard = sync_producer.state.shard_key(key)
-                        return sync_producer.publish(fields, key), shard
-
-                    return await trio.to_thread.run_sync(one)
+                async def sync_publish(fields: dict[str, str], key: str) -> str:
+                    return await trio.to_thread.run_sync(lambda: sync_producer.publish(fields, key))
 
                 nursery.start_soon(publish_forever, trio_publish, trio_out, "t")
                 nursery.start_soon(publish_forever, sync_publish, sync_out, "s")
@@ -155,17 +153,23 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
             sync_coordinator.close()
             sync_redis.close()
 
-            acked = {**trio_out.acked, **sync_out.acked}
+            acked = trio_out.acked | sync_out.acked
             assert len(acked) > 200
 
-            def handled() -> set[str]:
+            def handlings() -> list[tuple[str, str]]:
+                """(key, sequence number) of each handling, repeats included."""
                 text = results.read_text() if results.exists() else ""
-                return {line.split()[1] for line in text.splitlines() if line.strip()}
+                return [(p[3], p[4]) for line in text.splitlines() if len(p := line.split()) == 5]
 
             async def everything_handled() -> bool:
-                return set(acked) <= handled()
+                return acked <= set(handlings())
 
-            await until(everything_handled, 60)
+            with trio.move_on_after(60):
+                await until(everything_handled, 120)
+            lost = sorted(acked - set(handlings()))
+            assert not lost, f"{len(lost)} acknowledged publishes never handled: {lost[:20]}"
+            repeats = len(handlings()) - len(set(handlings()))
+            print(f"{len(acked)} acknowledged publishes, all handled; {repeats} handled twice")
             routing = (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).json()["status"]["shards"]
             for shard in routing:
                 if shard["state"] == "RETIRED":
@@ -268,8 +272,8 @@ async def test_with_no_consumer_draining_shards_wait_then_retire_from_redis_evid
     worker = start_worker(str(admin.base_url), standalone_url, prefix, "10.0.0.9", 1, results_file=results)
     try:
         await until(lambda: all_retired_but_active(admin, prefix), 30)
-        handled = {line.split()[1] for line in results.read_text().splitlines()}
-        assert {e for key in keys for e, _ in checker.xrange(key)} <= handled
+        handled = handled_entries(results.read_text().splitlines())
+        assert {(key, e) for key in keys for e, _ in checker.xrange(key)} <= handled
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=20)
@@ -312,7 +316,7 @@ async def test_members_killed_during_a_scale_in_lose_nothing(
 
         await until(two_members, 30)
         keys = [s["key"] for s in (await admin.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
-        published = {checker.xadd(keys[n % 4], {"n": str(n)}) for n in range(200)}
+        published = spread(checker, keys, 200)
 
         async def handling() -> bool:
             return results.exists()
@@ -332,7 +336,7 @@ async def test_members_killed_during_a_scale_in_lose_nothing(
             await until(lambda: all_retired_but_active(admin, prefix), 60)
 
             async def all_handled() -> bool:
-                return published <= {line.split()[1] for line in results.read_text().splitlines()}
+                return published <= handled_entries(results.read_text().splitlines())
 
             await until(all_handled, 30)
         finally:
@@ -342,3 +346,52 @@ async def test_members_killed_during_a_scale_in_lose_nothing(
         if first.poll() is None:
             first.kill()
         checker.close()
+
+
+async def test_retired_shard_keys_are_deleted_after_the_configured_retention(
+    standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """With `retired_shard_retention_ms`, Redis deletes a retired shard key (drained: nothing
+    pending) with its seal and owner tokens once the retention has passed; ACTIVE keys stay."""
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+        admin_password="s3cret",
+        retired_shard_retention_ms=1_500,
+    )
+    async with serve_on(settings) as http:
+        await reshard(http, prefix, 3)
+        checker = checker_for(standalone_url)
+        keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+        results = tmp_path / "handled.txt"
+        worker = start_worker(str(http.base_url), standalone_url, prefix, "10.0.0.7", 1, results_file=results)
+        try:
+
+            async def joined() -> bool:  # the group exists: the drain waits for it
+                view = await group_view(http, prefix)
+                return len(view["members"]) == 1 and view["members"][0]["state"] == "STABLE"
+
+            await until(joined, 30)
+            for n in range(30):
+                checker.xadd(keys[n % 3], {"n": str(n)})
+            await reshard(http, prefix, 1)
+            await until(lambda: all_retired_but_active(http, prefix), 30)
+            retired = keys[1:]
+            assert all(checker.exists(k) for k in retired)  # kept for the retention first
+            assert all(0 < checker.pttl(k) <= 1_500 for k in retired)
+            assert all(checker.pttl(seal_key(k)) > 0 for k in retired)
+            assert checker.pttl(keys[0]) == -1  # the ACTIVE key never expires
+
+            async def gone() -> bool:
+                return not any(checker.exists(k, seal_key(k)) for k in retired)
+
+            await until(gone, 10)
+            handled = handled_entries(results.read_text().splitlines())
+            assert len(handled) == 30  # everything was handled before the keys went
+            assert checker.exists(keys[0])
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=20)
+            checker.close()

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,17 @@ def start_worker(
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
 
 
+def spread(client: Any, keys: Sequence[str], count: int) -> set[tuple[str, str]]:
+    """XADD `count` entries round-robin over `keys`; their (shard key, entry id)."""
+    return {(key, client.xadd(key, {"n": str(n)})) for n in range(count) for key in [keys[n % len(keys)]]}
+
+
+def handled_entries(lines: Iterable[str]) -> set[tuple[str, str]]:
+    """(shard key, entry id) of each result line: entry ids are unique per shard key only,
+    so two shards can hold the same id and an id alone would hide a lost entry."""
+    return {(parts[0], parts[1]) for line in lines if len(parts := line.split()) >= 2}
+
+
 async def group_view(http: httpx.AsyncClient, prefix: str) -> dict[str, Any]:
     response = await http.get(f"/v1/streams/{prefix}/groups/billing")
     return response.json() if response.status_code == 200 else {"members": []}
@@ -85,7 +97,9 @@ async def test_workers_share_survive_a_kill_and_stop_gracefully(
             ids = sorted(m["memberId"] for m in (await group_view(http, prefix))["members"])
             assert ids == [f"10.0.0.{w}/handle/{i}" for w in (1, 2) for i in (0, 1)]
             keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
-            published = {sync_redis.xadd(keys[n % len(keys)], {"n": str(n)}) for n in range(400)}
+            published = {
+                (k, sync_redis.xadd(k, {"n": str(n)})) for n in range(400) if (k := keys[n % len(keys)])
+            }
 
             async def some_handled() -> bool:
                 return sync_redis.llen(f"{prefix}:results") >= 50
@@ -95,7 +109,7 @@ async def test_workers_share_survive_a_kill_and_stop_gracefully(
             first.wait()
 
             async def all_handled() -> bool:
-                seen = {line.split()[1] for line in sync_redis.lrange(f"{prefix}:results", 0, -1)}
+                seen = handled_entries(sync_redis.lrange(f"{prefix}:results", 0, -1))
                 return published <= seen
 
             await until(all_handled, 30)
@@ -159,7 +173,9 @@ async def test_a_stopped_worker_cannot_touch_what_moved_and_nothing_is_lost(
 
             await until(owns_everything)
             keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
-            published = {sync_redis.xadd(keys[n % len(keys)], {"n": str(n)}) for n in range(100)}
+            published = {
+                (k, sync_redis.xadd(k, {"n": str(n)})) for n in range(100) if (k := keys[n % len(keys)])
+            }
 
             async def some_handled() -> bool:
                 return sync_redis.llen(f"{prefix}:results") >= 5
@@ -175,7 +191,7 @@ async def test_a_stopped_worker_cannot_touch_what_moved_and_nothing_is_lost(
             await until(taken_over)  # after the stopped worker's lease
 
             async def all_handled_and_acknowledged() -> bool:
-                seen = {line.split()[1] for line in sync_redis.lrange(f"{prefix}:results", 0, -1)}
+                seen = handled_entries(sync_redis.lrange(f"{prefix}:results", 0, -1))
                 return published <= seen and all(
                     sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys
                 )
@@ -228,18 +244,16 @@ async def test_a_worker_survives_a_redis_restart_and_a_10_s_outage_and_loses_not
 
                 await until(reading_everything)
                 keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
-                published: set[str] = set()
+                published: set[tuple[str, str]] = set()
 
                 def publish(count: int) -> None:
                     with redis.Redis.from_url(server.url, decode_responses=True) as client:
-                        published.update(client.xadd(keys[n % 4], {"n": str(n)}) for n in range(count))
+                        published.update(
+                            (k, client.xadd(k, {"n": str(n)})) for n in range(count) if (k := keys[n % 4])
+                        )
 
-                def handled() -> set[str]:
-                    return (
-                        {line.split()[1] for line in results.read_text().splitlines()}
-                        if results.exists()
-                        else set()
-                    )
+                def handled() -> set[tuple[str, str]]:
+                    return handled_entries(results.read_text().splitlines()) if results.exists() else set()
 
                 async def all_handled_and_acknowledged() -> bool:
                     if not published <= handled():
