@@ -189,9 +189,9 @@ async def test_version_and_probes(client: httpx.AsyncClient) -> None:
     assert version["lifecycle"]["status"] == "supported"
     assert [(p["version"], p["status"]) for p in version["protocols"]] == [(1, "supported"), (2, "supported")]
     features = version["features"]
-    assert features["supported"] == {"min": 1, "max": 2}
-    assert [level["level"] for level in features["levels"]] == [1, 2]
-    assert features["finalized"] in (1, 2)  # the shared Redis: whichever coordinator came first
+    assert features["supported"] == {"min": 1, "max": 3}
+    assert [level["level"] for level in features["levels"]] == [1, 2, 3]
+    assert features["finalized"] in (1, 2, 3)  # the shared Redis: whichever coordinator came first
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).status_code == 200
 

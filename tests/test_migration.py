@@ -3,6 +3,8 @@ online migrations; what a running migration allows; the journal format of a migr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from rsc.events import codec
@@ -68,6 +70,12 @@ class Stream:
         version = self.s.layout.metadata_version
         return self.run(ProducerHeartbeat(producer, version, quiesced, now, LEASE))
 
+    def advance(self, now: int, evidence: Mapping[int, DrainCheck] | None = None) -> list[StreamEvent]:
+        """The drain watcher's `AdvanceMigration`: evidence read at `now` for the running migration."""
+        m = self.s.migration
+        read_for = m.migration_id if m is not None else 0
+        return self.run(AdvanceMigration(now, evidence or {}, None, read_for, now))
+
     def evidence(self, check: DrainCheck = DRAINED) -> dict[int, DrainCheck]:
         return dict.fromkeys(self.s.layout.readable_indexes, check)
 
@@ -83,7 +91,7 @@ def phases(events: list[StreamEvent]) -> list[MigrationPhase]:
 
 def test_quiesce_scale_in_pauses_waits_for_quiet_and_consumption_then_switches_and_resumes() -> None:
     s = Stream(4)
-    events = s.run(ChangeShardCount(2, Q, 100, bounds=BOUNDS))
+    events = s.run(ChangeShardCount(2, Q, 100, bounds=BOUNDS, migrations=True))
     assert [type(e) for e in events] == [ReshardModeSet, MigrationStarted, ProducersPaused]
     m = s.s.migration
     assert m is not None
@@ -103,15 +111,15 @@ def test_quiesce_scale_in_pauses_waits_for_quiet_and_consumption_then_switches_a
     assert s.s.migration is not None
     assert s.s.migration.deadline_ms == 10_300
     # QUIESCED waits for Redis: missing or partial evidence moves nothing.
-    assert s.run(AdvanceMigration(400)) == []
-    assert s.run(AdvanceMigration(400, {0: DRAINED, 1: DRAINED, 2: DRAINED})) == []
-    assert s.run(AdvanceMigration(400, s.evidence() | {3: BUSY})) == []
+    assert s.advance(400) == []
+    assert s.advance(400, {0: DRAINED, 1: DRAINED, 2: DRAINED}) == []
+    assert s.advance(400, s.evidence() | {3: BUSY}) == []
     # A producer that stops being quiesced is waited for too.
     s.beat("p1", quiesced=False, now=450)
-    assert s.run(AdvanceMigration(460, s.evidence())) == []
+    assert s.advance(460, s.evidence()) == []
     s.beat("p1", quiesced=True, now=470)
     version = s.s.layout.metadata_version
-    events = s.run(AdvanceMigration(500, s.evidence()))
+    events = s.advance(500, s.evidence())
     assert [type(e) for e in events] == [ShardsDraining, MigrationPhaseChanged, ProducersResumed]
     assert (s.phase, s.s.paused, s.s.shard_count, s.s.layout.metadata_version) == (
         MigrationPhase.SWITCHING,
@@ -140,9 +148,9 @@ def test_quiesce_scale_in_pauses_waits_for_quiet_and_consumption_then_switches_a
 
 def test_quiesce_scale_out_without_producers_runs_through_on_the_first_evidence() -> None:
     s = Stream(0, producers=())
-    events = s.run(ChangeShardCount(3, Q, 10, bounds=BOUNDS))
+    events = s.run(ChangeShardCount(3, Q, 10, bounds=BOUNDS, migrations=True))
     assert phases(events) == [MigrationPhase.QUIESCED]  # nobody to wait for
-    events = s.run(AdvanceMigration(20, {}))
+    events = s.advance(20, {})
     kinds = [type(e) for e in events]
     assert kinds == [ShardsAdded, MigrationPhaseChanged, ProducersResumed, MigrationPhaseChanged]
     assert phases(events) == [MigrationPhase.SWITCHING, MigrationPhase.DONE]
@@ -151,7 +159,7 @@ def test_quiesce_scale_out_without_producers_runs_through_on_the_first_evidence(
 
 def test_a_phase_that_runs_out_of_time_stops_until_an_operator_resumes_it() -> None:
     s = Stream(2)
-    s.run(ChangeShardCount(4, Q, 0, bounds=BOUNDS))
+    s.run(ChangeShardCount(4, Q, 0, bounds=BOUNDS, migrations=True))
     s.beat("p1", quiesced=True, now=1_000)
     assert s.run(Tick(4_999, s.leases)) == []
     [stalled] = s.run(Tick(5_000, s.leases))
@@ -170,17 +178,17 @@ def test_a_phase_that_runs_out_of_time_stops_until_an_operator_resumes_it() -> N
     [stalled] = s.run(Tick(17_000, s.leases))
     assert isinstance(stalled, MigrationStalled)
     assert stalled.stall.phase is MigrationPhase.QUIESCED
-    assert s.run(AdvanceMigration(17_500, s.evidence())) == []  # stopped
+    assert s.advance(17_500, s.evidence()) == []  # stopped
     events = s.run(ResumeMigration(18_000))
     assert phases(events) == []  # resumed; the evidence comes with the next advance
-    assert phases(s.run(AdvanceMigration(18_100, s.evidence()))) == [MigrationPhase.SWITCHING]
+    assert phases(s.advance(18_100, s.evidence())) == [MigrationPhase.SWITCHING]
 
 
 def test_resume_needs_a_stalled_migration() -> None:
     s = Stream(2)
     with pytest.raises(NoMigration):
         decide(s.s, ResumeMigration(0))
-    s.run(ChangeShardCount(1, Q, 0, bounds=BOUNDS))
+    s.run(ChangeShardCount(1, Q, 0, bounds=BOUNDS, migrations=True))
     with pytest.raises(NoMigration):
         decide(s.s, ResumeMigration(0))  # running, not stalled
 
@@ -188,7 +196,7 @@ def test_resume_needs_a_stalled_migration() -> None:
 def test_abort_before_the_switch_resumes_producers_and_leaves_the_layout() -> None:
     s = Stream(4)
     layout = s.s.layout
-    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS))
+    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS, migrations=True))
     with pytest.raises(InvalidCommand):
         decide(s.s, AbortMigration(10, "\x1b[2J"))
     events = s.run(AbortMigration(10, "the window closed"))
@@ -202,8 +210,8 @@ def test_abort_before_the_switch_resumes_producers_and_leaves_the_layout() -> No
 
 def test_abort_after_the_switch_is_refused() -> None:
     s = Stream(4, producers=())
-    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS))
-    s.run(AdvanceMigration(1, s.evidence()))
+    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS, migrations=True))
+    s.advance(1, s.evidence())
     assert s.phase is MigrationPhase.DRAINING
     with pytest.raises(MigrationConflict, match="already changed the layout"):
         decide(s.s, AbortMigration(2))
@@ -212,11 +220,11 @@ def test_abort_after_the_switch_is_refused() -> None:
 def test_a_stream_paused_by_an_operator_stays_paused_after_the_migration() -> None:
     s = Stream(2, producers=())
     s.run(PauseProducers("maintenance", 0))
-    events = s.run(ChangeShardCount(3, Q, 0, bounds=BOUNDS))
+    events = s.run(ChangeShardCount(3, Q, 0, bounds=BOUNDS, migrations=True))
     assert not any(isinstance(e, ProducersPaused) for e in events)
     assert s.s.migration is not None
     assert not s.s.migration.paused_producers
-    events = s.run(AdvanceMigration(1, s.evidence()))
+    events = s.advance(1, s.evidence())
     assert not any(isinstance(e, ProducersResumed) for e in events)
     assert s.s.paused is not None
     assert s.s.paused.reason == "maintenance"
@@ -224,22 +232,22 @@ def test_a_stream_paused_by_an_operator_stays_paused_after_the_migration() -> No
 
 def test_a_reshard_while_a_migration_holds_producers_is_refused_unless_it_is_the_same() -> None:
     s = Stream(4)
-    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS))
-    assert s.run(ChangeShardCount(2, Q, 5, bounds=BOUNDS)) == []  # the same request again
+    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS, migrations=True))
+    assert s.run(ChangeShardCount(2, Q, 5, bounds=BOUNDS, migrations=True)) == []  # the same request again
     for count, mode in ((3, Q), (2, ReshardMode.ONLINE), (4, ReshardMode.ONLINE)):
         with pytest.raises(MigrationConflict, match="migration 1"):
-            decide(s.s, ChangeShardCount(count, mode, 5))
+            decide(s.s, ChangeShardCount(count, mode, 5, migrations=True))
 
 
 def test_online_migrations_switch_at_once_and_a_later_one_supersedes_a_draining_one() -> None:
     s = Stream(8)
-    events = s.run(ChangeShardCount(4, now_ms=0))
+    events = s.run(ChangeShardCount(4, now_ms=0, migrations=True))
     assert [type(e) for e in events] == [MigrationStarted, ShardsDraining]
     assert (s.phase, s.s.shard_count) == (MigrationPhase.SWITCHING, 4)
     s.beat("p1", now=1)
     s.beat("p2", now=2)
     assert s.phase is MigrationPhase.DRAINING
-    s.run(ChangeShardCount(6, now_ms=3))
+    s.run(ChangeShardCount(6, now_ms=3, migrations=True))
     m = s.s.migration
     assert m is not None
     assert (m.migration_id, m.supersedes, m.from_count, m.to_count, s.s.shard_count) == (2, 1, 4, 6, 6)
@@ -249,7 +257,7 @@ def test_online_migrations_switch_at_once_and_a_later_one_supersedes_a_draining_
 
 def test_an_online_scale_out_with_producers_up_to_date_is_done_when_they_acknowledge() -> None:
     s = Stream(2, producers=("p1",))
-    s.run(ChangeShardCount(3, now_ms=0))
+    s.run(ChangeShardCount(3, now_ms=0, migrations=True))
     assert s.phase is MigrationPhase.SWITCHING
     assert phases(s.beat("p1", now=5)) == [MigrationPhase.DONE]
 
@@ -265,13 +273,13 @@ def test_below_the_migration_level_a_reshard_records_nothing_and_quiesce_is_refu
 
 def test_only_the_mode_is_stored_when_the_count_stays() -> None:
     s = Stream(2)
-    assert [type(e) for e in s.run(ChangeShardCount(2, Q, 0))] == [ReshardModeSet]
+    assert [type(e) for e in s.run(ChangeShardCount(2, Q, 0, migrations=True))] == [ReshardModeSet]
     assert (s.s.reshard_mode, s.s.migration) == (Q, None)
 
 
 def test_a_producer_expiring_counts_as_quiet() -> None:
     s = Stream(2)
-    s.run(ChangeShardCount(1, Q, 0, bounds=BOUNDS))
+    s.run(ChangeShardCount(1, Q, 0, bounds=BOUNDS, migrations=True))
     s.beat("p1", quiesced=True, now=100)
     # p2's lease ends at LEASE (it registered at 0): expired, it no longer counts. The expiry
     # moves the migration on before its bound is looked at.
@@ -283,8 +291,45 @@ def test_a_producer_expiring_counts_as_quiet() -> None:
 def test_a_migration_round_trips_through_a_checkpoint_and_is_absent_before_the_first() -> None:
     s = Stream(4)
     assert "migration" not in codec.to_json(s.s)  # checkpoints of older releases stay the same
-    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS))
+    s.run(ChangeShardCount(2, Q, 0, bounds=BOUNDS, migrations=True))
     s.run(Tick(BOUNDS.pausing_ms, s.leases))
     text = codec.to_json(s.s)
     assert codec.from_json(text, StreamState) == s.s
     assert s.s.layout.shards[3].state is ShardState.ACTIVE
+
+
+def test_a_quiet_flag_from_an_earlier_pause_does_not_count() -> None:
+    """A producer quiet under an operator's pause, resumed, heartbeats once more with the
+    flag it built before it learnt of the resume (it publishes again): a quiesce migration
+    started then must wait for it to report quiet under its own pause."""
+    s = Stream(2, producers=("p1",))
+    s.run(PauseProducers("maintenance", 0))
+    s.beat("p1", quiesced=True, now=10)
+    assert s.s.producers["p1"].quiesced
+    s.run(ResumeProducers(20))
+    assert not s.s.producers["p1"].quiesced  # a resume ends every producer's quiet
+    s.beat("p1", quiesced=True, now=30)  # built before it saw the resume
+    assert not s.s.producers["p1"].quiesced  # not paused: quiet means nothing
+    events = s.run(ChangeShardCount(1, Q, 40, bounds=BOUNDS, migrations=True))
+    assert phases(events) == []
+    assert s.phase is MigrationPhase.PAUSING
+    assert phases(s.beat("p1", quiesced=True, now=50)) == [MigrationPhase.QUIESCED]
+
+
+def test_evidence_read_for_another_migration_or_before_quiesced_began_is_ignored() -> None:
+    s = Stream(2, producers=())
+    s.run(ChangeShardCount(1, Q, 100, bounds=BOUNDS, migrations=True))
+    assert s.phase is MigrationPhase.QUIESCED
+    stale = AdvanceMigration(200, s.evidence(), None, migration_id=1, read_at_ms=99)
+    assert s.run(stale) == []  # read before the producers were quiet
+    other = AdvanceMigration(200, s.evidence(), None, migration_id=7, read_at_ms=150)
+    assert s.run(other) == []
+    fresh = AdvanceMigration(200, s.evidence(), None, migration_id=1, read_at_ms=100)
+    assert MigrationPhase.SWITCHING in phases(s.run(fresh))
+
+
+def test_an_operator_cannot_pause_over_a_migrations_own_pause() -> None:
+    s = Stream(2)
+    s.run(ChangeShardCount(1, Q, 0, bounds=BOUNDS, migrations=True))
+    with pytest.raises(MigrationConflict, match="holds the producers paused"):
+        decide(s.s, PauseProducers("maintenance", 1))

@@ -133,6 +133,8 @@ def test_a_new_acknowledged_version_or_quiesced_flag_is_journaled() -> None:
     assert s.producers["p1"].acked_version == 1
     s = run(s, beat("p1", 2, now=10))
     assert s.producers["p1"].acked_version == 2
+    assert decide(s, beat("p1", 2, now=15, quiesced=True)) == decide(s, beat("p1", 2, now=15))  # not paused
+    s = run(s, PauseProducers("maintenance", 18))
     events = decide(s, beat("p1", 2, now=20, quiesced=True))
     assert ProducerAcknowledged("p1", 2, True) in events
     assert run(s, beat("p1", 2, now=20, quiesced=True)).producers["p1"].quiesced

@@ -142,6 +142,9 @@ class StreamMachine(RuleBasedStateMachine):
                 if event.phase is P.SWITCHING:  # checked against the state before the layout change
                     assert before is not None
                     assert isinstance(command, AdvanceMigration)
+                    assert before.migration is not None
+                    assert command.migration_id == before.migration.migration_id
+                    assert command.read_at_ms >= before.migration.phases[-1].at_ms
                     assert quiet(before)
                     evidence = command.evidence
                     assert all(i in evidence and evidence[i].drained for i in before.layout.readable_indexes)
@@ -169,7 +172,7 @@ class StreamMachine(RuleBasedStateMachine):
     @rule(count=st.integers(0, 20), quiesce=st.booleans())
     def reshard(self, count: int, quiesce: bool) -> None:
         mode = ReshardMode.QUIESCE if quiesce else ReshardMode.ONLINE
-        events = self.run(ChangeShardCount(count, mode, self.now, TOPOLOGY, BOUNDS))
+        events = self.run(ChangeShardCount(count, mode, self.now, TOPOLOGY, BOUNDS, migrations=True))
         if self.state is None or self.state.deleted or not events:
             return
         m = self.state.migration
@@ -188,7 +191,11 @@ class StreamMachine(RuleBasedStateMachine):
         evidence = {i: DrainCheck(data.draw(st.booleans()), data.draw(drained)) for i in readable}
         if partial and readable and data.draw(st.booleans()):  # evidence missing for one shard
             evidence.pop(data.draw(st.sampled_from(readable)))
-        self.run(AdvanceMigration(self.now, evidence, TOPOLOGY))
+        m = self.state.migration
+        read_for = m.migration_id if m is not None else 0
+        if data.draw(st.integers(0, 5)) == 0:  # evidence read for an earlier migration
+            read_for -= 1
+        self.run(AdvanceMigration(self.now, evidence, TOPOLOGY, read_for, self.now))
 
     @rule(abort=st.booleans())
     def resume_or_abort_migration(self, abort: bool) -> None:

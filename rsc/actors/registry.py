@@ -247,7 +247,7 @@ class Registry:
         stream_prefix: str,
         shard_count: int,
         mode: ReshardMode = ReshardMode.ONLINE,
-        migrations: bool = True,
+        migrations: bool = False,
     ) -> Reply[StreamState, StreamEvent]:
         """Reshard (or store `mode`); new shards are named to spread over the cluster's
         primaries as they are now. `migrations`: the feature level journals migrations."""
@@ -410,12 +410,17 @@ class Registry:
             state = actor.state
         m = state.migration
         if moving(state) and m is not None and m.phase is MigrationPhase.QUIESCED:
+            read_at = self.clock.now_ms()
             index_of = {s.key: s.index for s in state.layout.shards if s.readable}
             found = await self.effects.drain_evidence(index_of)
             evidence = {index_of[k]: DrainCheck(e.sealed, e.drained(state.groups)) for k, e in found.items()}
             topology = await self.effects.topology() if m.to_count > state.shard_count else None
-            await self.ask_stream(stream_prefix, AdvanceMigration(self.clock.now_ms(), evidence, topology))
-        return draining or moving(actor.state)
+            advance = AdvanceMigration(self.clock.now_ms(), evidence, topology, m.migration_id, read_at)
+            await self.ask_stream(stream_prefix, advance)
+        # A stalled migration is looked at too: its actor stays up, its state in the metrics.
+        after = actor.state
+        running = after is not None and not after.deleted and after.migration is not None
+        return draining or (running and after.migration.running)
 
     async def _retire_drained(self, stream_prefix: str, state: StreamState) -> bool:
         """Retire what may be retired; whether DRAINING shards remain."""

@@ -149,7 +149,7 @@ class ChangeShardCount:
     bounds: MigrationBounds = MigrationBounds()
     #: The deployment's feature level journals migrations (`versions.MIGRATION_LEVEL`); below
     #: it only online reshards run, with no migration record and no stored mode.
-    migrations: bool = True
+    migrations: bool = False
 
 
 @attrs.frozen
@@ -161,6 +161,11 @@ class AdvanceMigration:
     now_ms: int
     evidence: Mapping[int, DrainCheck] = attrs.field(factory=dict)
     topology: Topology | None = None
+    #: The migration the evidence was read for, and when its reading began: QUIESCED takes
+    #: only evidence read for it, after it began (else an entry appended before the producers
+    #: quiesced could be missing from it).
+    migration_id: int = 0
+    read_at_ms: int = 0
 
 
 @attrs.frozen

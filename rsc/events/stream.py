@@ -179,9 +179,12 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
         case ProducerLeasesRestarted():
             return state  # liveness only: the heartbeats that follow restart each lease
         case ProducersPaused():
-            return attrs.evolve(state, paused=PauseState(event.reason, event.paused_at_ms))
+            # A pause starts with nobody quiet: each producer reports it anew (a flag left from
+            # an earlier pause says nothing about what the producer did since).
+            paused = PauseState(event.reason, event.paused_at_ms)
+            return attrs.evolve(state, paused=paused, producers=_unquiet(producers))
         case ProducersResumed():
-            return attrs.evolve(state, paused=None)
+            return attrs.evolve(state, paused=None, producers=_unquiet(producers))
         case ReshardModeSet():
             return attrs.evolve(state, reshard_mode=event.mode)
         case MigrationStarted():
@@ -209,6 +212,12 @@ def _migration(state: StreamState) -> Migration:
     if state.migration is None or not state.migration.running:
         raise CorruptHistory("a migration event with no running migration")
     return state.migration
+
+
+def _unquiet(producers: Mapping[str, Producer]) -> Mapping[str, Producer]:
+    if not any(p.quiesced for p in producers.values()):
+        return producers
+    return {k: attrs.evolve(p, quiesced=False) for k, p in producers.items()}
 
 
 def _producer(state: StreamState, producer_id: str) -> Producer:
@@ -255,7 +264,8 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
         case RetireShards():
             return _then_advance(state, _retire(state, command), command.now_ms)
         case AdvanceMigration():
-            return _advance(state, command.now_ms, command.evidence, command.topology)
+            read = (command.migration_id, command.read_at_ms)
+            return _advance(state, command.now_ms, command.evidence, command.topology, read)
         case ResumeMigration():
             return _resume_migration(state, command)
         case AbortMigration():
@@ -268,6 +278,13 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
         case ProducerHeartbeat():
             return _then_advance(state, _producer_heartbeat(state, command), command.now_ms)
         case PauseProducers():
+            holding = _unswitched(state)
+            if holding is not None and holding.paused_producers:
+                raise MigrationConflict(
+                    f"migration {holding.migration_id} holds the producers paused and resumes them "
+                    f"when it switches the layout (phase {holding.phase.value}); pause them again "
+                    "after that, or abort it"
+                )
             if state.paused is not None:
                 return []  # idempotent: the first pause's reason and time stay
             if not (command.reason and is_plain_text(command.reason, MAX_REASON)):
@@ -319,14 +336,17 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     known = state.producers.get(command.producer_id)
     if command.leave:
         return [] if known is None else [ProducerLeft(command.producer_id, command.now_ms)]
+    # Quiet means something only while the stream is paused: a heartbeat built before the
+    # producer learnt of a resume still says quiesced, and is publishing again after it.
+    quiesced = command.quiesced and state.paused is not None
     events: list[StreamEvent] = []
     if known is None:
         registered = ProducerRegistered(
-            command.producer_id, acked, command.quiesced, command.lease_ttl_ms, command.client, command.now_ms
+            command.producer_id, acked, quiesced, command.lease_ttl_ms, command.client, command.now_ms
         )
         events.append(registered)
-    elif (known.acked_version, known.quiesced) != (acked, command.quiesced):
-        events.append(ProducerAcknowledged(command.producer_id, acked, command.quiesced))
+    elif (known.acked_version, known.quiesced) != (acked, quiesced):
+        events.append(ProducerAcknowledged(command.producer_id, acked, quiesced))
     # Its lease starts (a registration) or is renewed: liveness for the lease table.
     events.append(ProducerHeartbeated(command.producer_id, command.now_ms + command.lease_ttl_ms))
     return events
@@ -451,7 +471,7 @@ def _then_advance(
 def moving(state: StreamState | None) -> bool:
     """A migration runs and is not stalled: producers' heartbeats, expiries, retirements and
     ticks (its phase bound) may move it on."""
-    m = state.migration if state is not None else None
+    m = state.migration if state is not None and not state.deleted else None
     return m is not None and m.running and m.stalled is None
 
 
@@ -460,6 +480,7 @@ def _advance(
     now_ms: int,
     evidence: Mapping[int, DrainCheck] | None,
     topology: Topology | None,
+    read: tuple[int, int] = (0, 0),
 ) -> list[StreamEvent]:
     """The phase changes the running migration makes now (`evidence`: of every readable shard,
     which QUIESCED waits for; None: not read this time). A stalled migration stays put."""
@@ -468,7 +489,7 @@ def _advance(
         m = state.migration
         if m is None or not m.running or m.stalled is not None:
             break
-        step = _step(state, m, now_ms, evidence, topology)
+        step = _step(state, m, now_ms, evidence, topology, read)
         if not step:
             break
         out.extend(step)
@@ -482,7 +503,10 @@ def _step(
     now_ms: int,
     evidence: Mapping[int, DrainCheck] | None,
     topology: Topology | None,
+    read: tuple[int, int],
 ) -> list[StreamEvent]:
+    """`read`: the migration the evidence was read for, and when its reading began."""
+    read_for, read_at = read
     match m.phase:
         case MigrationPhase.PAUSING:
             if not quiet(state):
@@ -492,6 +516,8 @@ def _step(
         case MigrationPhase.QUIESCED:
             if evidence is None or not quiet(state) or not consumed(state, evidence):
                 return []
+            if read_for != m.migration_id or read_at < m.phases[-1].at_ms:
+                return []  # read for another migration, or before this phase began
             events = _layout_change(state, m.to_count, topology)
             events.append(MigrationPhaseChanged(MigrationPhase.SWITCHING, now_ms))
             if m.paused_producers and state.paused is not None:

@@ -197,9 +197,6 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
     @app.put("/v1/admin/streams/<stream_prefix>")
     async def put_stream(stream_prefix: str) -> Response:
         spec = structure(await json_body(), StreamSpec)
-        actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
-        _check_if_match(actor.revision)
-        state = actor.state
         level = (await registry.store.features.current()).level
         if spec.reshard_mode is ReshardMode.QUIESCE and level < MIGRATION_LEVEL:
             raise _level_required(
@@ -208,6 +205,9 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
                 MIGRATION_LEVEL,
                 level,
             )
+        actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
+        _check_if_match(actor.revision)
+        state = actor.state
         if spec.shard_count < state.shard_count and level < SEAL_LEVEL:
             raise _level_required(
                 f"scale-in seals the shards it drains, which needs feature level {SEAL_LEVEL} "
