@@ -28,6 +28,8 @@ from rsc.connect import RedisRefused, first_leaf
 from rsc.demo import run_demo
 from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
+from rsc.tools import admin as admin_tools
+from rsc.tools import apply as applying
 
 T = TypeVar("T")
 
@@ -372,3 +374,49 @@ def worker(
         if isinstance(ended, CoordinatorRejected):
             raise click.ClickException(f"the coordinator refused this worker: {ended}") from exc
         raise click.ClickException(f"the worker stopped: {ended}") from exc
+
+
+for _command in admin_tools.COMMANDS:
+    main.add_command(_command)
+
+
+def _apply_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "-f",
+            "--file",
+            "files",
+            multiple=True,
+            required=True,
+            type=click.Path(dir_okay=False),
+            help="Desired streams and groups (TOML, or YAML by extension); repeatable.",
+        ),
+        click.option(
+            "--prune", is_flag=True, help="Also delete groups of the named streams not in the files."
+        ),
+        click.option(
+            "--prune-streams", is_flag=True, help="Also delete streams not in the files (and their groups)."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@main.command("diff")
+@_apply_options
+@admin_tools.connection_options
+def diff(admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool) -> None:
+    """Show what `rsc apply` would change. Exit 0: nothing; 2: changes; 1: an error."""
+    sys.exit(applying.run(admin, files, dry_run=True, prune=prune, prune_streams=prune_streams))
+
+
+@main.command("apply")
+@_apply_options
+@click.option("--dry-run", is_flag=True, help="Only show the plan (exit 2 when it has changes).")
+@admin_tools.connection_options
+def apply(
+    admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool, dry_run: bool
+) -> None:
+    """Make the coordinator match the files (If-Match on every change). Exit 0: done; 1: error."""
+    sys.exit(applying.run(admin, files, dry_run=dry_run, prune=prune, prune_streams=prune_streams))

@@ -40,7 +40,7 @@ from rsc.actors.clock import Clock
 from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Loaded, Store, check_writable
-from rsc.events.errors import CoordinationError
+from rsc.events.errors import CoordinationError, PreconditionFailed
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.liveness import Leases
 
@@ -98,9 +98,11 @@ class Reply(Generic[S, E]):
 
 
 class _Pending:
-    """A one-shot answer slot."""
+    """A one-shot answer slot; `expect`: the revision the aggregate must be at when the command
+    is decided (an HTTP `If-Match`), else it is refused with `PreconditionFailed`."""
 
-    def __init__(self) -> None:
+    def __init__(self, expect: int | None = None) -> None:
+        self.expect = expect
         self._done = trio.Event()
         self._value: Any = None
         self._error: BaseException | None = None
@@ -202,17 +204,20 @@ class Actor(Generic[S, C, E]):
     def inbox_depth(self) -> int:
         return self._receive.statistics().current_buffer_used
 
-    async def ask(self, command: C) -> Reply[S, E]:
+    async def ask(self, command: C, expect_revision: int | None = None) -> Reply[S, E]:
         """Send `command` and wait for its persisted outcome.
 
         Raises the command's `CoordinationError`, `StoreUnavailable`, or
         `ActorStopped` if the actor stopped first (the command may or may not
-        have been persisted: ask again, commands are safe to repeat).
+        have been persisted: ask again, commands are safe to repeat). With
+        `expect_revision`, the command is decided only if the aggregate is at that
+        revision then, in the actor's own order (`PreconditionFailed` otherwise): a
+        check-and-write no other writer can come between.
         """
         if self._stopped:
             raise ActorStopped(str(self.aggregate.aggregate_id))
         self.last_used = trio.current_time()
-        pending = _Pending()
+        pending = _Pending(expect_revision)
         try:
             await self._send.send((command, pending))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -331,7 +336,15 @@ class Actor(Generic[S, C, E]):
         working = self.state
         answers: list[tuple[_Answer | None, Reply[S, E] | CoordinationError]] = []
         every: list[E] = []
+        durable_so_far = 0
         for command, pending in batch:
+            expect = getattr(pending, "expect", None)
+            if expect is not None and expect != self.revision + durable_so_far:
+                at = self.revision + durable_so_far
+                answers.append(
+                    (pending, PreconditionFailed(f"the resource is at revision {at}, not {expect}"))
+                )
+                continue
             try:
                 working, events = self.aggregate.execute(working, command)
             except CoordinationError as refusal:
@@ -339,6 +352,7 @@ class Actor(Generic[S, C, E]):
                 continue
             answers.append((pending, Reply(working, events)))
             every.extend(events)
+            durable_so_far += sum(1 for e in events if getattr(e, "durable", True))
         durable = [e for e in every if getattr(e, "durable", True)]
         if durable and working is not None:
             await self._persist(durable, working)

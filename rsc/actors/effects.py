@@ -30,7 +30,7 @@ from rsc.actors.errors import Fenced, StoreUnavailable
 from rsc.actors.keys import STREAMS_KEY, owner_key
 from rsc.events import codec
 from rsc.events.slots import Primary, Topology
-from rsc.events.wire import OwnerToken, seal_key
+from rsc.events.wire import OwnerToken, dead_letter_key, seal_key
 
 # Create the stream key empty if it does not exist (XADD then trim to 0 keeps the key).
 ENSURE_STREAM = """
@@ -74,6 +74,38 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   groups[#groups + 1] = {info['name'], info['pending'], #after}
 end
 return {sealed, last[1] and last[1][1] or '', groups}
+"""
+
+# Replay dead letters onto their shard (KEYS: shard, its dead-letter stream; same slot). ARGV:
+# how many at most, then the dead-letter ids to take (none: the oldest). Each is appended to
+# the shard again with its original fields (the rsc* bookkeeping fields dropped), then
+# deleted from the dead-letter stream, atomically: none lost, none replayed twice.
+REPLAY_DEAD_LETTERS = """
+local entries
+if #ARGV > 1 then
+  entries = {}
+  for i = 2, #ARGV do
+    local found = redis.call('XRANGE', KEYS[2], ARGV[i], ARGV[i])
+    if found[1] then entries[#entries + 1] = found[1] end
+  end
+else
+  entries = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', tonumber(ARGV[1]))
+end
+local out = {}
+for _, e in ipairs(entries) do
+  local fields = {}
+  for i = 1, #e[2], 2 do
+    if string.sub(e[2][i], 1, 3) ~= 'rsc' then
+      fields[#fields + 1] = e[2][i]
+      fields[#fields + 1] = e[2][i + 1]
+    end
+  end
+  if #fields == 0 then fields = {'rscEmpty', '1'} end
+  local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+  redis.call('XDEL', KEYS[2], e[1])
+  out[#out + 1] = {e[1], id}
+end
+return out
 """
 
 OWNER_FENCE_FIELD = "__fence"
@@ -215,6 +247,21 @@ class Effects(Protocol):
         """Each key's drain evidence (`DRAIN_EVIDENCE`), read on its own node."""
         ...
 
+    async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:
+        """How many entries each shard's dead-letter stream (`<shard key>:dlq`) holds."""
+        ...
+
+    async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        """The oldest `count` entries of a shard's dead-letter stream."""
+        ...
+
+    async def replay_dead_letters(
+        self, shard_key: str, ids: Sequence[str], count: int
+    ) -> list[tuple[str, str]]:
+        """Append dead letters (`ids`, or the oldest `count`) to the shard again and delete them
+        from the dead-letter stream, atomically; (dead-letter id, new id) of each."""
+        ...
+
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None: ...
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
@@ -254,6 +301,7 @@ class RedisEffects:
         self._ensure_group = redis.register_script(ENSURE_GROUP)
         self._destroy_group = redis.register_script(DESTROY_GROUP)
         self._drain_evidence = redis.register_script(DRAIN_EVIDENCE)
+        self._replay = redis.register_script(REPLAY_DEAD_LETTERS)
 
     async def register_stream(self, stream_prefix: str) -> None:
         self._in_term()
@@ -275,7 +323,7 @@ class RedisEffects:
         for chunk in _chunks(shard_keys):
             async with self._pipeline() as pipe:
                 for key in chunk:
-                    pipe.delete([key, owner_key(key), seal_key(key)])
+                    pipe.delete([key, owner_key(key), seal_key(key), dead_letter_key(key)])
 
     async def expire_streams(self, shard_keys: Iterable[str], after_ms: int) -> None:
         if after_ms <= 0:
@@ -307,6 +355,28 @@ class RedisEffects:
                     tuple(GroupDrain(str(g[0]), int(g[1]), bool(int(g[2]))) for g in groups),
                 )
         return out
+
+    async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for chunk in _chunks(shard_keys):
+            with redis_errors("reading dead-letter streams"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key in chunk:
+                        pipe.xlen(dead_letter_key(key))
+            out.update(zip(chunk, (int(n) for n in pipe.results or ()), strict=True))
+        return out
+
+    async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        with redis_errors("reading a dead-letter stream"):
+            entries = await self.redis.xrange(dead_letter_key(shard_key), count=count)
+        return [(str(e.identifier), {str(k): str(v) for k, v in e.field_values.items()}) for e in entries]
+
+    async def replay_dead_letters(
+        self, shard_key: str, ids: Sequence[str], count: int
+    ) -> list[tuple[str, str]]:
+        with redis_errors("replaying dead letters"):
+            done = await self._replay(keys=[shard_key, dead_letter_key(shard_key)], args=[count, *ids])
+        return [(str(old), str(new)) for old, new in done]
 
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
         for chunk in _chunks(shard_keys):
@@ -501,6 +571,17 @@ class MemoryEffects:
     async def expire_streams(self, shard_keys: Iterable[str], after_ms: int) -> None:
         for key in shard_keys:
             self.expiring.setdefault(key, after_ms)
+
+    async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:
+        return dict.fromkeys(shard_keys, 0)
+
+    async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
+        return []
+
+    async def replay_dead_letters(
+        self, shard_key: str, ids: Sequence[str], count: int
+    ) -> list[tuple[str, str]]:
+        return []
 
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
         for key in shard_keys:

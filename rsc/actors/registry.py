@@ -120,13 +120,19 @@ class Registry:
     # --- asking ---------------------------------------------------------
 
     async def ask_group(
-        self, stream_prefix: str, group: str, command: GroupCommand, create: bool = True
+        self,
+        stream_prefix: str,
+        group: str,
+        command: GroupCommand,
+        create: bool = True,
+        expect: int | None = None,
     ) -> Reply[GroupState, GroupEvent]:
-        """Send `command` to the group's actor (started, and created if needed and `create`)."""
+        """Send `command` to the group's actor (started, and created if needed and `create`);
+        `expect`: only at that revision (`PreconditionFailed`)."""
         for attempt in range(ASK_ATTEMPTS):
             try:
                 actor = await self.group(stream_prefix, group, create=create)
-                return await actor.ask(command)
+                return await actor.ask(command, expect)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
                     raise
@@ -146,12 +152,16 @@ class Registry:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def ask_stream(
-        self, stream_prefix: str, command: StreamCommand, create: bool | None = None
+        self,
+        stream_prefix: str,
+        command: StreamCommand,
+        create: bool | None = None,
+        expect: int | None = None,
     ) -> Reply[StreamState, StreamEvent]:
         for attempt in range(ASK_ATTEMPTS):
             try:
                 actor = await self.stream(stream_prefix, create=create)
-                return await actor.ask(command)
+                return await actor.ask(command, expect)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
                     raise
@@ -228,14 +238,14 @@ class Registry:
 
     # --- deleting -------------------------------------------------------
 
-    async def delete_group(self, stream_prefix: str, group: str) -> None:
+    async def delete_group(self, stream_prefix: str, group: str, expect: int | None = None) -> None:
         """Delete a group without live members (`NotEmpty` otherwise) and its Redis consumer groups.
 
         The group records its deletion first, then the stream forgets it. A
         member joining meanwhile creates the group afresh, and the stream
         learns it again.
         """
-        await self.ask_group(stream_prefix, group, DeleteGroup(self.clock.now_ms()))
+        await self.ask_group(stream_prefix, group, DeleteGroup(self.clock.now_ms()), expect=expect)
         await self.ask_stream(stream_prefix, UnregisterGroup(group), create=False)
         entry = self.actors.get(AggregateId(stream_prefix, group))
         state = entry.actor.state if entry is not None and entry.started else None
@@ -248,26 +258,32 @@ class Registry:
         shard_count: int,
         mode: ReshardMode = ReshardMode.ONLINE,
         migrations: bool = False,
+        expect: int | None = None,
     ) -> Reply[StreamState, StreamEvent]:
         """Reshard (or store `mode`); new shards are named to spread over the cluster's
         primaries as they are now. `migrations`: the feature level journals migrations."""
         topology = await self.effects.topology()
         bounds = self.settings.migration_bounds
         command = ChangeShardCount(shard_count, mode, self.clock.now_ms(), topology, bounds, migrations)
-        return await self.ask_stream(stream_prefix, command, create=False)
+        return await self.ask_stream(stream_prefix, command, create=False, expect=expect)
 
-    async def resume_migration(self, stream_prefix: str) -> Reply[StreamState, StreamEvent]:
+    async def resume_migration(
+        self, stream_prefix: str, expect: int | None = None
+    ) -> Reply[StreamState, StreamEvent]:
         """Resume a stalled migration (`NoMigration` if none is stalled)."""
         command = ResumeMigration(self.clock.now_ms(), await self.effects.topology())
-        return await self.ask_stream(stream_prefix, command, create=False)
+        return await self.ask_stream(stream_prefix, command, create=False, expect=expect)
 
-    async def abort_migration(self, stream_prefix: str, reason: str) -> Reply[StreamState, StreamEvent]:
+    async def abort_migration(
+        self, stream_prefix: str, reason: str, expect: int | None = None
+    ) -> Reply[StreamState, StreamEvent]:
         """Abort a migration that has not changed the layout yet; producers resume."""
-        return await self.ask_stream(stream_prefix, AbortMigration(self.clock.now_ms(), reason), create=False)
+        command = AbortMigration(self.clock.now_ms(), reason)
+        return await self.ask_stream(stream_prefix, command, create=False, expect=expect)
 
-    async def delete_stream(self, stream_prefix: str) -> None:
+    async def delete_stream(self, stream_prefix: str, expect: int | None = None) -> None:
         """Delete a stream without groups or live producers (`NotEmpty` otherwise) and its shard keys."""
-        await self.ask_stream(stream_prefix, DeleteStream(self.clock.now_ms()), create=False)
+        await self.ask_stream(stream_prefix, DeleteStream(self.clock.now_ms()), create=False, expect=expect)
 
     def _observe_group(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]

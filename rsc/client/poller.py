@@ -68,7 +68,7 @@ from rsc.client.redis_calls import redis_call
 from rsc.connect import reply_code
 from rsc.events.model import DrainProgress, Layout, ShardState
 from rsc.events.slots import key_slot
-from rsc.events.wire import owner_key
+from rsc.events.wire import dead_letter_key, owner_key
 
 log = logging.getLogger("rsc.client.poller")
 
@@ -1058,7 +1058,7 @@ class Poller:
         try:
             with redis_call(f"dead-lettering {message.key} {message.id}"):
                 await self._dead(
-                    keys=[shard.key, owner_key(shard.key), f"{shard.key}:dlq"],
+                    keys=[shard.key, owner_key(shard.key), dead_letter_key(shard.key)],
                     args=[
                         self.group,
                         self.member_id,

@@ -87,3 +87,9 @@ class NoMigration(CoordinationError):
     """A migration action (resume, abort) with no migration it applies to."""
 
     code = "NO_MIGRATION"
+
+
+class PreconditionFailed(CoordinationError):
+    """A write conditioned on a revision (`If-Match`) found the aggregate at another."""
+
+    code = "PRECONDITION_FAILED"

@@ -584,6 +584,14 @@ def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
     return frozenset(ready)
 
 
+def validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
+    """Refuse (`InvalidCommand`) a heartbeat with a field out of range, whatever the group's
+    state (`ids`: check the member id, incarnation and client too, which are stored on a join).
+    The HTTP layer calls it before looking the group up, so a bad request is a 400 even for a
+    group that does not exist."""
+    _validate_heartbeat(hb, ids)
+
+
 def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
     if ids:  # a join (or a new incarnation): what is stored then is checked then
         check_id(hb.member_id, "memberId")

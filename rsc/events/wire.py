@@ -210,6 +210,14 @@ def owner_key(shard_key: str) -> str:
 SEAL_SUFFIX = ":rsc:v1:seal"
 
 
+DEAD_LETTER_SUFFIX = ":dlq"
+
+
+def dead_letter_key(shard_key: str) -> str:
+    """Where a shard's entries go after `max_deliveries` failed handlings (same hash slot)."""
+    return f"{shard_key}{DEAD_LETTER_SUFFIX}"
+
+
 def seal_key(shard_key: str) -> str:
     """The seal of one shard: set when the shard starts DRAINING, gone with the shard key."""
     return f"{shard_key}{SEAL_SUFFIX}"

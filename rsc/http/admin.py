@@ -7,6 +7,7 @@ mismatch). Every request under `/v1/admin/` is audited, whatever happens.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import hmac
 import logging
@@ -26,9 +27,10 @@ from rsc.actors.registry import Registry
 from rsc.events import codec
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
-from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, StartFrom, wire_field
+from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, Shard, ShardState, StartFrom, wire_field
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, target_count
 from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, Party, blockers
+from rsc.events.wire import dead_letter_key
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.auth import AdminAccount, Gate, basic_credentials
@@ -66,6 +68,72 @@ class AbortRequest:
 
 
 @attrs.frozen
+class StreamPatch:
+    """Body of `PATCH /v1/admin/streams/{p}` (RFC 7396): the fields to change; null: default."""
+
+    shard_count: int | None = wire_field(None, minimum=0, maximum=MAX_SHARDS, nullable=True)
+    reshard_mode: ReshardMode | None = None
+
+
+@attrs.frozen
+class GroupPatch:
+    """Body of `PATCH .../groups/{g}` (RFC 7396): the fields to change; null: default."""
+
+    max_concurrency: int | None = wire_field(None, minimum=1, maximum=MAX_CONCURRENCY, nullable=True)
+    start_from: StartFrom | None = None
+
+
+@attrs.frozen
+class ReplayRequest:
+    """Body of `POST .../dlq/replay`: which dead letters go back (all shards' oldest by default)."""
+
+    shard: int | None = wire_field(None, minimum=0, maximum=MAX_SHARDS, nullable=True)
+    ids: tuple[str, ...] = wire_field((), maxItems=1_000, items={"pattern": r"^[0-9]{1,20}-[0-9]{1,20}$"})
+    limit: int = wire_field(100, minimum=1, maximum=1_000)
+
+
+@attrs.frozen
+class DeadLetterShard:
+    shard: int
+    key: str
+    length: int
+
+
+@attrs.frozen
+class DeadLetters:
+    """`GET .../dlq`: each readable or retired shard's dead-letter stream and its length."""
+
+    stream_prefix: str
+    shards: tuple[DeadLetterShard, ...]
+    total: int
+
+
+@attrs.frozen
+class DeadLetter:
+    shard: int
+    id: str
+    original_id: str
+    deliveries: int
+    fields: dict[str, str]
+
+
+@attrs.frozen
+class DeadLetterEntries:
+    stream_prefix: str
+    entries: tuple[DeadLetter, ...]
+
+
+@attrs.frozen
+class Replayed:
+    """`POST .../dlq/replay`: how many went back, and per entry its shard, its dead-letter id
+    and its new id on the shard."""
+
+    replayed: int
+    entries: tuple[tuple[int, str, str], ...]
+    skipped_shards: tuple[int, ...] = ()
+
+
+@attrs.frozen
 class FeatureChange:
     """Body of `PUT /v1/admin/features`: the feature level to finalize."""
 
@@ -93,8 +161,14 @@ class GroupSpec:
     start_from: StartFrom = StartFrom.EARLIEST
 
 
+#: Admin request bodies: a field they do not have is refused (`strict`), so their schemas
+#: say `additionalProperties: false`.
+STRICT_BODIES: frozenset[type] = frozenset(
+    {StreamSpec, StreamPatch, GroupSpec, GroupPatch, PauseRequest, AbortRequest, ReplayRequest, FeatureChange}
+)
+
 #: The query parameters of `GET /v1/admin/audit`.
-AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit"})
+AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit", "requestId"})
 
 
 def add_admin_routes(
@@ -124,7 +198,10 @@ def add_admin_routes(
         # Every refusal counts, with credentials or without: each is an audit record, so an
         # address gets a few individually and then one aggregated record per window.
         if gate.admin_login(header, count_missing=True) is None:
-            raise ApiError(401, "UNAUTHENTICATED", "admin endpoints need HTTP Basic credentials")
+            if basic_credentials(header)[0] is None:
+                raise ApiError(401, "UNAUTHENTICATED", "no credentials: admin endpoints need HTTP Basic auth")
+            # The same words for an unknown user and a wrong password: no user names leak.
+            raise ApiError(401, "UNAUTHENTICATED", "wrong user name or password")
 
     @app.after_request
     async def record(response: Response) -> Response:
@@ -158,6 +235,7 @@ def add_admin_routes(
     _add_group_routes(app, registry)
     _add_pause_routes(app, registry)
     _add_migration_routes(app, registry)
+    _add_dead_letter_routes(app, registry)
     _add_feature_routes(app, registry, coordinators or _no_coordinators)
 
     @app.get("/v1/admin/audit")
@@ -180,6 +258,7 @@ def add_admin_routes(
                 status=int(args["status"]) if "status" in args else None,
                 path_prefix=args.get("pathPrefix"),
                 outcome=args.get("outcome"),
+                request_id=args.get("requestId"),
                 limit=min(1_000, max(1, int(args.get("limit", "100")))),
             )
         except ValueError as exc:
@@ -188,7 +267,7 @@ def add_admin_routes(
 
 
 def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
-    """`PUT`/`GET`/`DELETE` of a stream spec."""
+    """`PUT` (the whole spec), `PATCH` (a merge patch), `GET` and `DELETE` of a stream."""
 
     @app.get("/v1/admin/streams/<stream_prefix>")
     async def get_stream(stream_prefix: str) -> Response:
@@ -196,42 +275,85 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.put("/v1/admin/streams/<stream_prefix>")
     async def put_stream(stream_prefix: str) -> Response:
-        spec = structure(await json_body(), StreamSpec)
-        level = (await registry.store.features.current()).level
-        if spec.reshard_mode is ReshardMode.QUIESCE and level < MIGRATION_LEVEL:
-            raise _level_required(
-                f"reshardMode quiesce runs a journaled migration, which needs feature level "
-                f"{MIGRATION_LEVEL}",
-                MIGRATION_LEVEL,
-                level,
+        spec = strict(await json_body(), StreamSpec)
+        await _apply_stream(registry, stream_prefix, spec)
+        return await _stream_resource(registry, stream_prefix)
+
+    @app.patch("/v1/admin/streams/<stream_prefix>")
+    async def patch_stream(stream_prefix: str) -> Response:
+        patch = _merge_patch_body(await json_body(), StreamPatch)
+        if patch.get("shardCount", 0) is None:
+            del patch["shardCount"]  # it has no default: null leaves it as it is
+        current = await _existing_stream(registry, stream_prefix)
+        if current is None and "shardCount" not in patch:
+            raise ApiError(
+                404,
+                "UNKNOWN_STREAM",
+                f"no stream {stream_prefix!r}: create it with a shardCount (PUT or PATCH)",
             )
-        actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
-        _check_if_match(actor.revision)
-        state = actor.state
-        if spec.shard_count < state.shard_count and level < SEAL_LEVEL:
-            raise _level_required(
-                f"scale-in seals the shards it drains, which needs feature level {SEAL_LEVEL} "
-                "(every producer checks seals)",
-                SEAL_LEVEL,
-                level,
-            )
-        migrations = level >= MIGRATION_LEVEL
-        changes_mode = migrations and spec.reshard_mode is not state.reshard_mode
-        if spec.shard_count != target_count(state) or changes_mode:
-            await registry.change_shard_count(stream_prefix, spec.shard_count, spec.reshard_mode, migrations)
+        spec_now = codec.wire.unstructure(_stream_spec(current.state)) if current is not None else {}
+        spec = strict(merge_patch(spec_now, patch), StreamSpec)
+        await _apply_stream(registry, stream_prefix, spec)
         return await _stream_resource(registry, stream_prefix)
 
     @app.delete("/v1/admin/streams/<stream_prefix>")
     async def delete_stream(stream_prefix: str) -> Response:
         actor = await _stream_actor(registry, stream_prefix, None)
-        _check_if_match(actor.revision)
-        await registry.delete_stream(stream_prefix)
+        expect = _check_if_match(actor.revision)
+        await registry.delete_stream(stream_prefix, expect)
         g.revision = actor.revision
         return Response(b"", status=204)
 
 
+async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec) -> None:
+    """Bring the stream to `spec`: create it, or reshard it and store its mode. A missing
+    stream with `If-Match` is 412 and nothing is created; otherwise the revision `If-Match`
+    names is checked atomically with the change (`PreconditionFailed`)."""
+    level = (await registry.store.features.current()).level
+    if spec.reshard_mode is ReshardMode.QUIESCE and level < MIGRATION_LEVEL:
+        raise _level_required(
+            f"reshardMode quiesce runs a journaled migration, which needs feature level {MIGRATION_LEVEL}",
+            MIGRATION_LEVEL,
+            level,
+        )
+    actor = await _existing_stream(registry, stream_prefix)
+    if actor is None:
+        if request.headers.get("If-Match") is not None:
+            raise ApiError(412, "PRECONDITION_FAILED", f"there is no stream {stream_prefix!r} (If-Match)")
+        actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
+        expect = None
+    else:
+        expect = _check_if_match(actor.revision)
+    state = actor.state
+    if spec.shard_count < state.shard_count and level < SEAL_LEVEL:
+        raise _level_required(
+            f"scale-in seals the shards it drains, which needs feature level {SEAL_LEVEL} "
+            "(every producer checks seals)",
+            SEAL_LEVEL,
+            level,
+        )
+    migrations = level >= MIGRATION_LEVEL
+    changes_mode = migrations and spec.reshard_mode is not state.reshard_mode
+    if spec.shard_count != target_count(state) or changes_mode:
+        await registry.change_shard_count(
+            stream_prefix, spec.shard_count, spec.reshard_mode, migrations, expect=expect
+        )
+
+
+async def _existing_stream(registry: Registry, stream_prefix: str) -> Any:
+    """The stream's actor, or None if there is no such stream (nothing is created)."""
+    try:
+        return await registry.stream(stream_prefix, create=False)
+    except UnknownStream:
+        return None
+
+
+def _stream_spec(state: Any) -> StreamSpec:
+    return StreamSpec(target_count(state), state.reshard_mode)
+
+
 def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
-    """`PUT`/`GET`/`DELETE` of a group spec."""
+    """`PUT` (the whole spec), `PATCH` (a merge patch), `GET` and `DELETE` of a group."""
 
     @app.get("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def get_group(stream_prefix: str, consumer_group: str) -> Response:
@@ -239,11 +361,23 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.put("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def put_group(stream_prefix: str, consumer_group: str) -> Response:
-        spec = structure(await json_body(), GroupSpec)
-        config = GroupConfig(spec.max_concurrency, spec.start_from)
-        actor = await registry.group(stream_prefix, consumer_group, config=config)
-        _check_if_match(actor.revision)
-        await registry.ask_group(stream_prefix, consumer_group, ConfigureGroup(config))
+        spec = strict(await json_body(), GroupSpec)
+        config = await _apply_group(registry, stream_prefix, consumer_group, spec)
+        return await _group_resource(registry, stream_prefix, consumer_group, create=config)
+
+    @app.patch("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
+    async def patch_group(stream_prefix: str, consumer_group: str) -> Response:
+        patch = _merge_patch_body(await json_body(), GroupPatch)
+        actor = await _existing_group(registry, stream_prefix, consumer_group)
+        now = (
+            codec.wire.unstructure(
+                GroupSpec(actor.state.config.max_concurrency, actor.state.config.start_from)
+            )
+            if actor is not None
+            else {}
+        )
+        spec = strict(merge_patch(now, patch), GroupSpec)
+        config = await _apply_group(registry, stream_prefix, consumer_group, spec)
         return await _group_resource(registry, stream_prefix, consumer_group, create=config)
 
     @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
@@ -252,10 +386,93 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
         if consumer_group not in stream.state.groups:
             raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
         actor = await registry.group(stream_prefix, consumer_group)
-        _check_if_match(actor.revision)
-        await registry.delete_group(stream_prefix, consumer_group)
+        expect = _check_if_match(actor.revision)
+        await registry.delete_group(stream_prefix, consumer_group, expect)
         g.revision = actor.revision
         return Response(b"", status=204)
+
+
+async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec: GroupSpec) -> GroupConfig:
+    """Create the group with `spec`, or change it (`startFrom` only when creating: 409
+    `IMMUTABLE_FIELD`); `If-Match` as for streams."""
+    config = GroupConfig(spec.max_concurrency, spec.start_from)
+    actor = await _existing_group(registry, stream_prefix, group)
+    if actor is None:
+        if request.headers.get("If-Match") is not None:
+            raise ApiError(
+                412, "PRECONDITION_FAILED", f"there is no group {group!r} of {stream_prefix!r} (If-Match)"
+            )
+        await registry.group(stream_prefix, group, config=config)
+        return config
+    expect = _check_if_match(actor.revision)
+    stored = actor.state.config
+    if stored.start_from is not config.start_from:
+        raise ApiError(
+            409,
+            "IMMUTABLE_FIELD",
+            f"startFrom is {stored.start_from.value!r}: it applies when a group is created and cannot "
+            "change (delete the group and create it again to start elsewhere)",
+            {"field": "startFrom", "stored": stored.start_from.value},
+        )
+    await registry.ask_group(stream_prefix, group, ConfigureGroup(config), expect=expect)
+    return config
+
+
+async def _existing_group(registry: Registry, stream_prefix: str, group: str) -> Any:
+    """The group's actor, or None if there is no such group (nothing is created)."""
+    try:
+        return await registry.group(stream_prefix, group, create=False)
+    except (UnknownGroup, UnknownStream):
+        return None
+
+
+def strict(data: Any, as_type: type[T]) -> T:
+    """`data` as `as_type`, refusing fields it does not have (400, naming each, with the
+    closest known name), so a typo never silently resets a field to its default."""
+    if not isinstance(data, dict):
+        raise ApiError(400, "INVALID_REQUEST", "the body must be a JSON object")
+    known = [codec.camel(a.name) for a in attrs.fields(as_type)]  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            close = close or [k for k in known if k.lower() == name.lower()]
+            hints.append(repr(name) + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ApiError(
+            400,
+            "INVALID_REQUEST",
+            f"unknown field(s) {', '.join(hints)}; the fields are {', '.join(known)}",
+            {"unknown": unknown, "fields": known},
+        )
+    return structure(data, as_type)
+
+
+def _merge_patch_body(data: Any, as_type: type[Any]) -> dict[str, Any]:
+    """A JSON Merge Patch (RFC 7396) of a flat spec: an object of known fields."""
+    if not isinstance(data, dict):
+        raise ApiError(400, "INVALID_REQUEST", "a merge patch of a spec must be a JSON object")
+    strict_keys(data, as_type)
+    return data
+
+
+def strict_keys(data: dict[str, Any], as_type: type[Any]) -> None:
+    """The unknown-field check of `strict` alone (values may still be null: a merge patch)."""
+    known = {codec.camel(a.name) for a in attrs.fields(as_type)}
+    if set(data) - known:
+        strict({k: v for k, v in data.items() if k not in known} | {}, as_type)
+
+
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7396 on a flat object: each field given replaces the target's, null removes it
+    (so the spec's default applies)."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:
@@ -265,15 +482,16 @@ def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:
     async def pause(stream_prefix: str) -> Response:
         body = await _optional_body(PauseRequest)
         actor = await _stream_actor(registry, stream_prefix, None)
-        _check_if_match(actor.revision)
-        await registry.ask_stream(stream_prefix, PauseProducers(body.reason, registry.clock.now_ms()))
+        expect = _check_if_match(actor.revision)
+        command = PauseProducers(body.reason, registry.clock.now_ms())
+        await registry.ask_stream(stream_prefix, command, expect=expect)
         return await _stream_resource(registry, stream_prefix)
 
     @app.post("/v1/admin/streams/<stream_prefix>/resume")
     async def resume(stream_prefix: str) -> Response:
         actor = await _stream_actor(registry, stream_prefix, None)
-        _check_if_match(actor.revision)
-        await registry.ask_stream(stream_prefix, ResumeProducers(registry.clock.now_ms()))
+        expect = _check_if_match(actor.revision)
+        await registry.ask_stream(stream_prefix, ResumeProducers(registry.clock.now_ms()), expect=expect)
         return await _stream_resource(registry, stream_prefix)
 
 
@@ -283,17 +501,75 @@ def _add_migration_routes(app: QuartTrio, registry: Registry) -> None:
     @app.post("/v1/admin/streams/<stream_prefix>/migration/resume")
     async def resume_migration(stream_prefix: str) -> Response:
         actor = await _stream_actor(registry, stream_prefix, None)
-        _check_if_match(actor.revision)
-        await registry.resume_migration(stream_prefix)
+        expect = _check_if_match(actor.revision)
+        await registry.resume_migration(stream_prefix, expect)
         return await _stream_resource(registry, stream_prefix)
 
     @app.post("/v1/admin/streams/<stream_prefix>/migration/abort")
     async def abort_migration(stream_prefix: str) -> Response:
         body = await _optional_body(AbortRequest)
         actor = await _stream_actor(registry, stream_prefix, None)
-        _check_if_match(actor.revision)
-        await registry.abort_migration(stream_prefix, body.reason)
+        expect = _check_if_match(actor.revision)
+        await registry.abort_migration(stream_prefix, body.reason, expect)
         return await _stream_resource(registry, stream_prefix)
+
+
+def _add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
+    """The dead-letter streams of a stream's shards: count, read, replay."""
+
+    @app.get("/v1/admin/streams/<stream_prefix>/dlq")
+    async def dead_letters(stream_prefix: str) -> Response:
+        shards = await _dead_letter_shards(registry, stream_prefix)
+        counts = await registry.effects.dead_letter_counts(s.key for s in shards)
+        listed = tuple(DeadLetterShard(s.index, dead_letter_key(s.key), counts.get(s.key, 0)) for s in shards)
+        return json_response(DeadLetters(stream_prefix, listed, sum(d.length for d in listed)))
+
+    @app.get("/v1/admin/streams/<stream_prefix>/dlq/entries")
+    async def dead_letter_entries(stream_prefix: str) -> Response:
+        args = request.args
+        unknown = sorted(set(args) - {"shard", "limit"})
+        if unknown:
+            raise ApiError(
+                400, "INVALID_REQUEST", f"unknown query parameter(s) {unknown}; known: shard, limit"
+            )
+        try:
+            wanted = int(args["shard"]) if "shard" in args else None
+            limit = min(1_000, max(1, int(args.get("limit", "100"))))
+        except ValueError as exc:
+            raise ApiError(400, "INVALID_REQUEST", "shard and limit must be integers") from exc
+        entries: list[DeadLetter] = []
+        for shard in await _dead_letter_shards(registry, stream_prefix, wanted):
+            for entry_id, fields in await registry.effects.dead_letters(shard.key, limit - len(entries)):
+                original = fields.pop("rscSourceId", "")
+                deliveries = int(fields.pop("rscDeliveries", "0") or 0)
+                entries.append(DeadLetter(shard.index, entry_id, original, deliveries, fields))
+            if len(entries) >= limit:
+                break
+        return json_response(DeadLetterEntries(stream_prefix, tuple(entries)))
+
+    @app.post("/v1/admin/streams/<stream_prefix>/dlq/replay")
+    async def replay(stream_prefix: str) -> Response:
+        body = await _optional_body(ReplayRequest)
+        replayed: list[tuple[int, str, str]] = []
+        shards = await _dead_letter_shards(registry, stream_prefix, body.shard)
+        for shard in shards:
+            left = body.limit - len(replayed)
+            if shard.state is not ShardState.ACTIVE or left <= 0:
+                continue  # no new entries go to a shard that drains or retired
+            done = await registry.effects.replay_dead_letters(shard.key, body.ids, left)
+            replayed.extend((shard.index, old, new) for old, new in done)
+        others = [s for s in shards if s.state is not ShardState.ACTIVE]
+        counts = await registry.effects.dead_letter_counts(s.key for s in others)
+        skipped = tuple(s.index for s in others if counts.get(s.key))
+        return json_response(Replayed(len(replayed), tuple(replayed), skipped))
+
+
+async def _dead_letter_shards(registry: Registry, stream_prefix: str, only: int | None = None) -> list[Shard]:
+    actor = await _stream_actor(registry, stream_prefix, None)
+    shards = [s for s in actor.state.layout.shards if only is None or s.index == only]
+    if only is not None and not shards:
+        raise ApiError(404, "NOT_FOUND", f"stream {stream_prefix!r} has no shard {only}")
+    return shards
 
 
 def _level_required(why: str, required: int, level: int) -> ApiError:
@@ -308,7 +584,7 @@ def _level_required(why: str, required: int, level: int) -> ApiError:
 async def _optional_body(as_type: type[T]) -> T:
     """The JSON body as `as_type`, or its defaults when the body is empty."""
     data = await request.get_data(as_text=False)
-    return structure(await json_body(), as_type) if data.strip() else as_type()
+    return strict(await json_body(), as_type) if data.strip() else as_type()
 
 
 async def _stream_actor(registry: Registry, stream_prefix: str, shard_count: int | None) -> Any:
@@ -323,7 +599,7 @@ async def _stream_resource(registry: Registry, stream_prefix: str) -> Response:
     state = actor.state
     g.revision = actor.revision
     body = {
-        "spec": StreamSpec(target_count(state), state.reshard_mode),
+        "spec": _stream_spec(state),
         "status": stream_view(state, actor.leases, registry.clock.now_ms()),
         "revision": actor.revision,
     }
@@ -357,13 +633,16 @@ def _with_etag(response: Response, revision: int) -> Response:
     return response
 
 
-def _check_if_match(revision: int) -> None:
+def _check_if_match(revision: int) -> int | None:
+    """Refuse (412) if `If-Match` names other revisions than `revision`; the revision the write
+    must still find when the actor decides it (checked there again, atomically), or None."""
     wanted = request.headers.get("If-Match")
     if wanted is None or wanted.strip() == "*":
-        return
+        return None
     tags = {t.strip().removeprefix("W/").strip('"') for t in wanted.split(",")}
     if str(revision) not in tags:
         raise ApiError(412, "PRECONDITION_FAILED", f"the resource is at revision {revision}, not {wanted}")
+    return revision
 
 
 def caller_name(user: str | None, account: AdminAccount) -> str | None:
@@ -498,7 +777,7 @@ def _add_feature_routes(
 
     @app.put("/v1/admin/features")
     async def put_features() -> Response:
-        change = structure(await json_body(), FeatureChange)
+        change = strict(await json_body(), FeatureChange)
         if change.level < 1:
             raise ApiError(400, "INVALID_REQUEST", "level must be at least 1")
         if change.level > MAX_FEATURE_LEVEL:

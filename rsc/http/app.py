@@ -8,9 +8,11 @@ is unavailable; 500 only for a bug, and then without internals.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import re
+import typing
 import uuid
 from typing import Any, TypeVar
 
@@ -31,6 +33,7 @@ from rsc.events import codec, longpoll
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
+from rsc.events.group import validate_heartbeat
 from rsc.events.model import SURROGATE
 from rsc.events.respond import respond, respond_producer
 from rsc.events.wire import (
@@ -61,6 +64,7 @@ _STATUS = {
     "DELETED": 409,
     "MIGRATION_IN_PROGRESS": 409,
     "NO_MIGRATION": 409,
+    "PRECONDITION_FAILED": 412,
 }
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 #: How long `/readyz` waits for Redis before saying it is not ready.
@@ -201,7 +205,10 @@ def _add_member_routes(
             body = structure(await json_body(), HeartbeatRequest)
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
             command = body.to_command(registry.clock.now_ms())
-            create = auto_groups and gate.may_create(caller)
+            validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
+            # Only a join may create a group (and its stream): a member that is not joining
+            # speaks of a group it was in, so a missing group is news to it, not a request.
+            create = auto_groups and gate.may_create(caller) and body.member_epoch == 0
             version = holds.version(body.stream_prefix, body.consumer_group)
             reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
             response = respond(reply.state, command, reply.events)
@@ -255,6 +262,17 @@ def answered_in(response: R, requested: int, level: int) -> R:
     return attrs.evolve(response, protocol_version=version, feature_level=level)
 
 
+def _batch_item(raw: Any, gate: Gate, allowed: set[str], now_ms: int) -> tuple[HeartbeatRequest, Heartbeat]:
+    """One item of a batch, parsed, authorized (once per stream) and checked."""
+    body = structure(raw, HeartbeatRequest)
+    if body.stream_prefix not in allowed:
+        gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+        allowed.add(body.stream_prefix)
+    command = body.to_command(now_ms)
+    validate_heartbeat(command, ids=False)
+    return body, command
+
+
 async def _answer_batch(
     registry: Registry,
     gate: Gate,
@@ -284,11 +302,7 @@ async def _answer_batch(
     allowed: set[str] = set()  # the streams already authorized in this batch
     for index, raw in enumerate(batch.heartbeats):
         try:
-            body = structure(raw, HeartbeatRequest)
-            if body.stream_prefix not in allowed:
-                gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
-                allowed.add(body.stream_prefix)
-            command = body.to_command(now_ms)
+            body, command = _batch_item(raw, gate, allowed, now_ms)
         except ApiError as error:  # a refused caller (`Refused`) too
             results[index] = error_body(error.code, error.message, error.details)
             continue
@@ -302,7 +316,8 @@ async def _answer_batch(
     async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
         version = holds.version(*key)
         try:
-            replies = await registry.ask_group_many(*key, [command for _, command in items], create=create)
+            joins = create and any(bodies[index].member_epoch == 0 for index, _ in items)
+            replies = await registry.ask_group_many(*key, [command for _, command in items], create=joins)
         except CoordinationError as error:
             for index, _ in items:
                 results[index] = error_body(error.code, error.message)
@@ -498,11 +513,33 @@ def structure(data: Any, as_type: type[T]) -> T:
         value: T = codec.wire.structure(data, as_type)
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
         if isinstance(exc, cattrs.BaseValidationError):
-            problems = [_camel_path(p) for p in cattrs.transform_error(exc)]
+            problems = [_camel_path(p) for p in cattrs.transform_error(exc, format_exception=_problem)]
         else:
             problems = [str(exc)]
         raise ApiError(400, "INVALID_REQUEST", "the body does not match the schema", problems) from exc
     return value
+
+
+#: What a wire value of each plain type must be, in the words of JSON rather than Python.
+_EXPECTED = {int: "an integer", str: "a string", bool: "true or false", float: "a number"}
+
+
+def _problem(exc: BaseException, tp: Any) -> str:
+    """One problem with one value, named in JSON's terms (never a Python type's name)."""
+    if isinstance(exc, KeyError):
+        return "required field missing"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "expected one of " + ", ".join(repr(m.value) for m in tp)
+    if tp in _EXPECTED:
+        return f"expected {_EXPECTED[tp]}"
+    if isinstance(exc, ValueError) and str(exc).startswith("'"):  # an attrs validator: the limit
+        return re.sub(r"'([a-z]+(?:_[a-z]+)+)'", lambda m: repr(codec.camel(m.group(1))), str(exc))
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple, frozenset, set) or tp in (list, tuple):
+        return "expected an array"
+    if attrs.has(tp) or origin is dict or tp is dict:
+        return "expected an object"
+    return "invalid value"
 
 
 def _camel_path(problem: str) -> str:

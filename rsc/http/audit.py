@@ -48,10 +48,12 @@ class AuditFilter:
     path_prefix: str | None = None
     outcome: str | None = None
     limit: int = 100
+    request_id: str | None = None
 
     def matches(self, record: AuditRecord) -> bool:
         return (
-            (self.caller is None or record.caller == self.caller)
+            (self.request_id is None or record.request_id == self.request_id)
+            and (self.caller is None or record.caller == self.caller)
             and (self.method is None or record.method == self.method.upper())
             and (self.status is None or record.status == self.status)
             and (self.path_prefix is None or record.path.startswith(self.path_prefix))

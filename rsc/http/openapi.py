@@ -28,7 +28,21 @@ from rsc.events.wire import (
     ProducerHeartbeatResponse,
 )
 from rsc.http import views
-from rsc.http.admin import AbortRequest, FeatureChange, FeaturesStatus, GroupSpec, PauseRequest, StreamSpec
+from rsc.http.admin import (
+    STRICT_BODIES,
+    AbortRequest,
+    DeadLetterEntries,
+    DeadLetters,
+    FeatureChange,
+    FeaturesStatus,
+    GroupPatch,
+    GroupSpec,
+    PauseRequest,
+    Replayed,
+    ReplayRequest,
+    StreamPatch,
+    StreamSpec,
+)
 from rsc.http.audit import AuditRecord
 from rsc.http.auth import PUBLIC_PATHS
 
@@ -142,6 +156,45 @@ ROUTES = (
         admin=True,
     ),
     Route(
+        "patch",
+        A,
+        "Change only the fields given of a stream's spec (JSON Merge Patch, RFC 7396: null means "
+        "the default, and leaves shardCount, which has none, as it is); creates the stream if it "
+        "does not exist and shardCount is given (else 404)",
+        StreamPatch,
+        StreamResource,
+        admin=True,
+    ),
+    Route(
+        "get",
+        f"{A}/dlq",
+        "Each shard's dead-letter stream and how many entries it holds",
+        None,
+        DeadLetters,
+        admin=True,
+    ),
+    Route(
+        "get",
+        f"{A}/dlq/entries",
+        "Dead-lettered entries, oldest first: original id, deliveries, fields",
+        None,
+        DeadLetterEntries,
+        admin=True,
+        query=(
+            {"name": "shard", "schema": {"type": "integer", "minimum": 0}},
+            {"name": "limit", "schema": {"type": "integer"}, "description": "1-1000 (clamped), default 100"},
+        ),
+    ),
+    Route(
+        "post",
+        f"{A}/dlq/replay",
+        "Append dead letters to their (ACTIVE) shard again and remove them, atomically per shard",
+        ReplayRequest,
+        Replayed,
+        admin=True,
+        body_required=False,
+    ),
+    Route(
         "delete",
         A,
         "Delete a stream and its shard keys (409 NOT_EMPTY while it has groups or live producers)",
@@ -198,6 +251,15 @@ ROUTES = (
         admin=True,
     ),
     Route(
+        "patch",
+        f"{A}/groups/{{consumerGroup}}",
+        "Change only the fields given of a group's spec (JSON Merge Patch); creates the group if "
+        "it does not exist; startFrom cannot change (409 IMMUTABLE_FIELD)",
+        GroupPatch,
+        GroupResource,
+        admin=True,
+    ),
+    Route(
         "delete",
         f"{A}/groups/{{consumerGroup}}",
         "Delete a group and its Redis consumer groups (409 NOT_EMPTY while it has live members)",
@@ -220,6 +282,7 @@ ROUTES = (
             {"name": "pathPrefix", "schema": {"type": "string"}},
             {"name": "outcome", "schema": {"type": "string", "enum": ["ok", "denied", "rejected", "error"]}},
             {"name": "limit", "schema": {"type": "integer"}, "description": "1-1000 (clamped), default 100"},
+            {"name": "requestId", "schema": {"type": "string"}, "description": "the request's X-Request-Id"},
         ),
     ),
     Route(
@@ -290,6 +353,8 @@ def schema_of(tp: Any, components: dict[str, Any]) -> dict[str, Any]:
                 "properties": {camel(f.name): _field_schema(f, hints[f.name], components) for f in fields},
                 "required": [camel(f.name) for f in fields if f.default is attrs.NOTHING],
             }
+            if tp in STRICT_BODIES:
+                components[name]["additionalProperties"] = False
         return {"$ref": f"#/components/schemas/{name}"}
     raise TypeError(f"no schema for {tp!r}")
 

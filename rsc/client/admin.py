@@ -1,0 +1,250 @@
+"""The one typed client of the Admin API and the monitoring views (synchronous, httpx).
+
+The `rsc` admin commands, `rsc apply` and the Terraform provider all go through it, so the
+API has one client-side copy. Credentials: HTTP Basic from the arguments, else the
+environment (`RSC_ADMIN_USER`, default `admin`, and `RSC_ADMIN_PASSWORD`), else a
+netrc-style file (`RSC_NETRC`, default `~/.netrc`) entry for the coordinator's host. The
+coordinator URL: the argument, else `RSC_COORDINATOR_URL`, else `http://127.0.0.1:8080`.
+
+Every answer keeps its `X-Request-Id` (`Answer.request_id`), so a mutating command can show
+it and find its audit record. Errors leave as `AdminError` with the coordinator's code.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import attrs
+import httpx
+
+from rsc.client.coordinator import CA_BUNDLE_ENV
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+URL_ENV = "RSC_COORDINATOR_URL"
+USER_ENV = "RSC_ADMIN_USER"
+PASSWORD_ENV = "RSC_ADMIN_PASSWORD"
+NETRC_ENV = "RSC_NETRC"
+
+
+class AdminError(Exception):
+    """The coordinator refused or failed a request (`status` 0: it could not be reached)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, request_id: str = "", details: Any = None
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}" if status else message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        self.details = details
+
+
+@attrs.frozen
+class Answer:
+    """A successful answer: its JSON body (None for 204), `ETag` and request id."""
+
+    body: Any
+    etag: str | None
+    request_id: str
+    status: int
+
+    @property
+    def revision(self) -> int | None:
+        return int(self.etag.strip('"')) if self.etag else None
+
+
+def credentials(
+    url: str, user: str | None = None, password: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """(user, password) for `url`: the arguments, the environment, then a netrc-style file."""
+    environ = os.environ if environ is None else environ
+    user = user or environ.get(USER_ENV) or None
+    password = password if password is not None else environ.get(PASSWORD_ENV) or None
+    if password is not None:
+        return (user or "admin", password)
+    path = Path(environ.get(NETRC_ENV) or Path.home() / ".netrc")
+    host = urlsplit(url).hostname or ""
+    try:
+        found = netrc.netrc(str(path)).authenticators(host)
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return None
+    if found is None or found[2] is None:
+        return None
+    return (user or found[0] or "admin", found[2])
+
+
+class AdminClient:
+    """The Admin API and the views of one coordinator."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        timeout_s: float = 10.0,
+        ca_bundle: str | None = None,
+    ) -> None:
+        self.url = (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        auth = credentials(self.url, user, password)
+        verify: Any = ca_bundle or os.environ.get(CA_BUNDLE_ENV) or True
+        self.http = httpx.Client(base_url=self.url, auth=auth, timeout=timeout_s, verify=verify)
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    # --- transport ---------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        if_match: int | str | None = None,
+        params: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Answer:
+        headers = {}
+        if if_match is not None:
+            headers["If-Match"] = if_match if isinstance(if_match, str) else f'"{if_match}"'
+        if body is not None:
+            headers["Content-Type"] = content_type
+        try:
+            response = self.http.request(
+                method,
+                path,
+                json=body,
+                headers=headers,
+                params={k: v for k, v in (params or {}).items() if v is not None},
+            )
+        except httpx.HTTPError as exc:
+            raise AdminError(0, "UNREACHABLE", f"no answer from {self.url}: {exc}") from exc
+        request_id = response.headers.get("X-Request-Id", "")
+        if response.status_code >= 400:
+            try:
+                error = response.json()
+                code, message, details = error["error"], error["message"], error.get("details")
+            except (ValueError, KeyError, TypeError):
+                code, message, details = "HTTP_ERROR", response.text[:200], None
+            raise AdminError(response.status_code, code, message, request_id, details)
+        content = response.json() if response.content else None
+        return Answer(content, response.headers.get("ETag"), request_id, response.status_code)
+
+    # --- streams -------------------------------------------------------------
+
+    def streams(self) -> list[dict[str, Any]]:
+        """Every stream with its version, shard count and groups."""
+        streams: list[dict[str, Any]] = self.request("GET", "/v1/streams").body["streams"]
+        return streams
+
+    def stream(self, prefix: str) -> Answer:
+        """`{spec, status, revision}` of a stream (`AdminError` 404 if none)."""
+        return self.request("GET", f"/v1/admin/streams/{_seg(prefix)}")
+
+    def stream_view(self, prefix: str) -> dict[str, Any]:
+        """The monitoring view: shards with Redis figures and drain evidence, producers, migration."""
+        view: dict[str, Any] = self.request("GET", f"/v1/streams/{_seg(prefix)}").body
+        return view
+
+    def put_stream(self, prefix: str, spec: Mapping[str, Any], if_match: int | str | None = None) -> Answer:
+        return self.request("PUT", f"/v1/admin/streams/{_seg(prefix)}", dict(spec), if_match=if_match)
+
+    def patch_stream(
+        self, prefix: str, patch: Mapping[str, Any], if_match: int | str | None = None
+    ) -> Answer:
+        return self._patch(f"/v1/admin/streams/{_seg(prefix)}", patch, if_match)
+
+    def delete_stream(self, prefix: str, if_match: int | str | None = None) -> Answer:
+        return self.request("DELETE", f"/v1/admin/streams/{_seg(prefix)}", if_match=if_match)
+
+    def pause(self, prefix: str, reason: str | None = None) -> Answer:
+        body = {"reason": reason} if reason else None
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/pause", body)
+
+    def resume(self, prefix: str) -> Answer:
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/resume")
+
+    def migration(self, prefix: str, action: str, reason: str | None = None) -> Answer:
+        """`action`: `resume` (a stalled migration) or `abort`."""
+        body = {"reason": reason} if reason and action == "abort" else None
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/migration/{action}", body)
+
+    # --- groups --------------------------------------------------------------
+
+    def group(self, prefix: str, group: str) -> Answer:
+        return self.request("GET", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}")
+
+    def group_view(self, prefix: str, group: str) -> dict[str, Any]:
+        view: dict[str, Any] = self.request("GET", f"/v1/streams/{_seg(prefix)}/groups/{_seg(group)}").body
+        return view
+
+    def put_group(
+        self, prefix: str, group: str, spec: Mapping[str, Any], if_match: int | str | None = None
+    ) -> Answer:
+        path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
+        return self.request("PUT", path, dict(spec), if_match=if_match)
+
+    def patch_group(
+        self, prefix: str, group: str, patch: Mapping[str, Any], if_match: int | str | None = None
+    ) -> Answer:
+        return self._patch(f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}", patch, if_match)
+
+    def delete_group(self, prefix: str, group: str, if_match: int | str | None = None) -> Answer:
+        path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
+        return self.request("DELETE", path, if_match=if_match)
+
+    # --- dead letters --------------------------------------------------------
+
+    def dead_letters(self, prefix: str) -> dict[str, Any]:
+        """Per shard the dead-letter stream's key and length."""
+        body: dict[str, Any] = self.request("GET", f"/v1/admin/streams/{_seg(prefix)}/dlq").body
+        return body
+
+    def dead_letter_entries(self, prefix: str, shard: int | None = None, limit: int = 100) -> dict[str, Any]:
+        params = {"shard": shard, "limit": limit}
+        body: dict[str, Any] = self.request(
+            "GET", f"/v1/admin/streams/{_seg(prefix)}/dlq/entries", params=params
+        ).body
+        return body
+
+    def replay_dead_letters(
+        self, prefix: str, shard: int | None = None, ids: list[str] | None = None, limit: int = 100
+    ) -> Answer:
+        body: dict[str, Any] = {"limit": limit}
+        if shard is not None:
+            body["shard"] = shard
+        if ids:
+            body["ids"] = ids
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/dlq/replay", body)
+
+    # --- audit and features ----------------------------------------------------
+
+    def audit(self, **filters: Any) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = self.request("GET", "/v1/admin/audit", params=filters).body["records"]
+        return records
+
+    def features(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.request("GET", "/v1/admin/features").body
+        return body
+
+    def _patch(self, path: str, patch: Mapping[str, Any], if_match: int | str | None) -> Answer:
+        return self.request(
+            "PATCH", path, dict(patch), if_match=if_match, content_type="application/merge-patch+json"
+        )
+
+
+def _seg(name: str) -> str:
+    """A path segment (names are checked by the server; this only keeps the URL well formed)."""
+    return quote(name, safe="")

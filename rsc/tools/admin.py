@@ -1,0 +1,505 @@
+"""`rsc streams|groups|members|producers|audit|dlq ...`: the Admin API from a terminal.
+
+Every command takes `--url` (or `RSC_COORDINATOR_URL`), `--user` and the password from
+`RSC_ADMIN_PASSWORD` or a netrc-style file (`rsc.client.admin.credentials`), and
+`--output table|json`. Mutating commands print what changed, the request id, and the audit
+record of that request. Exit codes: 0 done, 1 the coordinator refused or failed (its error
+code is printed), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from rsc.client.admin import AdminClient, AdminError, Answer
+
+F = TypeVar("F", bound=Callable[..., Any])
+OUTPUTS = click.Choice(["table", "json"])
+
+
+def connection_options(command: F) -> F:
+    """`--url`, `--user`, `--output` for an admin command; passes `admin` and `output`."""
+
+    @click.option("--url", envvar="RSC_COORDINATOR_URL", help="Coordinator URL [env RSC_COORDINATOR_URL].")
+    @click.option("--user", envvar="RSC_ADMIN_USER", help="Admin user [env RSC_ADMIN_USER; default admin].")
+    @click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
+    @functools.wraps(command)
+    def wrapper(url: str | None, user: str | None, output: str, **kwargs: Any) -> Any:
+        with AdminClient(url, user) as admin:
+            try:
+                return command(admin=admin, output=output, **kwargs)
+            except AdminError as exc:
+                where = f" (request {exc.request_id})" if exc.request_id else ""
+                raise click.ClickException(f"{exc}{where}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Columns aligned on the widest cell; numbers right-aligned."""
+    text = [[_cell(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in text)]) for i, h in enumerate(headers)]
+    numeric = [
+        all(_is_number(r[i]) for r in text) and any(r[i] != "-" for r in text) for i in range(len(headers))
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(list(headers)), *(line(r) for r in text)])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple | set | frozenset):
+        return ",".join(str(v) for v in sorted(value)) or "-"
+    return str(value)
+
+
+def _is_number(cell: str) -> bool:
+    return cell == "-" or cell.lstrip("-").replace(".", "", 1).isdigit()
+
+
+def emit(output: str, data: Any, text: Callable[[], str]) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True) if output == "json" else text())
+
+
+def done(admin: AdminClient, output: str, answer: Answer, what: str) -> None:
+    """What a mutation did, its request id and its audit record."""
+    records = admin.audit(requestId=answer.request_id, limit=1)
+    record = records[0] if records else None
+    if output == "json":
+        click.echo(
+            json.dumps({"result": answer.body, "requestId": answer.request_id, "audit": record}, indent=2)
+        )
+        return
+    click.echo(what)
+    click.echo(f"request {answer.request_id}")
+    if record is not None:
+        click.echo(
+            f"audit: {record['method']} {record['path']} -> {record['status']} {record['outcome']} "
+            f"by {record['caller']} at {record['timeMs']} (revision {record.get('revision')})"
+        )
+
+
+# --- streams -----------------------------------------------------------------
+
+
+@click.group()
+def streams() -> None:
+    """Streams: list, describe, create, scale, pause, resume, delete; migrations."""
+
+
+@streams.command("list")
+@connection_options
+def streams_list(admin: AdminClient, output: str) -> None:
+    """Every stream: layout version, ACTIVE shards, groups."""
+    found = admin.streams()
+    rows = [(s["streamPrefix"], s["shardCount"], s["metadataVersion"], s["groups"]) for s in found]
+    emit(output, found, lambda: table(["STREAM", "SHARDS", "VERSION", "GROUPS"], rows))
+
+
+@streams.command("describe")
+@click.argument("stream")
+@connection_options
+def streams_describe(admin: AdminClient, output: str, stream: str) -> None:
+    """Shards (state, owner per group, pending, lag, length, node), members, migration."""
+    view = admin.stream_view(stream)
+    spec = admin.stream(stream).body["spec"]
+    groups = {g: admin.group_view(stream, g) for g in view["groups"]}
+    emit(output, {"spec": spec, "stream": view, "groups": groups}, lambda: describe_text(spec, view, groups))
+
+
+def describe_text(spec: Mapping[str, Any], view: Mapping[str, Any], groups: Mapping[str, Any]) -> str:
+    """The `describe` page: one shard table and one member table per group, then the rest."""
+    states = [s["state"] for s in view["shards"]]
+    draining = states.count("DRAINING")
+    paused = view.get("paused")
+    out = [
+        f"stream {view['streamPrefix']}: {view['shardCount']} ACTIVE shard(s)"
+        + (f", {draining} DRAINING" if draining else "")
+        + f", layout v{view['metadataVersion']}, reshardMode {spec['reshardMode']}"
+        + (f", paused ({paused['reason']})" if paused else "")
+    ]
+    readable = [s for s in view["shards"] if s["state"] != "RETIRED"]
+    if not groups:
+        plain: list[tuple[Any, ...]] = [
+            (s["index"], s["state"], s["key"], s.get("length"), s.get("primaryNode")) for s in readable
+        ]
+        out += ["", table(["SHARD", "STATE", "KEY", "LENGTH", "NODE"], plain)]
+    for name, group in groups.items():
+        owners = group["currentAssignment"]
+        rows: list[tuple[Any, ...]] = []
+        for s in readable:
+            lag: dict[str, Any] = next((g for g in s.get("groups", ()) if g["group"] == name), {})
+            rows.append(
+                (
+                    s["index"],
+                    s["state"],
+                    owners.get(str(s["index"])),
+                    lag.get("pending"),
+                    lag.get("lag"),
+                    s.get("length"),
+                    s.get("primaryNode"),
+                )
+            )
+        out += [
+            "",
+            f"group {name}: epoch {group['groupEpoch']}, {len(group['members'])} member(s), "
+            f"maxConcurrency {group['config']['maxConcurrency']}",
+            table(["SHARD", "STATE", "OWNER", "PENDING", "LAG", "LENGTH", "NODE"], rows),
+        ]
+        if group["members"]:
+            members: list[tuple[Any, ...]] = [
+                (
+                    m["memberId"],
+                    m["memberEpoch"],
+                    m["state"],
+                    f"{m['leaseLeftMs'] / 1000:.1f}s",
+                    m["assigned"],
+                )
+                for m in group["members"]
+            ]
+            out += ["", table(["MEMBER", "EPOCH", "STATE", "LEASE LEFT", "SHARDS"], members)]
+    m = view.get("migration")
+    if m is not None:
+        stalled = f"; STALLED: {m['stalled']['reason']}" if m.get("stalled") else ""
+        out += [
+            "",
+            f"migration {m['migrationId']} ({m['mode']}, {m['fromShardCount']} -> "
+            f"{m['toShardCount']} shards): {m['phase']}{stalled}",
+        ]
+        if m.get("waitingForProducers"):
+            out.append(f"  waiting for producers: {', '.join(m['waitingForProducers'])}")
+    if view.get("producers"):
+        rows = [(p["producerId"], p["ackedVersion"], p["upToDate"], p["quiesced"]) for p in view["producers"]]
+        out += ["", table(["PRODUCER", "VERSION", "UP TO DATE", "QUIESCED"], rows)]
+    return "\n".join(out)
+
+
+@streams.command("create")
+@click.argument("stream")
+@click.option("--shards", type=click.IntRange(0, 16_384), required=True, help="Shard count.")
+@click.option("--mode", type=click.Choice(["online", "quiesce"]), default="online", show_default=True)
+@connection_options
+def streams_create(admin: AdminClient, output: str, stream: str, shards: int, mode: str) -> None:
+    """Create a stream (refused if it exists: use `scale`)."""
+    answer = admin.put_stream(stream, {"shardCount": shards, "reshardMode": mode}, if_match=None)
+    done(admin, output, answer, f"stream {stream}: {shards} shard(s), reshardMode {mode}")
+
+
+@streams.command("scale")
+@click.argument("stream")
+@click.argument("shards", type=click.IntRange(0, 16_384))
+@click.option(
+    "--mode", type=click.Choice(["online", "quiesce"]), help="Reshard mode [default: the stored one]."
+)
+@click.option("--if-match", "if_match", type=int, help="Only if the stream is at this revision.")
+@connection_options
+def streams_scale(
+    admin: AdminClient, output: str, stream: str, shards: int, mode: str | None, if_match: int | None
+) -> None:
+    """Reshard a stream to SHARDS (online, or quiesce: see docs/operations.md)."""
+    patch: dict[str, Any] = {"shardCount": shards}
+    if mode is not None:
+        patch["reshardMode"] = mode
+    answer = admin.patch_stream(stream, patch, if_match=if_match)
+    migration = answer.body["status"].get("migration") or {}
+    phase = f", migration {migration['migrationId']} {migration['phase']}" if migration else ""
+    done(
+        admin, output, answer, f"stream {stream}: target {answer.body['spec']['shardCount']} shard(s){phase}"
+    )
+
+
+@streams.command("pause")
+@click.argument("stream")
+@click.option("--reason", help="Shown in the stream view.")
+@connection_options
+def streams_pause(admin: AdminClient, output: str, stream: str, reason: str | None) -> None:
+    """Pause the stream's producers."""
+    done(admin, output, admin.pause(stream, reason), f"stream {stream}: producers paused")
+
+
+@streams.command("resume")
+@click.argument("stream")
+@connection_options
+def streams_resume(admin: AdminClient, output: str, stream: str) -> None:
+    """Let the stream's producers publish again."""
+    done(admin, output, admin.resume(stream), f"stream {stream}: producers resumed")
+
+
+@streams.command("delete")
+@click.argument("stream")
+@click.option("--if-match", "if_match", type=int, help="Only if the stream is at this revision.")
+@connection_options
+def streams_delete(admin: AdminClient, output: str, stream: str, if_match: int | None) -> None:
+    """Delete a stream and its shard keys (refused while groups or producers remain)."""
+    done(admin, output, admin.delete_stream(stream, if_match), f"stream {stream}: deleted")
+
+
+@streams.command("migration")
+@click.argument("stream")
+@click.argument("action", type=click.Choice(["resume", "abort"]))
+@click.option("--reason", help="Why (abort).")
+@connection_options
+def streams_migration(admin: AdminClient, output: str, stream: str, action: str, reason: str | None) -> None:
+    """Resume a stalled migration, or abort one that has not changed the layout."""
+    answer = admin.migration(stream, action, reason)
+    phase = (answer.body["status"].get("migration") or {}).get("phase")
+    done(admin, output, answer, f"stream {stream}: migration {action}d, phase {phase}")
+
+
+# --- groups ------------------------------------------------------------------
+
+
+@click.group()
+def groups() -> None:
+    """Consumer groups: list, describe, set, delete."""
+
+
+@groups.command("list")
+@click.argument("stream")
+@connection_options
+def groups_list(admin: AdminClient, output: str, stream: str) -> None:
+    """The groups reading a stream."""
+    views = [admin.group_view(stream, g) for g in admin.stream_view(stream)["groups"]]
+    rows = [
+        (
+            v["consumerGroup"],
+            v["groupEpoch"],
+            len(v["members"]),
+            v["config"]["maxConcurrency"],
+            v["config"]["startFrom"],
+        )
+        for v in views
+    ]
+    emit(output, views, lambda: table(["GROUP", "EPOCH", "MEMBERS", "MAX CONCURRENCY", "START FROM"], rows))
+
+
+@groups.command("describe")
+@click.argument("stream")
+@click.argument("group")
+@connection_options
+def groups_describe(admin: AdminClient, output: str, stream: str, group: str) -> None:
+    """A group's members and which shard each holds."""
+    view = admin.group_view(stream, group)
+    rows = sorted((int(s), m) for s, m in view["currentAssignment"].items())
+
+    def text() -> str:
+        head = f"group {group} of {stream}: epoch {view['groupEpoch']}, assignment {view['assignmentEpoch']}"
+        return "\n".join([head, table(["SHARD", "OWNER"], rows), "", _members_table(view)])
+
+    emit(output, view, text)
+
+
+def _members_table(view: Mapping[str, Any]) -> str:
+    rows = [
+        (
+            m["memberId"],
+            m["memberEpoch"],
+            m["state"],
+            f"{m['leaseLeftMs'] / 1000:.1f}s",
+            m["assigned"],
+            m["revoking"],
+        )
+        for m in view["members"]
+    ]
+    return table(["MEMBER", "EPOCH", "STATE", "LEASE LEFT", "ASSIGNED", "REVOKING"], rows)
+
+
+@groups.command("set")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--max-concurrency", type=click.IntRange(1, 1_024), help="Workers per member.")
+@click.option("--start-from", type=click.Choice(["earliest", "latest"]), help="Only when creating the group.")
+@click.option("--if-match", "if_match", type=int, help="Only if the group is at this revision.")
+@connection_options
+def groups_set(
+    admin: AdminClient,
+    output: str,
+    stream: str,
+    group: str,
+    max_concurrency: int | None,
+    start_from: str | None,
+    if_match: int | None,
+) -> None:
+    """Create a group or change the fields given (the others stay)."""
+    patch: dict[str, Any] = {}
+    if max_concurrency is not None:
+        patch["maxConcurrency"] = max_concurrency
+    if start_from is not None:
+        patch["startFrom"] = start_from
+    answer = admin.patch_group(stream, group, patch, if_match=if_match)
+    spec = answer.body["spec"]
+    done(admin, output, answer, f"group {group} of {stream}: {json.dumps(spec, sort_keys=True)}")
+
+
+@groups.command("delete")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--if-match", "if_match", type=int, help="Only if the group is at this revision.")
+@connection_options
+def groups_delete(admin: AdminClient, output: str, stream: str, group: str, if_match: int | None) -> None:
+    """Delete a group (refused while it has live members)."""
+    done(admin, output, admin.delete_group(stream, group, if_match), f"group {group} of {stream}: deleted")
+
+
+# --- members, producers --------------------------------------------------------
+
+
+@click.group()
+def members() -> None:
+    """Members of a group."""
+
+
+@members.command("list")
+@click.argument("stream")
+@click.argument("group")
+@connection_options
+def members_list(admin: AdminClient, output: str, stream: str, group: str) -> None:
+    """Each member: epoch, state, lease left, shards held."""
+    view = admin.group_view(stream, group)
+    emit(output, view["members"], lambda: _members_table(view))
+
+
+@click.group()
+def producers() -> None:
+    """Producers of a stream."""
+
+
+@producers.command("list")
+@click.argument("stream")
+@connection_options
+def producers_list(admin: AdminClient, output: str, stream: str) -> None:
+    """Each producer: the layout version it routes with, quiesced, lease left."""
+    found = admin.stream_view(stream)["producers"]
+    rows = [
+        (p["producerId"], p["ackedVersion"], p["upToDate"], p["quiesced"], f"{p['leaseLeftMs'] / 1000:.1f}s")
+        for p in found
+    ]
+    emit(output, found, lambda: table(["PRODUCER", "VERSION", "UP TO DATE", "QUIESCED", "LEASE LEFT"], rows))
+
+
+# --- audit -------------------------------------------------------------------
+
+
+@click.command()
+@click.option("--caller", help="Only this caller.")
+@click.option("--method", help="Only this HTTP method.")
+@click.option("--status", type=int, help="Only this HTTP status.")
+@click.option("--path-prefix", help="Only paths starting with this.")
+@click.option("--outcome", type=click.Choice(["ok", "denied", "rejected", "error", "throttled"]))
+@click.option("--limit", type=click.IntRange(1, 1_000), default=20, show_default=True)
+@click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop).")
+@click.option(
+    "--interval", type=float, default=1.0, show_default=True, help="Seconds between polls (--follow)."
+)
+@connection_options
+def audit(
+    admin: AdminClient,
+    output: str,
+    caller: str | None,
+    method: str | None,
+    status: int | None,
+    path_prefix: str | None,
+    outcome: str | None,
+    limit: int,
+    follow: bool,
+    interval: float,
+) -> None:
+    """Audit records of admin requests, oldest first."""
+    filters = {
+        "caller": caller,
+        "method": method,
+        "status": status,
+        "pathPrefix": path_prefix,
+        "outcome": outcome,
+        "limit": limit,
+    }
+    seen: set[str] = set()
+    first = True
+    while True:
+        records = list(reversed(admin.audit(**filters)))
+        fresh = [r for r in records if _record_key(r) not in seen]
+        seen.update(_record_key(r) for r in fresh)
+        for record in fresh:
+            click.echo(json.dumps(record, sort_keys=True) if output == "json" else _audit_line(record))
+        if first and output == "table" and not fresh:
+            click.echo("no audit records match")
+        first = False
+        if not follow:
+            return
+        time.sleep(interval)
+
+
+def _record_key(record: Mapping[str, Any]) -> str:
+    return f"{record.get('timeMs')}/{record.get('requestId')}/{record.get('count')}"
+
+
+def _audit_line(r: Mapping[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(r["timeMs"] / 1000))
+    revision = f" rev {r['revision']}" if r.get("revision") is not None else ""
+    return (
+        f"{when}Z {r['outcome']:<9} {r['status']} {r['method']:<6} {r['path']} by {r['caller']} "
+        f"from {r['remoteAddress']} request {r['requestId']}{revision}"
+    )
+
+
+# --- dead letters --------------------------------------------------------------
+
+
+@click.group()
+def dlq() -> None:
+    """Dead-letter streams: entries that failed `max_deliveries` times."""
+
+
+@dlq.command("list")
+@click.argument("stream")
+@connection_options
+def dlq_list(admin: AdminClient, output: str, stream: str) -> None:
+    """Per shard: the dead-letter key and how many entries it holds."""
+    found = admin.dead_letters(stream)
+    rows = [(d["shard"], d["key"], d["length"]) for d in found["shards"]]
+    emit(output, found, lambda: table(["SHARD", "DEAD-LETTER KEY", "ENTRIES"], rows))
+
+
+@dlq.command("show")
+@click.argument("stream")
+@click.option("--shard", type=click.IntRange(0), help="Only this shard.")
+@click.option("--limit", type=click.IntRange(1, 1_000), default=20, show_default=True)
+@connection_options
+def dlq_show(admin: AdminClient, output: str, stream: str, shard: int | None, limit: int) -> None:
+    """Dead-lettered entries: original id, shard, deliveries, fields."""
+    found = admin.dead_letter_entries(stream, shard, limit)
+    rows = [
+        (e["shard"], e["id"], e["originalId"], e["deliveries"], json.dumps(e["fields"], sort_keys=True))
+        for e in found["entries"]
+    ]
+    emit(output, found, lambda: table(["SHARD", "ID", "ORIGINAL ID", "DELIVERIES", "FIELDS"], rows))
+
+
+@dlq.command("replay")
+@click.argument("stream")
+@click.option("--shard", type=click.IntRange(0), help="Only this shard's dead letters.")
+@click.option("--id", "ids", multiple=True, help="Only these dead-letter entry ids (repeatable).")
+@click.option("--limit", type=click.IntRange(1, 1_000), default=100, show_default=True)
+@connection_options
+def dlq_replay(
+    admin: AdminClient, output: str, stream: str, shard: int | None, ids: tuple[str, ...], limit: int
+) -> None:
+    """Append dead-lettered entries to the stream again (routed by their key), then remove them."""
+    answer = admin.replay_dead_letters(stream, shard, list(ids), limit)
+    done(admin, output, answer, f"stream {stream}: {answer.body['replayed']} dead letter(s) replayed")
+
+
+COMMANDS = (streams, groups, members, producers, audit, dlq)

@@ -1,0 +1,257 @@
+"""`rsc diff` / `rsc apply`: streams and groups from files, the GitOps way.
+
+A file (TOML, or YAML when it ends in `.yaml`/`.yml`) holds the desired specs, many per
+file, in the Admin API's own field names:
+
+    [[streams]]
+    name = "orders"
+    shardCount = 8
+    reshardMode = "online"          # optional: online
+
+    [[streams.groups]]
+    name = "billing"
+    maxConcurrency = 4              # optional: 1
+    startFrom = "earliest"          # optional: earliest; applies when the group is created
+
+Each stream and group given is a whole spec, as a `PUT`: a field left out means its default.
+The plan compares them with the coordinator: create, change (field from -> to), and, only
+with `--prune`, delete what the files do not name (groups of the streams named; with
+`--prune-streams` also streams). `apply` sends each change with `If-Match` of the revision
+the plan read, so a change made meanwhile is detected (412) instead of overwritten, and a
+second `apply` is a no-op.
+
+Exit codes follow `terraform plan -detailed-exitcode`: 0 nothing to change, 2 changes
+(`diff`, `apply --dry-run`), 1 an error. `apply` exits 0 once everything is applied.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+import yaml
+
+from rsc.client.admin import AdminClient, AdminError
+
+STREAM_FIELDS = {"shardCount": None, "reshardMode": "online"}
+GROUP_FIELDS = {"maxConcurrency": 1, "startFrom": "earliest"}
+#: Fields that only apply when the object is created.
+CREATE_ONLY = {"startFrom"}
+
+
+class FileError(click.ClickException):
+    """A desired-state file that cannot be used (exit 1)."""
+
+
+@attrs.frozen
+class Desired:
+    streams: Mapping[str, Mapping[str, Any]]
+    groups: Mapping[tuple[str, str], Mapping[str, Any]]
+
+
+@attrs.frozen
+class Change:
+    """One step of a plan. `action`: create, change, delete; `fields`: name -> (from, to)."""
+
+    action: str
+    kind: str  # stream or group
+    stream: str
+    group: str | None
+    spec: Mapping[str, Any]
+    fields: Mapping[str, tuple[Any, Any]] = attrs.field(factory=dict)
+    revision: int | None = None
+    problem: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.stream if self.group is None else f"{self.stream}/{self.group}"
+
+    def line(self) -> str:
+        sign = {"create": "+", "change": "~", "delete": "-"}[self.action]
+        if self.problem:
+            sign = "!"
+        what = f"{sign} {self.kind} {self.name}"
+        if self.action == "create":
+            what += " (" + ", ".join(f"{k} {v}" for k, v in self.spec.items()) + ")"
+        elif self.action == "change":
+            what += ": " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in self.fields.items())
+        return what + (f"  [{self.problem}]" if self.problem else "")
+
+
+def load(paths: Sequence[str]) -> Desired:
+    """The desired streams and groups of every file (a name given twice is an error)."""
+    streams: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in paths:
+        data = _read(Path(path))
+        _only(data, {"streams"}, path)
+        items = data.get("streams", [])
+        if not isinstance(items, list):
+            raise FileError(f"{path}: streams must be a list of tables")
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise FileError(f"{path}: each stream needs a name")
+            name = item["name"]
+            _only(item, {"name", "groups", *STREAM_FIELDS}, f"{path}: stream {name}")
+            if "shardCount" not in item:
+                raise FileError(f"{path}: stream {name}: shardCount is required")
+            if name in streams:
+                raise FileError(f"{path}: stream {name} is given twice")
+            streams[name] = {k: item.get(k, d) for k, d in STREAM_FIELDS.items()}
+            for group in item.get("groups", []):
+                if not isinstance(group, dict) or not isinstance(group.get("name"), str):
+                    raise FileError(f"{path}: stream {name}: each group needs a name")
+                _only(group, {"name", *GROUP_FIELDS}, f"{path}: group {name}/{group['name']}")
+                key = (name, group["name"])
+                if key in groups:
+                    raise FileError(f"{path}: group {name}/{group['name']} is given twice")
+                groups[key] = {k: group.get(k, d) for k, d in GROUP_FIELDS.items()}
+    return Desired(streams, groups)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FileError(f"cannot read {path}: {exc}") from exc
+    try:
+        yaml_file = path.suffix in (".yaml", ".yml")
+        data = (yaml.safe_load(text) or {}) if yaml_file else tomllib.loads(text)
+    except Exception as exc:  # the parsers' own errors: one line, no traceback
+        raise FileError(
+            f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'TOML'}: {exc}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise FileError(f"{path}: the top level must be a table with `streams`")
+    return data
+
+
+def _only(data: Mapping[str, Any], known: set[str], where: object) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        hints = []
+        for field in unknown:
+            close = difflib.get_close_matches(field, sorted(known), n=1)
+            hints.append(f"{field!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise FileError(f"{where}: unknown field(s) {', '.join(hints)}; known: {', '.join(sorted(known))}")
+
+
+def plan(
+    admin: AdminClient, desired: Desired, prune: bool = False, prune_streams: bool = False
+) -> list[Change]:
+    """What `apply` would do, read from the coordinator now."""
+    changes: list[Change] = []
+    existing = {s["streamPrefix"]: s for s in admin.streams()}
+    for name, spec in desired.streams.items():
+        current = _get(admin.stream, name)
+        if current is None:
+            changes.append(Change("create", "stream", name, None, spec))
+        else:
+            fields = _diff(current.body["spec"], spec)
+            if fields:
+                changes.append(Change("change", "stream", name, None, spec, fields, current.revision))
+        wanted = {g for (s, g) in desired.groups if s == name}
+        for group in sorted(wanted):
+            gspec = desired.groups[(name, group)]
+            found = _get(lambda n, g=group: admin.group(n, g), name) if current is not None else None
+            if found is None:
+                changes.append(Change("create", "group", name, group, gspec))
+                continue
+            fields = _diff(found.body["spec"], gspec)
+            if fields:
+                problem = None
+                if set(fields) & CREATE_ONLY:
+                    problem = "startFrom applies only when a group is created: delete and re-create it"
+                changes.append(Change("change", "group", name, group, gspec, fields, found.revision, problem))
+        if prune and current is not None:
+            for group in sorted(set(existing.get(name, {}).get("groups", ())) - wanted):
+                found = _get(lambda n, g=group: admin.group(n, g), name)
+                revision = found.revision if found is not None else None
+                changes.append(Change("delete", "group", name, group, {}, revision=revision))
+    if prune_streams:
+        for name in sorted(set(existing) - set(desired.streams)):
+            found = _get(admin.stream, name)
+            revision = found.revision if found is not None else None
+            for group in sorted(existing[name]["groups"]):
+                changes.append(Change("delete", "group", name, group, {}))
+            changes.append(Change("delete", "stream", name, None, {}, revision=revision))
+    return changes
+
+
+def _get(read: Any, name: str) -> Any:
+    try:
+        return read(name)
+    except AdminError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _diff(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {k: (current.get(k), v) for k, v in wanted.items() if current.get(k) != v}
+
+
+def execute(admin: AdminClient, changes: Sequence[Change]) -> list[str]:
+    """Apply `changes` in order, each with `If-Match` of the revision the plan read."""
+    done = []
+    for c in changes:
+        path = c.name
+        if c.problem:
+            raise click.ClickException(f"{c.kind} {path}: {c.problem}")
+        if c.kind == "stream" and c.action == "create":
+            answer = admin.put_stream(c.stream, c.spec, if_match=None)
+        elif c.kind == "stream" and c.action == "change":
+            answer = admin.put_stream(c.stream, c.spec, if_match=c.revision)
+        elif c.kind == "stream":
+            answer = admin.delete_stream(c.stream, if_match=c.revision)
+        elif c.action == "create":
+            assert c.group is not None
+            answer = admin.put_group(c.stream, c.group, c.spec, if_match=None)
+        elif c.action == "change":
+            assert c.group is not None
+            answer = admin.put_group(c.stream, c.group, c.spec, if_match=c.revision)
+        else:
+            assert c.group is not None
+            answer = admin.delete_group(c.stream, c.group, if_match=c.revision)
+        done.append(f"{c.line()}  (request {answer.request_id})")
+    return done
+
+
+def summary(changes: Sequence[Change]) -> str:
+    counts = {a: sum(c.action == a for c in changes) for a in ("create", "change", "delete")}
+    return f"Plan: {counts['create']} to create, {counts['change']} to change, {counts['delete']} to delete."
+
+
+def run(admin: AdminClient, files: Sequence[str], *, dry_run: bool, prune: bool, prune_streams: bool) -> int:
+    """Print the plan (and apply it unless `dry_run`); the exit code."""
+    desired = load(files)
+    changes = plan(admin, desired, prune, prune_streams)
+    if not changes:
+        click.echo("No changes: the coordinator matches the files.")
+        return 0
+    for change in changes:
+        click.echo(change.line())
+    click.echo(summary(changes))
+    if any(c.problem for c in changes):
+        click.echo("Some changes cannot be made (marked !).", err=True)
+        return 1
+    if dry_run:
+        return 2
+    try:
+        for line in execute(admin, changes):
+            click.echo(f"applied {line}")
+    except AdminError as exc:
+        if exc.status == 412:
+            click.echo(f"changed since the plan was read ({exc.message}): run it again", err=True)
+        else:
+            click.echo(
+                f"refused: {exc}" + (f" (request {exc.request_id})" if exc.request_id else ""), err=True
+            )
+        return 1
+    click.echo("Apply complete.")
+    return 0

@@ -1,0 +1,337 @@
+"""The operator tools against a real coordinator: the `rsc` admin commands and `rsc apply`.
+
+The commands run in-process (click's runner, in a thread while the coordinator serves on
+the trio loop) with the URL and password in the environment, as an operator runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import redis as redis_py
+import trio
+from click.testing import CliRunner, Result
+
+from rsc.cli import main as rsc_main
+from rsc.client.admin import AdminClient, AdminError
+from rsc.tools import apply as applying
+from tests.httpkit import FAST, beat, hb, serve_on
+
+AUTH = ("admin", "s3cret")
+
+
+@pytest.fixture
+async def http(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret")
+    async with serve_on(settings) as client:
+        yield client
+
+
+async def rsc(http: httpx.AsyncClient, *args: str, password: str = "s3cret") -> Result:
+    env = {
+        "RSC_COORDINATOR_URL": str(http.base_url),
+        "RSC_ADMIN_PASSWORD": password,
+        "RSC_NETRC": "/nonexistent",
+    }
+    runner = CliRunner()
+    return await trio.to_thread.run_sync(
+        lambda: runner.invoke(rsc_main, list(args), env=env, catch_exceptions=False)
+    )
+
+
+def normalized(text: str) -> str:
+    """Request ids, times and lease countdowns vary from run to run."""
+    text = re.sub(r"request [0-9a-f-]{8,}", "request <id>", text)
+    text = re.sub(r"at \d{13}", "at <ms>", text)
+    return re.sub(r"\d+\.\ds\b", "<s>", text)
+
+
+async def test_streams_create_describe_scale_and_delete(
+    http: httpx.AsyncClient, prefix: str, standalone_url: str
+) -> None:
+    created = await rsc(http, "streams", "create", prefix, "--shards", "2")
+    assert created.exit_code == 0, created.output
+    lines = normalized(created.output).splitlines()
+    assert lines[0] == f"stream {prefix}: 2 shard(s), reshardMode online"
+    assert lines[1] == "request <id>"
+    assert lines[2].startswith(f"audit: PUT /v1/admin/streams/{prefix} -> 200 ok by admin at <ms> (revision ")
+    checker = redis_py.Redis.from_url(standalone_url, decode_responses=True)
+    keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+    for n in range(3):
+        checker.xadd(keys[0], {"n": str(n)})
+    checker.close()
+    described = await rsc(http, "streams", "describe", prefix)
+    assert described.exit_code == 0, described.output
+    assert described.output == (
+        f"stream {prefix}: 2 ACTIVE shard(s), layout v1, reshardMode online\n"
+        "\n"
+        "SHARD  STATE   KEY" + " " * (len(keys[0]) - 3) + "  LENGTH  NODE\n"
+        f"    0  ACTIVE  {keys[0]}       3  -\n"
+        f"    1  ACTIVE  {keys[1]}       0  -\n"
+    )
+    listed = await rsc(http, "streams", "list", "-o", "json")
+    mine = [s for s in json.loads(listed.output) if s["streamPrefix"] == prefix]
+    assert mine == [{"streamPrefix": prefix, "metadataVersion": 1, "shardCount": 2, "groups": []}]
+    scaled = await rsc(http, "streams", "scale", prefix, "3")
+    assert scaled.exit_code == 0, scaled.output
+    assert scaled.output.splitlines()[0] == f"stream {prefix}: target 3 shard(s), migration 1 DONE"
+    stale = await rsc(http, "streams", "scale", prefix, "4", "--if-match", "1")
+    assert stale.exit_code == 1
+    assert "412 PRECONDITION_FAILED" in stale.output
+    deleted = await rsc(http, "streams", "delete", prefix)
+    assert deleted.exit_code == 0, deleted.output
+    missing = await rsc(http, "streams", "describe", prefix)
+    assert missing.exit_code == 1
+    assert "404 UNKNOWN_STREAM" in missing.output
+
+
+async def test_describe_shows_owners_members_migration_and_producers(
+    http: httpx.AsyncClient, prefix: str
+) -> None:
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    a = await beat(http, hb(prefix, "a", 0))
+    assert a["assignment"]["assigned"] == [0, 1]
+    producer = {"protocolVersion": 2, "streamPrefix": prefix, "producerId": "p1", "metadataVersion": 1}
+    assert (await http.post("/v1/producers/heartbeat", json=producer)).status_code == 200
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 1}, auth=AUTH)
+    out = normalized((await rsc(http, "streams", "describe", prefix)).output)
+    assert (
+        out.splitlines()[0]
+        == f"stream {prefix}: 1 ACTIVE shard(s), 1 DRAINING, layout v2, reshardMode online"
+    )
+    assert "group billing: epoch" in out
+    assert re.search(r"\n\s*0  ACTIVE\s+a\s+0\s+0\s+0  -\n\s*1  DRAINING\s+a\s+0\s+0\s+0  -\n", out), out
+    assert re.search(r"\na\s+\d+  [A-Z]+\s+<s>\s+0,1\n", out), out
+    assert "migration 1 (online, 2 -> 1 shards): SWITCHING" in out
+    assert "waiting for producers: p1" in out
+    assert re.search(r"\np1\s+1  no\s+no\n", out), out
+    members = json.loads((await rsc(http, "members", "list", prefix, "billing", "-o", "json")).output)
+    assert [m["memberId"] for m in members] == ["a"]
+    producers = (await rsc(http, "producers", "list", prefix)).output
+    assert producers.splitlines()[0].split() == [
+        "PRODUCER",
+        "VERSION",
+        "UP",
+        "TO",
+        "DATE",
+        "QUIESCED",
+        "LEASE",
+        "LEFT",
+    ]
+    groups = (await rsc(http, "groups", "list", prefix)).output
+    assert groups.splitlines()[1].split()[:3] == ["billing", str(a["groupEpoch"] + 1), "1"]  # + the layout
+
+
+async def test_groups_set_pause_resume_and_the_audit_trail(http: httpx.AsyncClient, prefix: str) -> None:
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    made = await rsc(http, "groups", "set", prefix, "billing", "--start-from", "latest")
+    assert made.exit_code == 0, made.output
+    assert made.output.splitlines()[0] == (
+        f'group billing of {prefix}: {{"maxConcurrency": 1, "startFrom": "latest"}}'
+    )
+    changed = await rsc(http, "groups", "set", prefix, "billing", "--max-concurrency", "4")
+    assert '{"maxConcurrency": 4, "startFrom": "latest"}' in changed.output  # the other field stays
+    immutable = await rsc(http, "groups", "set", prefix, "billing", "--start-from", "earliest")
+    assert immutable.exit_code == 1
+    assert "409 IMMUTABLE_FIELD" in immutable.output
+    for command in ("pause", "resume"):
+        done = await rsc(http, "streams", command, prefix)
+        assert done.exit_code == 0, done.output
+    trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}", "--limit", "10")
+    lines = trail.output.splitlines()
+    assert [line.split()[1:4] for line in lines] == [
+        ["ok", "200", "PUT"],
+        ["ok", "200", "PATCH"],
+        ["ok", "200", "PATCH"],
+        ["rejected", "409", "PATCH"],
+        ["ok", "200", "POST"],
+        ["ok", "200", "POST"],
+    ]
+    assert lines[-1].endswith(tuple("0123456789"))  # a revision
+    wrong = await rsc(http, "audit", password="nope")
+    assert wrong.exit_code == 1
+    assert "401 UNAUTHENTICATED" in wrong.output
+
+
+async def test_audit_follow_prints_new_records_as_they_come(http: httpx.AsyncClient, prefix: str) -> None:
+    env = {"RSC_COORDINATOR_URL": str(http.base_url), "RSC_ADMIN_PASSWORD": "s3cret"}
+    command = [
+        "rsc",
+        "audit",
+        "--follow",
+        "--interval",
+        "0.2",
+        "--path-prefix",
+        f"/v1/admin/streams/{prefix}",
+    ]
+    async with trio.open_nursery() as nursery:
+        process: trio.Process = await nursery.start(
+            lambda task_status: trio.run_process(
+                [_venv_bin("rsc"), *command[1:]],
+                env={**_environ(), **env},
+                stdout=subprocess.PIPE,
+                check=False,
+                task_status=task_status,
+            )
+        )
+        await trio.sleep(1.0)
+        await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 1}, auth=AUTH)
+        seen = b""
+        with trio.fail_after(10):
+            assert process.stdout is not None
+            while f"/v1/admin/streams/{prefix}".encode() not in seen:
+                seen += await process.stdout.receive_some(4096)
+        process.terminate()
+    assert b" ok        200 PUT" in seen
+
+
+def _venv_bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def _environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
+# --- rsc apply ------------------------------------------------------------------
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+async def apply(http: httpx.AsyncClient, *args: str) -> Result:
+    return await rsc(http, *args)
+
+
+def spec_file(
+    tmp_path: Path, prefix: str, shards: int = 2, concurrency: int = 2, name: str = "rsc.toml"
+) -> str:
+    return write(
+        tmp_path,
+        name,
+        f"""
+[[streams]]
+name = "{prefix}"
+shardCount = {shards}
+
+[[streams.groups]]
+name = "billing"
+maxConcurrency = {concurrency}
+
+[[streams.groups]]
+name = "audit"
+startFrom = "latest"
+""",
+    )
+
+
+async def test_apply_plans_applies_is_idempotent_and_sees_drift(
+    http: httpx.AsyncClient, prefix: str, tmp_path: Path
+) -> None:
+    path = spec_file(tmp_path, prefix)
+    diff = await apply(http, "diff", "-f", path)
+    assert diff.exit_code == 2, diff.output
+    assert diff.output == (
+        f"+ stream {prefix} (shardCount 2, reshardMode online)\n"
+        f"+ group {prefix}/audit (maxConcurrency 1, startFrom latest)\n"
+        f"+ group {prefix}/billing (maxConcurrency 2, startFrom earliest)\n"
+        "Plan: 3 to create, 0 to change, 0 to delete.\n"
+    )
+    assert (
+        await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)
+    ).status_code == 404  # diff changes nothing
+    dry = await apply(http, "apply", "-f", path, "--dry-run")
+    assert dry.exit_code == 2
+    done = await apply(http, "apply", "-f", path)
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[-1] == "Apply complete."
+    again = await apply(http, "apply", "-f", path)
+    assert (again.exit_code, again.output) == (0, "No changes: the coordinator matches the files.\n")
+    assert (await apply(http, "diff", "-f", path)).exit_code == 0
+    # Drift: a change made through the API shows in the next plan, and apply undoes it.
+    await http.patch(f"/v1/admin/streams/{prefix}/groups/billing", json={"maxConcurrency": 7}, auth=AUTH)
+    drift = await apply(http, "diff", "-f", path)
+    assert (drift.exit_code, drift.output.splitlines()[0]) == (
+        2,
+        f"~ group {prefix}/billing: maxConcurrency 7 -> 2",
+    )
+    assert (await apply(http, "apply", "-f", path)).exit_code == 0
+    spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
+    assert spec["maxConcurrency"] == 2
+    # Scaling is a change of the file.
+    bigger = spec_file(tmp_path, prefix, shards=4, name="bigger.toml")
+    scaled = await apply(http, "apply", "-f", bigger)
+    assert scaled.output.splitlines()[0] == f"~ stream {prefix}: shardCount 2 -> 4"
+    assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 4
+
+
+async def test_apply_prunes_only_when_asked_and_reads_yaml(
+    http: httpx.AsyncClient, prefix: str, tmp_path: Path
+) -> None:
+    assert (await apply(http, "apply", "-f", spec_file(tmp_path, prefix))).exit_code == 0
+    only_billing = write(
+        tmp_path,
+        "rsc.yaml",
+        f"streams:\n  - name: {prefix}\n    shardCount: 2\n"
+        "    groups:\n      - name: billing\n        maxConcurrency: 2\n",
+    )
+    assert (await apply(http, "diff", "-f", only_billing)).exit_code == 0  # audit is not pruned
+    pruned = await apply(http, "diff", "-f", only_billing, "--prune")
+    assert (pruned.exit_code, pruned.output.splitlines()[0]) == (2, f"- group {prefix}/audit")
+    assert (await apply(http, "apply", "-f", only_billing, "--prune")).exit_code == 0
+    assert (await http.get(f"/v1/admin/streams/{prefix}/groups/audit", auth=AUTH)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[streams]]\nname = "x"\nshardCont = 2\n', "did you mean 'shardCount'"),
+        ('[[streams]]\nname = "x"\n', "shardCount is required"),
+        ("[[streams]\n", "not valid TOML"),
+        (
+            '[[streams]]\nname = "x"\nshardCount = 1\n[[streams.groups]]\nname = "g"\nmaxConcurency = 2\n',
+            "maxConcurrency",
+        ),
+        ('[[stream]]\nname = "x"\n', "did you mean 'streams'"),
+    ],
+)
+async def test_a_bad_file_is_an_error_naming_the_problem(
+    http: httpx.AsyncClient, tmp_path: Path, text: str, message: str
+) -> None:
+    result = await apply(http, "diff", "-f", write(tmp_path, "bad.toml", text))
+    assert result.exit_code == 1
+    assert message in result.output
+
+
+async def test_a_change_made_between_plan_and_apply_is_detected(
+    http: httpx.AsyncClient, prefix: str, tmp_path: Path
+) -> None:
+    """`apply` sends If-Match of the revision its plan read: the concurrent change wins, apply
+    says so and exits 1, and the next run plans again from what is there."""
+    assert (await apply(http, "apply", "-f", spec_file(tmp_path, prefix))).exit_code == 0
+    wanted = applying.load([spec_file(tmp_path, prefix, concurrency=5, name="five.toml")])
+
+    def plan_then_race() -> int:
+        with AdminClient(str(http.base_url), "admin", "s3cret") as admin:
+            changes = applying.plan(admin, wanted)
+            assert [c.line() for c in changes] == [f"~ group {prefix}/billing: maxConcurrency 2 -> 5"]
+            admin.patch_group(prefix, "billing", {"maxConcurrency": 3})  # someone else, meanwhile
+            with pytest.raises(AdminError) as refused:
+                applying.execute(admin, changes)
+            return refused.value.status
+
+    assert await trio.to_thread.run_sync(plan_then_race) == 412
+    spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
+    assert spec["maxConcurrency"] == 3
