@@ -335,3 +335,41 @@ async def test_a_change_made_between_plan_and_apply_is_detected(
     assert await trio.to_thread.run_sync(plan_then_race) == 412
     spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
     assert spec["maxConcurrency"] == 3
+
+
+async def test_dead_letters_are_listed_shown_and_replayed(
+    http: httpx.AsyncClient, prefix: str, standalone_url: str
+) -> None:
+    """Dead letters as the poller writes them (`<shard key>:dlq`: rscSourceId, rscDeliveries,
+    then the entry's own fields); replay puts them back on their shard, atomically, once."""
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+    checker = redis_py.Redis.from_url(standalone_url, decode_responses=True)
+    dead = [
+        checker.xadd(f"{k}:dlq", {"rscSourceId": "1-1", "rscDeliveries": "5", "order": str(n)})
+        for n, k in enumerate(keys)
+    ]
+    listed = await rsc(http, "dlq", "list", prefix)
+    assert listed.exit_code == 0, listed.output
+    assert [line.split() for line in listed.output.splitlines()] == [
+        ["SHARD", "DEAD-LETTER", "KEY", "ENTRIES"],
+        ["0", f"{keys[0]}:dlq", "1"],
+        ["1", f"{keys[1]}:dlq", "1"],
+    ]
+    shown = json.loads((await rsc(http, "dlq", "show", prefix, "--shard", "1", "-o", "json")).output)
+    assert shown["entries"] == [
+        {"shard": 1, "id": dead[1], "originalId": "1-1", "deliveries": 5, "fields": {"order": "1"}}
+    ]
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 1}, auth=AUTH)  # shard 1 drains
+    replayed = await rsc(http, "dlq", "replay", prefix, "-o", "json")
+    assert replayed.exit_code == 0, replayed.output
+    result = json.loads(replayed.output)["result"]
+    assert (result["replayed"], result["skippedShards"]) == (1, [1])  # nothing goes to a draining shard
+    [(shard, old, new)] = result["entries"]
+    assert (shard, old) == (0, dead[0])
+    assert checker.xrange(keys[0]) == [(new, {"order": "0"})]  # back on its shard, fields as they were
+    assert checker.xlen(f"{keys[0]}:dlq") == 0
+    again = json.loads((await rsc(http, "dlq", "replay", prefix, "--shard", "0", "-o", "json")).output)
+    assert again["result"]["replayed"] == 0  # replayed once
+    assert checker.xlen(f"{keys[1]}:dlq") == 1
+    checker.close()
