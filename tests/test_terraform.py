@@ -23,6 +23,7 @@ from tests.httpkit import FAST, serve_on
 TERRAFORM = shutil.which("terraform")
 AUTH = ("admin", "s3cret")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "terraform" / "main.tf"
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 pytestmark = pytest.mark.skipif(
     TERRAFORM is None,
     reason="terraform is not on the PATH: install Terraform 1.x "
@@ -79,7 +80,7 @@ def configuration(prefix: str, shards: int, extra: str = "") -> str:
 
 
 @pytest.mark.timeout(300)
-async def test_terraform_plans_applies_detects_drift_imports_and_destroys(
+async def test_terraform_plans_applies_detects_drift_imports_and_destroys(  # noqa: PLR0915 (one story)
     standalone_url: str, prefix: str, tmp_path: Path
 ) -> None:
     settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret")
@@ -117,6 +118,11 @@ async def test_terraform_plans_applies_detects_drift_imports_and_destroys(
         drift = await tf("plan", "-detailed-exitcode")
         assert drift.returncode == 2, drift.stdout + drift.stderr
         assert "max_concurrency = 9 -> 4" in drift.stdout
+        # The page shows this plan: its lines are in what terraform printed.
+        shown = OPERATIONS.read_text().split("# exit 2: drift\n", 1)[1].split("$ ", 1)[0]
+        assert shown.strip()
+        for line in shown.strip().splitlines():
+            assert line.strip() in drift.stdout, line
         assert (await tf("apply", "-auto-approve")).returncode == 0
         group = await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)
         assert group.json()["spec"]["maxConcurrency"] == 4
