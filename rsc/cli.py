@@ -226,6 +226,9 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
 )
 @click.option("--certfile", type=click.Path(dir_okay=False), help="Serve HTTPS with this certificate (PEM).")
 @click.option("--keyfile", type=click.Path(dir_okay=False), help="The certificate's private key (PEM).")
+@click.option(
+    "--redis-url", help="Redis (standalone, or any node of a cluster) [config redis_url, env RSC_REDIS_URL]."
+)
 def serve(
     config_path: str | None,
     bind: str,
@@ -233,6 +236,7 @@ def serve(
     insecure: bool,
     certfile: str | None,
     keyfile: str | None,
+    redis_url: str | None,
 ) -> None:
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -245,6 +249,8 @@ def serve(
             overrides["insecure"] = True
         if certfile or keyfile:
             overrides.update(certfile=certfile, keyfile=keyfile)
+        if redis_url:
+            overrides["redis_url"] = redis_url
         settings = attrs.evolve(settings, **overrides)
         config_module.validate(settings)
         serving.check_exposure(settings, bind)
@@ -408,7 +414,9 @@ def _apply_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @admin_tools.connection_options
 def diff(admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool) -> None:
     """Show what `rsc apply` would change. Exit 0: nothing; 2: changes; 1: an error."""
-    sys.exit(applying.run(admin, files, dry_run=True, prune=prune, prune_streams=prune_streams))
+    sys.exit(
+        applying.run(admin, files, dry_run=True, prune=prune, prune_streams=prune_streams, output=output)
+    )
 
 
 @main.command("apply")
@@ -419,4 +427,6 @@ def apply(
     admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool, dry_run: bool
 ) -> None:
     """Make the coordinator match the files (If-Match on every change). Exit 0: done; 1: error."""
-    sys.exit(applying.run(admin, files, dry_run=dry_run, prune=prune, prune_streams=prune_streams))
+    sys.exit(
+        applying.run(admin, files, dry_run=dry_run, prune=prune, prune_streams=prune_streams, output=output)
+    )

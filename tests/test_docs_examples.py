@@ -43,7 +43,7 @@ def examples() -> dict[str, list[tuple[str, str]]]:
 def normalized(text: str, prefix: str) -> str:
     text = text.replace(prefix, "orders")
     text = re.sub(r"request [0-9a-f]{32}", "request <id>", text)
-    return re.sub(r"at \d{13}", "at <ms>", text)
+    return re.sub(r"at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", "at <time>", text)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 # A stream and its consumer group, managed by Terraform through the rsc Admin API.
 #
-#   export TF_CLI_CONFIG_FILE=$PWD/terraform.rc      # dev_overrides: see README.md
+#   export TF_CLI_CONFIG_FILE=$PWD/terraform.rc      # dev_overrides: see docs/operations.md, "Terraform"
 #   export RSC_COORDINATOR_URL=http://127.0.0.1:8080 RSC_ADMIN_PASSWORD=...
 #   terraform plan && terraform apply
 #

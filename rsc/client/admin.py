@@ -91,6 +91,10 @@ class AdminClient:
         ca_bundle: str | None = None,
     ) -> None:
         self.url = (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+        if not self.url.startswith(("http://", "https://")):
+            raise AdminError(
+                0, "BAD_URL", f"the coordinator URL must start with http:// or https://, not {self.url!r}"
+            )
         auth = credentials(self.url, user, password)
         verify: Any = ca_bundle or os.environ.get(CA_BUNDLE_ENV) or True
         self.http = httpx.Client(base_url=self.url, auth=auth, timeout=timeout_s, verify=verify)
@@ -138,6 +142,10 @@ class AdminClient:
                 code, message, details = error["error"], error["message"], error.get("details")
             except (ValueError, KeyError, TypeError):
                 code, message, details = "HTTP_ERROR", response.text[:200], None
+            if isinstance(details, list) and all(isinstance(d, str) for d in details):
+                message = f"{message}: {'; '.join(details)}"  # what exactly is wrong
+            if code == "NOT_FOUND" and message.startswith("The requested URL was not found"):
+                message = f"no such path on {self.url}: is it the coordinator's base URL (without /v1)?"
             raise AdminError(response.status_code, code, message, request_id, details)
         content = response.json() if response.content else None
         return Answer(content, response.headers.get("ETag"), request_id, response.status_code)

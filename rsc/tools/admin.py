@@ -31,12 +31,15 @@ def connection_options(command: F) -> F:
     @click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
     @functools.wraps(command)
     def wrapper(url: str | None, user: str | None, output: str, **kwargs: Any) -> Any:
-        with AdminClient(url, user) as admin:
-            try:
+        try:
+            with AdminClient(url, user) as admin:
                 return command(admin=admin, output=output, **kwargs)
-            except AdminError as exc:
-                where = f" (request {exc.request_id})" if exc.request_id else ""
-                raise click.ClickException(f"{exc}{where}") from None
+        except AdminError as exc:
+            where = f" (request {exc.request_id})" if exc.request_id else ""
+            hint = ""
+            if exc.status == 401 and exc.message.startswith("no credentials"):
+                hint = "; set RSC_ADMIN_PASSWORD or a netrc entry (RSC_NETRC, ~/.netrc)"
+            raise click.ClickException(f"{exc}{hint}{where}") from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -88,7 +91,7 @@ def done(admin: AdminClient, output: str, answer: Answer, what: str) -> None:
     if record is not None:
         click.echo(
             f"audit: {record['method']} {record['path']} -> {record['status']} {record['outcome']} "
-            f"by {record['caller']} at {record['timeMs']} (revision {record.get('revision')})"
+            f"by {record['caller']} at {_when(record['timeMs'])} (revision {record.get('revision')})"
         )
 
 
@@ -296,7 +299,12 @@ def groups_describe(admin: AdminClient, output: str, stream: str, group: str) ->
     rows = sorted((int(s), m) for s, m in view["currentAssignment"].items())
 
     def text() -> str:
-        head = f"group {group} of {stream}: epoch {view['groupEpoch']}, assignment {view['assignmentEpoch']}"
+        config = view["config"]
+        head = (
+            f"group {group} of {stream}: maxConcurrency {config['maxConcurrency']}, startFrom "
+            f"{config['startFrom']}, group epoch {view['groupEpoch']}, "
+            f"assignment epoch {view['assignmentEpoch']}"
+        )
         return "\n".join([head, table(["SHARD", "OWNER"], rows), "", _members_table(view)])
 
     emit(output, view, text)
@@ -341,7 +349,8 @@ def groups_set(
         patch["startFrom"] = start_from
     answer = admin.patch_group(stream, group, patch, if_match=if_match)
     spec = answer.body["spec"]
-    done(admin, output, answer, f"group {group} of {stream}: {json.dumps(spec, sort_keys=True)}")
+    what = f"maxConcurrency {spec['maxConcurrency']}, startFrom {spec['startFrom']}"
+    done(admin, output, answer, f"group {group} of {stream}: {what}")
 
 
 @groups.command("delete")
@@ -430,7 +439,7 @@ def audit(
     first = True
     while True:
         records = list(reversed(admin.audit(**filters)))
-        fresh = [r for r in records if _record_key(r) not in seen]
+        fresh = [r for r in records if _record_key(r) not in seen and not _own_poll(r, follow, path_prefix)]
         seen.update(_record_key(r) for r in fresh)
         for record in fresh:
             click.echo(json.dumps(record, sort_keys=True) if output == "json" else _audit_line(record))
@@ -442,16 +451,28 @@ def audit(
         time.sleep(interval)
 
 
+def _own_poll(record: Mapping[str, Any], follow: bool, path_prefix: str | None) -> bool:
+    """`--follow` reads the audit every interval; those reads are not news (unless asked for)."""
+    asked = path_prefix is not None and path_prefix.startswith("/v1/admin/audit")
+    return follow and not asked and record.get("method") == "GET" and record.get("path") == "/v1/admin/audit"
+
+
 def _record_key(record: Mapping[str, Any]) -> str:
     return f"{record.get('timeMs')}/{record.get('requestId')}/{record.get('count')}"
 
 
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
 def _audit_line(r: Mapping[str, Any]) -> str:
-    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(r["timeMs"] / 1000))
     revision = f" rev {r['revision']}" if r.get("revision") is not None else ""
+    caller = r.get("caller") or "anonymous"
+    request = f" request {r['requestId']}" if r.get("requestId") else ""
+    count = f" ({r['count']} refusals)" if r.get("count") else ""
     return (
-        f"{when}Z {r['outcome']:<9} {r['status']} {r['method']:<6} {r['path']} by {r['caller']} "
-        f"from {r['remoteAddress']} request {r['requestId']}{revision}"
+        f"{_when(r['timeMs'])} {r['outcome']:<9} {r['status']} {r['method']:<6} {r['path']} by {caller} "
+        f"from {r['remoteAddress']}{request}{revision}{count}"
     )
 
 
@@ -469,8 +490,9 @@ def dlq() -> None:
 def dlq_list(admin: AdminClient, output: str, stream: str) -> None:
     """Per shard: the dead-letter key and how many entries it holds."""
     found = admin.dead_letters(stream)
-    rows = [(d["shard"], d["key"], d["length"]) for d in found["shards"]]
-    emit(output, found, lambda: table(["SHARD", "DEAD-LETTER KEY", "ENTRIES"], rows))
+    states = {s["index"]: s["state"] for s in admin.stream_view(stream)["shards"]}
+    rows = [(d["shard"], states.get(d["shard"]), d["key"], d["length"]) for d in found["shards"]]
+    emit(output, found, lambda: table(["SHARD", "STATE", "DEAD-LETTER KEY", "ENTRIES"], rows))
 
 
 @dlq.command("show")

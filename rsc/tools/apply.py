@@ -27,6 +27,7 @@ Exit codes follow `terraform plan -detailed-exitcode`: 0 nothing to change, 2 ch
 from __future__ import annotations
 
 import difflib
+import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +41,14 @@ from rsc.client.admin import AdminClient, AdminError
 
 STREAM_FIELDS = {"shardCount": None, "reshardMode": "online"}
 GROUP_FIELDS = {"maxConcurrency": 1, "startFrom": "earliest"}
+#: What each field may hold: (lowest, highest) for integers, the values for choices. The same
+#: ranges as the Admin API's, checked here so that a bad value is an error in the plan.
+RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
+    "shardCount": (0, 16_384),
+    "maxConcurrency": (1, 1_024),
+    "reshardMode": ("online", "quiesce"),
+    "startFrom": ("earliest", "latest"),
+}
 #: Fields that only apply when the object is created.
 CREATE_ONLY = {"startFrom"}
 
@@ -87,6 +96,7 @@ def load(paths: Sequence[str]) -> Desired:
     """The desired streams and groups of every file (a name given twice is an error)."""
     streams: dict[str, dict[str, Any]] = {}
     groups: dict[tuple[str, str], dict[str, Any]] = {}
+    origin: dict[object, str] = {}
     for path in paths:
         data = _read(Path(path))
         _only(data, {"streams"}, path)
@@ -101,17 +111,33 @@ def load(paths: Sequence[str]) -> Desired:
             if "shardCount" not in item:
                 raise FileError(f"{path}: stream {name}: shardCount is required")
             if name in streams:
-                raise FileError(f"{path}: stream {name} is given twice")
+                raise FileError(f"{path}: stream {name} is given twice (also in {origin[name]})")
+            origin[name] = path
             streams[name] = {k: item.get(k, d) for k, d in STREAM_FIELDS.items()}
+            _check_values(streams[name], f"{path}: stream {name}")
             for group in item.get("groups", []):
                 if not isinstance(group, dict) or not isinstance(group.get("name"), str):
                     raise FileError(f"{path}: stream {name}: each group needs a name")
                 _only(group, {"name", *GROUP_FIELDS}, f"{path}: group {name}/{group['name']}")
                 key = (name, group["name"])
                 if key in groups:
-                    raise FileError(f"{path}: group {name}/{group['name']} is given twice")
+                    where = f"group {name}/{group['name']}"
+                    raise FileError(f"{path}: {where} is given twice (also in {origin[key]})")
+                origin[key] = path
                 groups[key] = {k: group.get(k, d) for k, d in GROUP_FIELDS.items()}
+                _check_values(groups[key], f"{path}: group {name}/{group['name']}")
     return Desired(streams, groups)
+
+
+def _check_values(spec: Mapping[str, Any], where: str) -> None:
+    for field, value in spec.items():
+        rule = RULES[field]
+        if isinstance(rule[0], int):
+            low, high = rule
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise FileError(f"{where}: {field} must be an integer from {low} to {high}, not {value!r}")
+        elif value not in rule:
+            raise FileError(f"{where}: {field} must be one of {', '.join(map(repr, rule))}, not {value!r}")
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -196,8 +222,9 @@ def _diff(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tu
     return {k: (current.get(k), v) for k, v in wanted.items() if current.get(k) != v}
 
 
-def execute(admin: AdminClient, changes: Sequence[Change]) -> list[str]:
-    """Apply `changes` in order, each with `If-Match` of the revision the plan read."""
+def execute(admin: AdminClient, changes: Sequence[Change], report: Any = None) -> list[str]:
+    """Apply `changes` in order, each with `If-Match` of the revision the plan read; `report`
+    is told each one as soon as it is done."""
     done = []
     for c in changes:
         path = c.name
@@ -219,7 +246,21 @@ def execute(admin: AdminClient, changes: Sequence[Change]) -> list[str]:
             assert c.group is not None
             answer = admin.delete_group(c.stream, c.group, if_match=c.revision)
         done.append(f"{c.line()}  (request {answer.request_id})")
+        if report is not None:
+            report(done[-1])
     return done
+
+
+def _as_json(change: Change) -> dict[str, Any]:
+    return {
+        "action": change.action,
+        "kind": change.kind,
+        "stream": change.stream,
+        "group": change.group,
+        "spec": dict(change.spec),
+        "fields": {k: {"from": a, "to": b} for k, (a, b) in change.fields.items()},
+        "problem": change.problem,
+    }
 
 
 def summary(changes: Sequence[Change]) -> str:
@@ -227,10 +268,22 @@ def summary(changes: Sequence[Change]) -> str:
     return f"Plan: {counts['create']} to create, {counts['change']} to change, {counts['delete']} to delete."
 
 
-def run(admin: AdminClient, files: Sequence[str], *, dry_run: bool, prune: bool, prune_streams: bool) -> int:
+def run(
+    admin: AdminClient,
+    files: Sequence[str],
+    *,
+    dry_run: bool,
+    prune: bool,
+    prune_streams: bool,
+    output: str = "table",
+) -> int:
     """Print the plan (and apply it unless `dry_run`); the exit code."""
     desired = load(files)
     changes = plan(admin, desired, prune, prune_streams)
+    if output == "json":
+        click.echo(json.dumps([_as_json(c) for c in changes], indent=2, sort_keys=True))
+        if dry_run or not changes:
+            return 2 if changes else 0
     if not changes:
         click.echo("No changes: the coordinator matches the files.")
         return 0
@@ -242,16 +295,24 @@ def run(admin: AdminClient, files: Sequence[str], *, dry_run: bool, prune: bool,
         return 1
     if dry_run:
         return 2
+    applied: list[str] = []
+
+    def report(line: str) -> None:
+        applied.append(line)
+        click.echo(f"applied {line}")
+
     try:
-        for line in execute(admin, changes):
-            click.echo(f"applied {line}")
+        execute(admin, changes, report)
     except AdminError as exc:
+        failed = changes[len(applied)]
         if exc.status == 412:
-            click.echo(f"changed since the plan was read ({exc.message}): run it again", err=True)
-        else:
             click.echo(
-                f"refused: {exc}" + (f" (request {exc.request_id})" if exc.request_id else ""), err=True
+                f"{failed.name} changed since the plan was read ({exc.message}): run it again", err=True
             )
+        else:
+            where = f" (request {exc.request_id})" if exc.request_id else ""
+            click.echo(f"refused: {failed.line()}: {exc}{where}", err=True)
+        click.echo(f"Applied {len(applied)} of {len(changes)} changes before the error.", err=True)
         return 1
     click.echo("Apply complete.")
     return 0

@@ -99,6 +99,33 @@ def _call(ctx: Any, what: str, work: Callable[[AdminClient], State | None], prov
         return None
 
 
+#: What each attribute may hold (the Admin API's ranges), checked at plan time.
+RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
+    "shard_count": (0, 16_384),
+    "max_concurrency": (1, 1_024),
+    "reshard_mode": ("online", "quiesce"),
+    "start_from": ("earliest", "latest"),
+}
+
+
+def _validate(diags: Diagnostics, config: Config) -> None:
+    """Refuse values the coordinator would refuse, at `terraform plan`, naming the attribute
+    (values not known yet, `tf.types.Unknown`, are checked at apply by the coordinator)."""
+    for name, rule in RULES.items():
+        value = config.get(name)
+        if value is None or not isinstance(value, int | float | str) or isinstance(value, bool):
+            continue
+        if isinstance(rule[0], int):
+            low, high = rule
+            if not isinstance(value, int | float) or value != int(value) or not low <= value <= high:
+                diags.add_error(
+                    f"{name} must be an integer from {low} to {high}", f"got {value!r}", path=[name]
+                )
+        elif value not in rule:
+            choices = ", ".join(map(repr, rule))
+            diags.add_error(f"{name} must be one of {choices}", f"got {value!r}", path=[name])
+
+
 def _missing(read: Callable[[], Any]) -> Any:
     """`read()`, or None when the coordinator says 404."""
     try:
@@ -114,6 +141,9 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
 
     def __init__(self, provider: RscProvider) -> None:
         self.provider = provider
+
+    def validate(self, diags: Diagnostics, type_name: str, config: Config) -> None:
+        _validate(diags, config)
 
     @classmethod
     def get_name(cls) -> str:
@@ -195,7 +225,7 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
         def work(admin: AdminClient) -> State | None:
             found = _missing(lambda: admin.stream(id))
             if found is None:
-                ctx.diagnostics.add_error(f"no stream {id}", "import takes the stream's name")
+                ctx.diagnostics.add_error(f"no stream {id}", "the coordinator has no such stream")
                 return None
             return self._state(id, found.body["spec"])
 
@@ -208,6 +238,9 @@ class Group(Resource):  # type: ignore[misc]  # tf ships no types
 
     def __init__(self, provider: RscProvider) -> None:
         self.provider = provider
+
+    def validate(self, diags: Diagnostics, type_name: str, config: Config) -> None:
+        _validate(diags, config)
 
     @classmethod
     def get_name(cls) -> str:
@@ -301,7 +334,7 @@ class Group(Resource):  # type: ignore[misc]  # tf ships no types
         def work(admin: AdminClient) -> State | None:
             found = _missing(lambda: admin.group(stream, name))
             if found is None:
-                ctx.diagnostics.add_error(f"no group {id}", "import takes <stream>/<group>")
+                ctx.diagnostics.add_error(f"no group {id}", "the coordinator has no such group")
                 return None
             return self._state(stream, name, found.body["spec"])
 
