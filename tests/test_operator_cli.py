@@ -310,7 +310,8 @@ async def test_apply_prunes_only_when_asked_and_reads_yaml(
             "shardCount must be an integer from 0 to 16384, not '6'",
         ),
         (
-            '[[streams]]\nname = "x"\nshardCount = 1\n[[streams.groups]]\nname = "g"\nstartFrom = "begining"\n',
+            '[[streams]]\nname = "x"\nshardCount = 1\n'
+            '[[streams.groups]]\nname = "g"\nstartFrom = "begining"\n',
             "startFrom must be one of 'earliest', 'latest', not 'begining'",
         ),
         ('[[streams]]\nname = "x"\nshardCount = 1\nreshardMode = "quiesced"\n', "reshardMode must be one of"),
