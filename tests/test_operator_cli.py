@@ -383,3 +383,19 @@ async def test_dead_letters_are_listed_shown_and_replayed(
     assert again["result"]["replayed"] == 0  # replayed once
     assert checker.xlen(f"{keys[1]}:dlq") == 1
     checker.close()
+
+
+def test_credentials_come_from_arguments_then_environment_then_a_netrc_file(tmp_path: Path) -> None:
+    from rsc.client.admin import credentials
+
+    netrc_file = tmp_path / "netrc"
+    netrc_file.write_text("machine rsc.example login ops password from-netrc\n")
+    netrc_file.chmod(0o600)
+    env = {"RSC_NETRC": str(netrc_file)}
+    url = "https://rsc.example:8080"
+    assert credentials(url, environ=env) == ("ops", "from-netrc")
+    assert credentials(url, environ={**env, "RSC_ADMIN_PASSWORD": "from-env"}) == ("admin", "from-env")
+    assert credentials(url, "me", "given", environ=env) == ("me", "given")
+    assert credentials("http://elsewhere:8080", environ=env) is None
+    with pytest.raises(AdminError, match="http:// or https://"):
+        AdminClient("127.0.0.1:8080")
