@@ -312,7 +312,7 @@ def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | Non
     "coordinator_url",
     help="Coordinator URL, or several comma-separated (active and standbys; default: RSC_COORDINATOR_URL).",
 )
-@click.option("--redis", "redis_url", help="Redis URL of the data plane (default: RSC_REDIS_URL).")
+@click.option("--redis-url", "--redis", "redis_url", help="Redis URL of the data plane [env RSC_REDIS_URL].")
 @click.option(
     "--stop-timeout", default=30.0, show_default=True, type=float, help="Seconds to let in-flight work end."
 )
@@ -322,6 +322,11 @@ def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | Non
     help="File holding the member credential (default: the RSC_TOKEN variable).",
 )
 @click.option("--ca-bundle", help="CA file for an https:// coordinator (default: RSC_CA_BUNDLE).")
+@click.option(
+    "--instance-id",
+    envvar="RSC_INSTANCE_ID",
+    help="Start of this process's member ids [env RSC_INSTANCE_ID; default: POD_IP, else host-pid].",
+)
 def worker(
     target: str,
     coordinator_url: str | None,
@@ -329,6 +334,7 @@ def worker(
     stop_timeout: float,
     token_file: str | None,
     ca_bundle: str | None,
+    instance_id: str | None,
 ) -> None:
     """Run the listeners of TARGET (`module:app`) until SIGINT/SIGTERM, then leave gracefully."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -354,6 +360,8 @@ def worker(
             app.token = file.read().strip()
     if ca_bundle:
         app.ca_bundle = ca_bundle
+    if instance_id:
+        app.instance_id = instance_id
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

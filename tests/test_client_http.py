@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from rsc.actors.connect import open_redis
-from rsc.client.app import App, pod_ip
+from rsc.client.app import App, instance_id
 from rsc.client.coordinator import Backoff, Coordinator, Failover, coordinator_urls
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
 from rsc.client.member import Member, MemberSettings
@@ -95,7 +95,7 @@ async def test_an_app_with_concurrency_4_joins_four_members_batched(
         with trio.fail_after(10):
             while len(await members()) != 4:
                 await trio.sleep(0.05)
-        ip = pod_ip()
+        ip = instance_id()  # no POD_IP here: host name and pid
         assert await members() == [f"{ip}/orders-worker/{i}" for i in range(4)]
         assert sorted(len(m.owned) for m in app.members) == [1, 1, 1, 1]
 

@@ -26,7 +26,7 @@ def start_worker(
     base_url: str,
     redis_url: str,
     prefix: str,
-    ip: str,
+    ip: str | None,
     concurrency: int,
     log: Path | None = None,
     delay: float = 0.002,
@@ -38,7 +38,6 @@ def start_worker(
         **os.environ,
         "RSC_TEST_NO_SELF_FENCE": "0" if self_fence else "1",
         "RSC_TEST_DELAY": str(delay),
-        "POD_IP": ip,
         "RSC_TEST_STREAM": prefix,
         "RSC_TEST_RESULTS": f"{prefix}:results",
         "RSC_TEST_CONCURRENCY": str(concurrency),
@@ -46,6 +45,10 @@ def start_worker(
         "RSC_TEST_RESULTS_FILE": str(results_file or ""),
         "RSC_TEST_RECORD_ORDER": "1" if record_order else "0",
     }
+    env.pop("POD_IP", None)
+    env.pop("RSC_INSTANCE_ID", None)
+    if ip is not None:  # None: as on a laptop, where member ids come from host name and pid
+        env["POD_IP"] = ip
     command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base_url]
     if log is None:
         return subprocess.Popen(
@@ -289,3 +292,40 @@ async def test_a_worker_survives_a_redis_restart_and_a_10_s_outage_and_loses_not
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_two_workers_on_one_host_without_pod_ip_are_distinct_members_and_share(
+    standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Member ids default to `<host>-<pid>/<listener>/<index>` without POD_IP: a second worker
+    process on the same host joins and takes half the shards (it used to collide with the
+    first one's ids and never join)."""
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, heartbeat_interval_ms=200, member_lease_ttl_ms=2_000
+    )
+    async with serve_on(settings) as http:
+        base_url = str(http.base_url)
+        workers = [
+            start_worker(base_url, standalone_url, prefix, None, 1, log=tmp_path / f"w{i}.log")
+            for i in (1, 2)
+        ]
+        try:
+
+            async def two_stable_members() -> bool:
+                view = await group_view(http, prefix)
+                members = view["members"]
+                return len(members) == 2 and all(m["state"] == "STABLE" and m["assigned"] for m in members)
+
+            await until(two_stable_members, 30)
+            view = await group_view(http, prefix)
+            ids = sorted(m["memberId"] for m in view["members"])
+            pids = sorted(str(w.pid) for w in workers)
+            assert [i.split("/")[0].rsplit("-", 1)[1] for i in ids] == pids
+            assert sorted(len(m["assigned"]) for m in view["members"]) == [2, 2]
+        finally:
+            for worker in workers:
+                worker.send_signal(signal.SIGTERM)
+            for worker in workers:
+                worker.wait(timeout=20)
+        logs = (tmp_path / "w1.log").read_text() + (tmp_path / "w2.log").read_text()
+        assert "another incarnation" not in logs

@@ -7,9 +7,11 @@
         ...
 
 `rsc worker module:app` runs it until SIGINT/SIGTERM. Member ids are
-`<pod ip>/<listener name>/<index>` (the pod IP from `POD_IP`, else this
-host's address); all members of the process heartbeat together through
-`POST /v1/heartbeats`. The coordinator URL and Redis URL come from the
+`<instance>/<listener name>/<index>`, the instance being `RSC_INSTANCE_ID` (or
+`App(instance_id=...)`, `rsc worker --instance-id`) if set, else the pod IP from
+`POD_IP` (Kubernetes: one worker process per pod), else `<host name>-<pid>`, so
+that several worker processes on one host are distinct members; all members of
+the process heartbeat together through `POST /v1/heartbeats`. The coordinator URL and Redis URL come from the
 arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`; several
 coordinators (active and standby) are a list or one comma-separated string; the member
 credential and the CA bundle of an `https://` coordinator from the
@@ -57,14 +59,17 @@ class Listener:
     poller: PollerSettings
 
 
-def pod_ip() -> str:
-    """`POD_IP`, else the address this host's name resolves to, else 127.0.0.1."""
-    if ip := os.environ.get("POD_IP"):
-        return ip
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+INSTANCE_ENV = "RSC_INSTANCE_ID"
+
+
+def instance_id(given: str | None = None) -> str:
+    """What a member id starts with: `given`, else `RSC_INSTANCE_ID`, else `POD_IP`, else
+    `<host name>-<pid>` (unique per process on a host; a restarted process is a new member)."""
+    chosen = given or os.environ.get(INSTANCE_ENV) or os.environ.get("POD_IP")
+    if chosen:
+        return chosen
+    host = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}"
 
 
 class App:
@@ -76,8 +81,11 @@ class App:
         member_settings: MemberSettings | None = None,
         token: str | None = None,
         ca_bundle: str | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.coordinator_url = coordinator_url
+        #: The start of every member id of this process (`instance_id()`).
+        self.instance_id = instance_id
         self.redis_url = redis_url
         #: The member credential (default: RSC_TOKEN) and CA bundle (default: RSC_CA_BUNDLE).
         self.token = token
@@ -122,7 +130,7 @@ class App:
             self.coordinator_url or os.environ.get("RSC_COORDINATOR_URL") or DEFAULT_COORDINATOR_URL
         )
         redis_url = self.redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
-        ip = pod_ip()
+        ip = instance_id(self.instance_id)
         async with (
             Coordinator(
                 coordinator_url,
