@@ -41,6 +41,7 @@ they come from requests and the Admin API.
     initial_feature_level = 3                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
     quiesce_pause_timeout_ms = 30000          # RSC_QUIESCE_PAUSE_TIMEOUT_MS: PAUSING's bound
     quiesce_consume_timeout_ms = 300000       # RSC_QUIESCE_CONSUME_TIMEOUT_MS: QUIESCED's bound
+    consumer_prune_interval_ms = 30000        # RSC_CONSUMER_PRUNE_INTERVAL_MS: departed members' consumers
     retired_shard_retention_ms = 86400000     # RSC_RETIRED_SHARD_RETENTION_MS: unset: keep retired
                                               # shard keys until the stream is deleted
 """
@@ -115,6 +116,9 @@ class Settings:
     #: How long a retired shard key (drained: nothing pending, nothing to deliver) is kept
     #: before Redis deletes it with its seal and owner tokens (None: until the stream is deleted).
     retired_shard_retention_ms: int | None = None
+    #: How often the Redis consumers of members that left or were fenced are deleted (once
+    #: nothing is pending under them); 0 switches it off.
+    consumer_prune_interval_ms: int = 30_000
 
     @property
     def redis_url_configured(self) -> bool:
@@ -286,6 +290,8 @@ def validate(settings: Settings) -> None:
     for name in ("quiesce_pause_timeout_ms", "quiesce_consume_timeout_ms"):
         if getattr(settings, name) <= 0:
             raise ConfigError(f"{name} must be positive")
+    if settings.consumer_prune_interval_ms < 0:
+        raise ConfigError("consumer_prune_interval_ms must not be negative (0: never)")
     if settings.retired_shard_retention_ms is not None and settings.retired_shard_retention_ms < 0:
         raise ConfigError("retired_shard_retention_ms must not be negative (unset: keep until deleted)")
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 import trio
 
-from tests.httpkit import FAST, serve_on
+from tests.httpkit import FAST, hb, serve_on
 from tests.redis_servers import DurableServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -329,3 +329,78 @@ async def test_two_workers_on_one_host_without_pod_ip_are_distinct_members_and_s
                 worker.wait(timeout=20)
         logs = (tmp_path / "w1.log").read_text() + (tmp_path / "w2.log").read_text()
         assert "another incarnation" not in logs
+
+
+async def test_departed_members_consumers_are_pruned_once_nothing_is_pending_under_them(
+    standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Workers restarted under new ids (new pod IPs) leave their Redis consumer names behind;
+    the coordinator deletes each once nothing is pending under it. A worker killed with
+    entries pending keeps its consumer until the next owner has claimed them: nothing is lost."""
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        heartbeat_interval_ms=200,
+        member_lease_ttl_ms=2_000,
+        consumer_prune_interval_ms=300,
+    )
+    checker = redis.Redis.from_url(standalone_url, decode_responses=True)
+    results = tmp_path / "handled.txt"
+    async with serve_on(settings) as http:
+        base_url = str(http.base_url)
+        joined = (await http.post("/v1/heartbeat", json=hb(prefix, "bootstrap", 0))).json()
+        leave = hb(prefix, "bootstrap", -1)  # the stream and group exist; nobody reads yet
+        assert joined["memberEpoch"] >= 1
+        await http.post("/v1/heartbeat", json=leave)
+        keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+
+        def consumers() -> dict[str, set[str]]:
+            return {k: {c["name"] for c in checker.xinfo_consumers(k, "billing")} for k in keys}
+
+        def only(member: str) -> Any:
+            async def check() -> bool:
+                return all(names == {member} for names in consumers().values())
+
+            return check
+
+        published = spread(checker, keys, 40)
+        first = start_worker(base_url, standalone_url, prefix, "10.9.0.1", 1, results_file=results)
+        await until(lambda: _handled_all(results, published), 30)
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=20)
+        second = start_worker(
+            base_url, standalone_url, prefix, "10.9.0.2", 1, delay=0.2, results_file=results
+        )
+        await until(only("10.9.0.2/handle/0"), 30)  # the first one's names are gone
+        published |= spread(checker, keys, 40)
+
+        async def some_pending() -> bool:
+            return await _pending(checker, keys) > 0
+
+        await until(some_pending, 10)
+        second.send_signal(signal.SIGKILL)  # entries pending under its name
+        second.wait()
+        await trio.sleep(3)  # its lease ends, it is fenced, and several prune rounds pass
+        view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+        assert view["members"] == []
+        assert any("10.9.0.2/handle/0" in names for names in consumers().values())  # kept: pending
+        assert await _pending(checker, keys) > 0
+        third = start_worker(base_url, standalone_url, prefix, "10.9.0.3", 1, results_file=results)
+        try:
+            await until(lambda: _handled_all(results, published), 60)
+            await until(only("10.9.0.3/handle/0"), 30)
+            assert await _pending(checker, keys) == 0
+            view = (await http.get(f"/v1/streams/{prefix}")).json()
+            assert {g["consumers"] for s in view["shards"] for g in s["groups"]} == {1}
+        finally:
+            third.send_signal(signal.SIGTERM)
+            third.wait(timeout=20)
+            checker.close()
+
+
+async def _handled_all(results: Path, published: set[tuple[str, str]]) -> bool:
+    return results.exists() and published <= handled_entries(results.read_text().splitlines())
+
+
+async def _pending(checker: Any, keys: Sequence[str]) -> int:
+    return sum(int(checker.xpending(k, "billing")["pending"]) for k in keys)

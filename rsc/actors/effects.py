@@ -108,6 +108,28 @@ end
 return out
 """
 
+# Delete the consumers of a group on one shard that are not live members and have nothing
+# pending (KEYS: shard; ARGV: group, then the live member ids). The pending count is read and
+# the consumer deleted in one step, so a consumer that still has entries is never deleted
+# (that would fake a clean PEL): the new owner claims them first, then it goes. How many went.
+PRUNE_CONSUMERS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+if not ok then return 0 end
+local keep = {}
+for i = 2, #ARGV do keep[ARGV[i]] = true end
+local gone = 0
+for _, c in ipairs(consumers) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if not keep[info['name']] and tonumber(info['pending']) == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    gone = gone + 1
+  end
+end
+return gone
+"""
+
 OWNER_FENCE_FIELD = "__fence"
 
 # The fencing check of every owner-token write, in the shard key's own slot: a writer whose
@@ -157,12 +179,14 @@ CHUNK = 512
 
 @attrs.frozen
 class GroupLag:
-    """One consumer group on one shard key, as XINFO GROUPS reports it."""
+    """One consumer group on one shard key, as XINFO GROUPS reports it (`consumers`: the
+    consumer names it holds; departed members' are pruned once nothing is pending under them)."""
 
     group: str
     pending: int
     lag: int | None
     last_delivered_id: str
+    consumers: int = 0
 
 
 @attrs.frozen
@@ -251,6 +275,11 @@ class Effects(Protocol):
         """How many entries each shard's dead-letter stream (`<shard key>:dlq`) holds."""
         ...
 
+    async def prune_consumers(self, shard_keys: Iterable[str], group: str, live: Iterable[str]) -> int:
+        """Delete `group`'s consumers on `shard_keys` that are not `live` members and have nothing
+        pending (`PRUNE_CONSUMERS`); how many were deleted."""
+        ...
+
     async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
         """The oldest `count` entries of a shard's dead-letter stream."""
         ...
@@ -302,6 +331,7 @@ class RedisEffects:
         self._destroy_group = redis.register_script(DESTROY_GROUP)
         self._drain_evidence = redis.register_script(DRAIN_EVIDENCE)
         self._replay = redis.register_script(REPLAY_DEAD_LETTERS)
+        self._prune = redis.register_script(PRUNE_CONSUMERS)
 
     async def register_stream(self, stream_prefix: str) -> None:
         self._in_term()
@@ -366,6 +396,17 @@ class RedisEffects:
             out.update(zip(chunk, (int(n) for n in pipe.results or ()), strict=True))
         return out
 
+    async def prune_consumers(self, shard_keys: Iterable[str], group: str, live: Iterable[str]) -> int:
+        keep = sorted(live)
+        gone = 0
+        for chunk in _chunks(shard_keys):
+            with redis_errors("pruning departed consumers"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key in chunk:
+                        self._prune(keys=[key], args=[group, *keep], client=pipe)
+            gone += sum(int(n) for n in pipe.results or ())
+        return gone
+
     async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
         with redis_errors("reading a dead-letter stream"):
             entries = await self.redis.xrange(dead_letter_key(shard_key), count=count)
@@ -413,7 +454,13 @@ class RedisEffects:
                     _raise_unless_missing(xlen, xinfo)
                     length, infos = 0, ()  # the key does not exist (yet)
                 groups = tuple(
-                    GroupLag(str(i["name"]), int(i["pending"]), i.get("lag"), str(i["last-delivered-id"]))
+                    GroupLag(
+                        str(i["name"]),
+                        int(i["pending"]),
+                        i.get("lag"),
+                        str(i["last-delivered-id"]),
+                        int(i.get("consumers", 0)),
+                    )
                     for i in infos
                 )
                 node = None if topology is None else (topology.node_of(key) or "unknown")
@@ -574,6 +621,9 @@ class MemoryEffects:
 
     async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:
         return dict.fromkeys(shard_keys, 0)
+
+    async def prune_consumers(self, shard_keys: Iterable[str], group: str, live: Iterable[str]) -> int:
+        return 0
 
     async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
         return []

@@ -78,6 +78,8 @@ class RegistrySettings:
     migration_bounds: MigrationBounds = MigrationBounds()
     #: How long a retired shard key is kept (None: until the stream is deleted).
     retired_retention_ms: int | None = None
+    #: How often departed members' Redis consumers are pruned (`prune_consumers`; 0: never).
+    consumer_prune_s: float = 30.0
 
 
 @attrs.define
@@ -371,6 +373,34 @@ class Registry:
                     log.info("stopping idle actor %s", aggregate_id)
                     self.stop(aggregate_id)
 
+    async def prune_consumers(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Delete the Redis consumers that members which left or were fenced leave behind, forever.
+
+        Each member reads under its member id as consumer name, so every restart under a new id
+        (a new pod IP, a new pid) would leave names behind on every shard it read. Every
+        `consumer_prune_s`, for each running group actor, each readable shard's consumers that
+        are not live members and have nothing pending are deleted in one script; one with
+        entries pending stays until the shard's new owner has claimed them (its reclaimer).
+        Only running actors are looked at: an idle group has nobody new to prune after.
+        """
+        task_status.started()
+        if self.settings.consumer_prune_s <= 0:
+            return
+        while True:
+            await trio.sleep(self.settings.consumer_prune_s)
+            for aggregate_id, entry in list(self.actors.items()):
+                state = entry.actor.state if entry.started and entry.error is None else None
+                if not isinstance(state, GroupState) or state.deleted:
+                    continue
+                keys = [s.key for s in state.layout.shards if s.readable]
+                try:
+                    gone = await self.effects.prune_consumers(keys, state.group, state.members)
+                except StoreError as exc:
+                    log.debug("pruning consumers of %s: %s", aggregate_id, exc)
+                    continue
+                if gone:
+                    log.info("pruned %d departed consumer(s) of %s", gone, aggregate_id)
+
     async def watch_drains(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Retire DRAINING shards once Redis says they are sealed and drained, and move
         migrations on that wait for Redis (QUIESCED), forever.
@@ -477,6 +507,7 @@ async def open_registry(
         registry = Registry(nursery, store, effects, clock, settings)
         await nursery.start(registry.reap_idle)
         await nursery.start(registry.watch_drains)
+        await nursery.start(registry.prune_consumers)
         try:
             yield registry
         finally:

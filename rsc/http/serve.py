@@ -76,6 +76,7 @@ def registry_settings(settings: Settings) -> RegistrySettings:
             settings.quiesce_pause_timeout_ms, settings.quiesce_consume_timeout_ms
         ),
         retired_retention_ms=settings.retired_shard_retention_ms,
+        consumer_prune_s=settings.consumer_prune_interval_ms / 1000,
     )
 
 
