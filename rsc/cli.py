@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import logging
@@ -32,6 +33,27 @@ from rsc.tools import admin as admin_tools
 from rsc.tools import apply as applying
 
 T = TypeVar("T")
+
+
+class StartupError(click.ClickException):
+    """A process that cannot start (bad configuration, a port in use, Redis not answering, a
+    target that does not load): one line on stderr, exit code 2."""
+
+    exit_code = 2
+
+
+def _bind_address(bind: str) -> str:
+    """`--bind` as HOST:PORT (a bare host would silently mean hypercorn's port 8000)."""
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65_535:
+        raise StartupError(f"--bind needs HOST:PORT (for example 127.0.0.1:8080), not {bind!r}")
+    return bind
+
+
+def _address_in_use(group: BaseExceptionGroup[BaseException]) -> OSError | None:
+    matched, _ = group.split(OSError)
+    leaf = first_leaf(matched) if matched is not None else None
+    return leaf if isinstance(leaf, OSError) and leaf.errno in (errno.EADDRINUSE, errno.EACCES) else None
 
 
 @click.group()
@@ -239,6 +261,7 @@ def serve(
     redis_url: str | None,
 ) -> None:
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
+    bind = _bind_address(bind)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the demo's requests, one line each, are noise
     logging.getLogger("coredis").setLevel(logging.WARNING)  # its script-cache retries are routine
@@ -255,7 +278,7 @@ def serve(
         config_module.validate(settings)
         serving.check_exposure(settings, bind)
     except config_module.ConfigError as exc:
-        raise click.ClickException(f"configuration refused: {exc}") from exc
+        raise StartupError(f"configuration refused: {exc}") from exc
 
     async def run(settings: config_module.Settings) -> None:
         async with trio.open_nursery() as nursery:
@@ -281,15 +304,27 @@ def serve(
                 nursery.start_soon(run_demo, urls[0], click.echo)
 
     with serving.embedded_redis(settings) as effective:
-        try:
-            trio.run(run, effective)
-        except (StoreUnavailable, RedisRefused, config_module.ConfigError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        except BaseExceptionGroup as group:  # the same, raised inside the server's nurseries
-            fatal, _ = group.split((StoreUnavailable, RedisRefused, config_module.ConfigError))
-            if fatal is None:
-                raise
-            raise click.ClickException(str(first_leaf(fatal))) from group
+        _run_coordinator(run, effective, bind)
+
+
+def _run_coordinator(run: Callable[[Any], Awaitable[None]], settings: Any, bind: str) -> None:
+    """Run the coordinator; the start-up failures an operator can fix leave as one line, exit 2."""
+    try:
+        trio.run(run, settings)
+    except (StoreUnavailable, RedisRefused, config_module.ConfigError) as exc:
+        raise StartupError(str(exc)) from exc
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+            raise
+        raise StartupError(f"cannot listen on {bind}: {exc.strerror}") from exc
+    except BaseExceptionGroup as group:  # the same, raised inside the server's nurseries
+        fatal, _ = group.split((StoreUnavailable, RedisRefused, config_module.ConfigError))
+        if fatal is not None:
+            raise StartupError(str(first_leaf(fatal))) from group
+        in_use = _address_in_use(group)
+        if in_use is None:
+            raise
+        raise StartupError(f"cannot listen on {bind}: {in_use.strerror}") from group
 
 
 def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | None:
@@ -348,9 +383,9 @@ def worker(
         module = importlib.import_module(module_name)
         app = getattr(module, attribute or "app")
     except (ImportError, AttributeError) as exc:
-        raise click.ClickException(f"cannot load {target!r}: {exc}") from exc
+        raise StartupError(f"cannot load {target!r}: {exc}") from exc
     if not isinstance(app, App):
-        raise click.ClickException(f"{target!r} is not an rsc.client.App")
+        raise StartupError(f"{target!r} is not an rsc.client.App")
     if coordinator_url:
         app.coordinator_url = coordinator_url
     if redis_url:

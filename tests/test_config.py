@@ -65,7 +65,7 @@ def test_unknown_keys_and_unreadable_files(tmp_path: Path) -> None:
 
 def test_serve_refuses_bad_config_at_start() -> None:
     result = CliRunner().invoke(main, ["serve"], env={"RSC_MEMBER_LEASE_TTL_MS": "100"})
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "configuration refused" in result.output
 
 

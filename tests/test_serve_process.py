@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +37,37 @@ def test_the_demo_server_stops_cleanly(standalone_url: str, tmp_path: Path, sign
     text = log_path.read_text()
     assert process.returncode == 0, text
     assert "Traceback" not in text, text
+
+
+TAKEN = "{taken}"
+START_UP_MISTAKES = [
+    (["serve", "--bind", TAKEN], f"cannot listen on {TAKEN}: Address already in use"),
+    (
+        ["serve", "--bind", "localhost"],
+        "--bind needs HOST:PORT (for example 127.0.0.1:8080), not 'localhost'",
+    ),
+    (
+        ["serve", "--bind", "127.0.0.1:0", "--redis-url", "redis://127.0.0.1:1"],
+        "cannot reach Redis at 127.0.0.1:1: Unable to establish a connection to 127.0.0.1:1",
+    ),
+    (["worker", "no_such_module:app"], "cannot load 'no_such_module:app': No module named 'no_such_module'"),
+    (["worker", "rsc.cli:main"], "'rsc.cli:main' is not an rsc.client.App"),
+]
+
+
+@pytest.mark.parametrize(("args", "says"), START_UP_MISTAKES)
+def test_start_up_mistakes_are_one_line_and_exit_2(args: list[str], says: str, standalone_url: str) -> None:
+    """Real processes: a port in use, a bind without a port, Redis not answering, a worker
+    target that does not load: one line saying so on stderr (no traceback), exit code 2."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        argv = [a.replace(TAKEN, address) for a in args]
+        env = {**os.environ, "RSC_REDIS_URL": standalone_url}
+        command = [sys.executable, "-m", "rsc", *argv]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    errors = [line for line in result.stderr.splitlines() if not re.match(r"\d{4}-\d\d-\d\d ", line)]
+    assert result.returncode == 2, result.stderr
+    assert errors == [f"Error: {says.replace(TAKEN, address)}"], result.stderr
+    assert "Traceback" not in result.stderr
