@@ -42,6 +42,7 @@ they come from requests and the Admin API.
     quiesce_pause_timeout_ms = 30000          # RSC_QUIESCE_PAUSE_TIMEOUT_MS: PAUSING's bound
     quiesce_consume_timeout_ms = 300000       # RSC_QUIESCE_CONSUME_TIMEOUT_MS: QUIESCED's bound
     consumer_prune_interval_ms = 30000        # RSC_CONSUMER_PRUNE_INTERVAL_MS: departed members' consumers
+    metrics_sample_interval_ms = 10000        # RSC_METRICS_SAMPLE_INTERVAL_MS: shard figures in /metrics
     retired_shard_retention_ms = 86400000     # RSC_RETIRED_SHARD_RETENTION_MS: unset: keep retired
                                               # shard keys until the stream is deleted
 """
@@ -119,6 +120,8 @@ class Settings:
     #: How often the Redis consumers of members that left or were fenced are deleted (once
     #: nothing is pending under them); 0 switches it off.
     consumer_prune_interval_ms: int = 30_000
+    #: How often shard lengths, lag, pending and dead letters are read for `/metrics`.
+    metrics_sample_interval_ms: int = 10_000
 
     @property
     def redis_url_configured(self) -> bool:
@@ -290,6 +293,8 @@ def validate(settings: Settings) -> None:
     for name in ("quiesce_pause_timeout_ms", "quiesce_consume_timeout_ms"):
         if getattr(settings, name) <= 0:
             raise ConfigError(f"{name} must be positive")
+    if settings.metrics_sample_interval_ms <= 0:
+        raise ConfigError("metrics_sample_interval_ms must be positive")
     if settings.consumer_prune_interval_ms < 0:
         raise ConfigError("consumer_prune_interval_ms must not be negative (0: never)")
     if settings.retired_shard_retention_ms is not None and settings.retired_shard_retention_ms < 0:

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import httpx
 import pytest
+import redis as redis_py
 import trio
 
 import rsc
@@ -243,3 +244,26 @@ async def test_demo_members_show_a_handoff(client: httpx.AsyncClient) -> None:
     view = (await client.get("/v1/streams/demo-orders/groups/demo-billing")).json()
     assert len(view["members"]) == 3
     assert sorted(view["currentAssignment"]) == ["0", "1", "2", "3"]
+
+
+async def test_metrics_sample_shard_lag_pending_and_dead_letters(standalone_url: str, prefix: str) -> None:
+    """Lag, pending, lengths and dead letters come from Redis on a timer (a scrape never waits
+    for Redis): one series per readable shard, and per group."""
+    settings = attrs.evolve(FAST, redis_url=standalone_url, metrics_sample_interval_ms=100)
+    async with serve_on(settings) as client:
+        await beat(client, hb(prefix, "a", 0))
+        keys = [s["key"] for s in (await client.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+        checker = redis_py.Redis.from_url(standalone_url, decode_responses=True)
+        for n in range(3):
+            checker.xadd(keys[0], {"n": str(n)})
+        checker.xreadgroup("billing", "a", {keys[0]: ">"}, count=1)  # one read, not acknowledged
+        checker.xadd(f"{keys[1]}:dlq", {"rscSourceId": "1-1", "rscDeliveries": "5", "n": "x"})
+        checker.close()
+        shard0 = f'shard="0",stream="{prefix}"'
+        with trio.fail_after(10):
+            while f"rsc_shard_length{{{shard0}}} 3.0" not in (text := (await client.get("/metrics")).text):
+                await trio.sleep(0.05)
+        assert f'rsc_group_pending{{group="billing",{shard0}}} 1.0' in text
+        assert f'rsc_group_lag{{group="billing",{shard0}}} 2.0' in text
+        assert f'rsc_dead_letters{{shard="1",stream="{prefix}"}} 1.0' in text
+        assert "process_cpu_seconds_total" in text  # the standard process metrics

@@ -85,6 +85,11 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     app = QuartTrio("rsc")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     metrics = Metrics(registry)
+
+    @app.before_serving
+    async def start_sampling() -> None:
+        app.add_background_task(metrics.sample_forever, settings.metrics_sample_interval_ms / 1000)
+
     account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
     throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
     gate = Gate(settings.policy, account, metrics.prometheus, throttle)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import attrs
+import trio
+from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
 from rsc.events.events import (
     GroupEvent,
@@ -20,12 +24,33 @@ from rsc.events.group import GroupState
 from rsc.events.model import MemberState, MigrationPhase, ShardState
 from rsc.events.stream import StreamState
 
+log = logging.getLogger("rsc.metrics")
+#: How often shard lengths, per-group lag and pending, and dead letters are read from Redis.
+SAMPLE_EVERY_S = 10.0
+
+
+@attrs.frozen
+class ShardSample:
+    """What Redis said about one shard at the last sample."""
+
+    stream: str
+    shard: int
+    length: int
+    #: group -> (pending, lag; None when XINFO cannot tell)
+    groups: dict[str, tuple[int, int | None]]
+    dead_letters: int
+
 
 class Metrics:
     """One Prometheus registry per app (so several apps can share a process)."""
 
     def __init__(self, registry: Registry) -> None:
         self.prometheus = CollectorRegistry()
+        self.prometheus.register(PROCESS_COLLECTOR)
+        self.prometheus.register(PLATFORM_COLLECTOR)
+        #: The last sample of every readable shard of the running stream actors.
+        self.samples: dict[tuple[str, int], ShardSample] = {}
+        self.registry = registry
         self.heartbeat_seconds = Histogram(
             "rsc_heartbeat_seconds",
             "Time to answer heartbeat requests",
@@ -61,6 +86,7 @@ class Metrics:
         self.clock = registry.clock
         self._revoked_at: dict[tuple[str, str, int], int] = {}
         self.prometheus.register(_ActorCollector(registry))
+        self.prometheus.register(_SampleCollector(self))
         registry.group_observers.append(self.observe_group)
 
     def observe_group(
@@ -84,6 +110,69 @@ class Metrics:
                             self.handoffs.labels(*labels).inc()
                             seconds = max(0, self.clock.now_ms() - started) / 1000
                             self.handoff_seconds.labels(*labels).observe(seconds)
+
+    async def sample_forever(self, every_s: float = SAMPLE_EVERY_S) -> None:
+        """Read the shards' Redis figures every `every_s` (a scrape never waits for Redis)."""
+        while True:
+            try:
+                await self.sample()
+            except StoreError as exc:
+                log.debug("sampling shard figures: %s", exc)
+            await trio.sleep(every_s)
+
+    async def sample(self) -> None:
+        samples: dict[tuple[str, int], ShardSample] = {}
+        effects = self.registry.effects
+        for entry in list(self.registry.actors.values()):
+            state = entry.actor.state if entry.started else None
+            if not isinstance(state, StreamState) or state.deleted:
+                continue
+            shards = [s for s in state.layout.shards if s.readable]
+            stats = await effects.shard_stats(s.key for s in shards)
+            dead = await effects.dead_letter_counts(s.key for s in shards)
+            for shard in shards:
+                found = stats.get(shard.key)
+                groups = {g.group: (g.pending, g.lag) for g in found.groups} if found else {}
+                length = found.length if found else 0
+                key = (state.stream_prefix, shard.index)
+                samples[key] = ShardSample(
+                    state.stream_prefix, shard.index, length, groups, dead.get(shard.key, 0)
+                )
+        self.samples = samples
+
+
+class _SampleCollector:
+    """The last sample of the shards' Redis figures: one series per readable shard (and group)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        length = GaugeMetricFamily(
+            "rsc_shard_length", "Entries in the shard key (XLEN)", labels=["stream", "shard"]
+        )
+        lag = GaugeMetricFamily(
+            "rsc_group_lag",
+            "Entries of the shard the group has not read yet (XINFO GROUPS lag; absent when unknown)",
+            labels=["stream", "group", "shard"],
+        )
+        pending = GaugeMetricFamily(
+            "rsc_group_pending",
+            "Entries of the shard read by the group but not acknowledged (XPENDING count)",
+            labels=["stream", "group", "shard"],
+        )
+        dead = GaugeMetricFamily(
+            "rsc_dead_letters", "Entries in the shard's dead-letter stream", labels=["stream", "shard"]
+        )
+        for sample in self.metrics.samples.values():
+            shard = str(sample.shard)
+            length.add_metric([sample.stream, shard], sample.length)
+            dead.add_metric([sample.stream, shard], sample.dead_letters)
+            for group, (waiting, behind) in sample.groups.items():
+                pending.add_metric([sample.stream, group, shard], waiting)
+                if behind is not None:
+                    lag.add_metric([sample.stream, group, shard], behind)
+        yield from (length, lag, pending, dead)
 
 
 class _ActorCollector:
