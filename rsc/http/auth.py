@@ -29,7 +29,7 @@ from rsc.http.throttle import FailureThrottle, client_key
 #: What Quart gives as the remote address of a Unix socket peer.
 UNIX_PEER = "<local>"
 #: Paths nobody needs a credential for.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/version", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/version", "/openapi.json", "/", "/ui", "/docs"})
 
 
 class Refused(ApiError):

@@ -45,6 +45,7 @@ from rsc.http.admin import (
 )
 from rsc.http.audit import AuditRecord
 from rsc.http.auth import PUBLIC_PATHS
+from rsc.http.pages import add_page_routes
 
 
 @attrs.frozen
@@ -311,6 +312,27 @@ ROUTES = (
     Route("get", "/healthz", "Liveness", None, Status),
     Route("get", "/readyz", "Readiness (Redis answers)", None, Status),
     Route("get", "/metrics", "Prometheus metrics", None, None, content_type="text/plain"),
+    Route("get", "/", "Redirects to the dashboard (/ui)", None, None, content_type="text/html", status="302"),
+    Route(
+        "get",
+        "/ui",
+        "The live dashboard (HTML; polls the views every second)",
+        None,
+        None,
+        content_type="text/html",
+    ),
+    Route("get", "/docs", "This document in Swagger UI (HTML)", None, None, content_type="text/html"),
+    Route(
+        "get", "/docs/openapi.json", "This document as Swagger UI reads it (labelled OpenAPI 3.0)", None, None
+    ),
+    Route(
+        "get",
+        "/docs/static/{name}",
+        "Swagger UI's static files",
+        None,
+        None,
+        content_type="application/octet-stream",
+    ),
     Route("get", "/openapi.json", "This document", None, None),
 )
 
@@ -411,8 +433,8 @@ def document() -> dict[str, Any]:
         ok: dict[str, Any] = {"description": "No content" if route.status == "204" else "OK"}
         if route.response is not None:
             ok["content"] = {route.content_type: {"schema": schema_of(route.response, components)}}
-        elif route.content_type == "text/plain":
-            ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        elif route.content_type in ("text/plain", "text/html"):
+            ok["content"] = {route.content_type: {"schema": {"type": "string"}}}
         operation["responses"][route.status] = ok
         error = {"content": {"application/json": {"schema": schema_of(ErrorBody, components)}}}
         operation["responses"]["4XX"] = {"description": "Refused (see `error`)", **error}
@@ -447,6 +469,7 @@ def document() -> dict[str, Any]:
 def add_openapi_route(app: QuartTrio) -> None:
     """Serve the document at `/openapi.json`."""
     text = json.dumps(document(), separators=(",", ":"))
+    add_page_routes(app, document)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

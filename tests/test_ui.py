@@ -1,0 +1,99 @@
+"""The dashboard in a real browser: headless Chromium (Debian's package, driven by Playwright)
+opens `/ui` on a real coordinator, shows who owns which shard, and follows a member joining
+and another leaving within seconds. `/docs` renders Swagger UI over `/openapi.json`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+from playwright.sync_api import sync_playwright
+
+from tests.httpkit import FAST, hb, serve_on
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on the PATH: `apt-get install chromium` (.ci/run installs it)"
+)
+
+
+def owners(page: Any, prefix: str) -> dict[int, str]:
+    cells = page.eval_on_selector_all(
+        f'table[data-stream="{prefix}"] tr[data-shard]',
+        "rows => rows.map(r => [Number(r.dataset.shard), r.querySelector('td.owner').textContent])",
+    )
+    return {int(shard): owner for shard, owner in cells}
+
+
+@pytest.mark.timeout(120)
+async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
+    standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, member_lease_ttl_ms=60_000)
+    async with serve_on(settings) as http:
+        base = str(http.base_url).rstrip("/")
+
+        def in_the_browser() -> None:
+            with httpx.Client(base_url=base, timeout=10) as client, sync_playwright() as playwright:
+
+                def beat(member: str, epoch: int, **extra: Any) -> dict[str, Any]:
+                    response = client.post("/v1/heartbeat", json=hb(prefix, member, epoch, **extra))
+                    assert response.status_code == 200, response.text
+                    answer: dict[str, Any] = response.json()
+                    return answer
+
+                a = beat("a", 0)
+                a = beat("a", a["memberEpoch"], ownedShards=a["assignment"]["assigned"])
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+                page = browser.new_page()
+                page.goto(f"{base}/ui")
+                owner_of = f'table[data-stream="{prefix}"] tr[data-shard] td.owner'
+                page.wait_for_selector(owner_of, timeout=10_000)
+                assert owners(page, prefix) == dict.fromkeys(range(4), "a")
+
+                b = beat("b", 0)  # b joins: a is asked to revoke two shards
+                a = beat("a", a["memberEpoch"], ownedShards=[0, 1, 2, 3])
+                moving = a["assignment"]["revoke"]
+                assert len(moving) == 2
+                page.wait_for_selector(f'table[data-stream="{prefix}"] td.owner.revoking', timeout=5_000)
+                kept = sorted(set(range(4)) - set(moving))
+                a = beat("a", a["memberEpoch"], ownedShards=kept, revokedShards=moving)
+                b = beat("b", b["memberEpoch"])
+                assert sorted(b["assignment"]["assigned"]) == sorted(moving)
+                expected = {s: ("b" if s in moving else "a") for s in range(4)}
+                page.wait_for_function(
+                    """([sel, want]) => [...document.querySelectorAll(sel)]
+                        .map(c => c.textContent).join(",") === want""",
+                    arg=[owner_of, ",".join(expected[s] for s in range(4))],
+                    timeout=5_000,
+                )
+                assert owners(page, prefix) == expected
+                page.screenshot(path=str(tmp_path / "ui-after-join.png"), full_page=True)
+
+                beat("a", -1)  # a leaves: b takes everything
+                b = beat("b", b["memberEpoch"], ownedShards=b["assignment"]["assigned"])
+                b = beat("b", b["memberEpoch"], ownedShards=b["assignment"]["assigned"])
+                assert sorted(b["assignment"]["assigned"]) == [0, 1, 2, 3]
+                page.wait_for_function(
+                    """([sel]) => [...document.querySelectorAll(sel)].every(c => c.textContent === "b")""",
+                    arg=[owner_of],
+                    timeout=5_000,
+                )
+                members = page.eval_on_selector_all(
+                    'table[data-members="billing"] tr[data-member]', "rows => rows.map(r => r.dataset.member)"
+                )
+                assert members == ["b"]
+                page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
+
+                page.goto(f"{base}/docs")
+                page.wait_for_selector("text=rsc coordinator", timeout=10_000)
+                assert page.locator(".opblock").count() > 20  # every route, from /openapi.json
+                browser.close()
+
+        await trio.to_thread.run_sync(in_the_browser)
+    assert (tmp_path / "ui.png").stat().st_size > 10_000
