@@ -230,7 +230,9 @@ async def test_stream_view_shows_redis_figures(client: httpx.AsyncClient, prefix
     shard = view["shards"][0]
     assert shard["length"] == 0
     assert shard["primaryNode"] is None  # standalone Redis
-    assert shard["groups"] == [{"group": "billing", "pending": 0, "lag": 0, "lastDeliveredId": "0-0"}]
+    assert shard["groups"] == [
+        {"group": "billing", "pending": 0, "lag": 0, "lastDeliveredId": "0-0", "consumers": 0}
+    ]
 
 
 async def test_demo_members_show_a_handoff(client: httpx.AsyncClient) -> None:
