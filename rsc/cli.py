@@ -35,6 +35,56 @@ from rsc.tools import apply as applying
 T = TypeVar("T")
 
 
+class JsonLines(logging.Formatter):
+    """One JSON object per log record: time, level, logger, message (and the exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Logging of a long-running command: `level` for rsc, third parties at WARNING (one line per
+    HTTP request or Redis script-cache retry is noise), text or JSON lines on stderr."""
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    logging.getLogger("rsc").setLevel(level.upper())
+    logging.getLogger("hypercorn.error").setLevel(level.upper())
+
+
+def logging_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--log-level` and `--log-format` (also `RSC_LOG_LEVEL`, `RSC_LOG_FORMAT`)."""
+    command = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        envvar="RSC_LOG_FORMAT",
+        help="Log lines as text or as JSON objects [env RSC_LOG_FORMAT].",
+    )(command)
+    return click.option(
+        "--log-level",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        default="INFO",
+        show_default=True,
+        envvar="RSC_LOG_LEVEL",
+        help="Least severity logged by rsc [env RSC_LOG_LEVEL].",
+    )(command)
+
+
 class StartupError(click.ClickException):
     """A process that cannot start (bad configuration, a port in use, Redis not answering, a
     target that does not load): one line on stderr, exit code 2."""
@@ -180,9 +230,17 @@ def journal_show(
     redis_url: str,
 ) -> None:
     """The journal of STREAM (or of its consumer GROUP), oldest first."""
-    entries = _with_store(
-        redis_url, lambda _, store: journal_tool.show(store, _aggregate(stream, group), member, shard, kinds)
-    )
+    aggregate = _aggregate(stream, group)
+
+    async def work(redis: Any, store: RedisStore) -> list[Any] | None:
+        if not await redis.exists([aggregate.journal_key, aggregate.snapshot_key]):
+            return None
+        return list(await journal_tool.show(store, aggregate, member, shard, kinds))
+
+    entries = _with_store(redis_url, work)
+    if entries is None:
+        what = f"group {group!r} of stream {stream!r}" if group else f"stream {stream!r}"
+        raise click.ClickException(f"no journal for {what} in this Redis (is --redis-url right?)")
     for entry in entries:
         click.echo(journal_tool.describe(entry))
 
@@ -251,6 +309,7 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
 @click.option(
     "--redis-url", help="Redis (standalone, or any node of a cluster) [config redis_url, env RSC_REDIS_URL]."
 )
+@logging_options
 def serve(
     config_path: str | None,
     bind: str,
@@ -259,12 +318,12 @@ def serve(
     certfile: str | None,
     keyfile: str | None,
     redis_url: str | None,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run the coordinator (HTTP on hypercorn/trio) until SIGTERM or SIGINT."""
     bind = _bind_address(bind)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the demo's requests, one line each, are noise
-    logging.getLogger("coredis").setLevel(logging.WARNING)  # its script-cache retries are routine
+    setup_logging(log_level, log_format)
     try:
         settings = config_module.load(config_path)
         overrides: dict[str, Any] = {}
@@ -362,6 +421,7 @@ def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | Non
     envvar="RSC_INSTANCE_ID",
     help="Start of this process's member ids [env RSC_INSTANCE_ID; default: POD_IP, else host-pid].",
 )
+@logging_options
 def worker(
     target: str,
     coordinator_url: str | None,
@@ -370,12 +430,11 @@ def worker(
     token_file: str | None,
     ca_bundle: str | None,
     instance_id: str | None,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run the listeners of TARGET (`module:app`) until SIGINT/SIGTERM, then leave gracefully."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
-    # Its retries (script cache, reconnects) are routine: an outage is logged once by the poller.
-    logging.getLogger("coredis").setLevel(logging.WARNING)
+    setup_logging(log_level, log_format)
     module_name, _, attribute = target.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: the application's modules are here

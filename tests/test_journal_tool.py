@@ -127,3 +127,16 @@ def test_describe_escapes_what_could_disturb_a_terminal() -> None:
     assert "\x1b" not in line
     assert "\u202e" not in line
     assert 'reason="evil\\u001b[2J\\u202eline"' in line
+
+
+async def test_show_of_an_aggregate_that_does_not_exist_is_an_error(redis_url: str, prefix: str) -> None:
+    code, out = await trio.to_thread.run_sync(
+        rsc, "journal", "show", f"{prefix}-nope", "--redis-url", redis_url
+    )
+    assert code == 1
+    assert f"no journal for stream '{prefix}-nope' in this Redis" in out
+    code, out = await trio.to_thread.run_sync(
+        rsc, "journal", "show", f"{prefix}-nope", "billing", "--redis-url", redis_url
+    )
+    assert code == 1
+    assert "no journal for group 'billing'" in out

@@ -82,7 +82,7 @@ def test_a_wrong_redis_password_is_one_line_without_the_password(tmp_path: Path)
     with redis_servers.standalone(password="right-pass") as url:
         wrong = url.replace("right-pass", "wrong-pass")
         code, output = run_serve(tmp_path, wrong)
-    assert code == 1
+    assert code == 2  # a start-up mistake
     assert "Traceback" not in output
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) == 1, output
@@ -116,7 +116,7 @@ def test_an_exposed_bind_without_credentials_is_refused_in_one_line(
     env = {**os.environ, "RSC_REDIS_URL": standalone_url}
     command = [sys.executable, "-m", "rsc", "serve", "--bind", f"0.0.0.0:{port}"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a start-up mistake
     assert "Traceback" not in result.stderr
     assert "--insecure" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -206,7 +206,7 @@ async def test_a_coordinator_leaving_on_an_error_still_releases_its_lease() -> N
 )
 def test_an_unusable_redis_url_is_one_line(tmp_path: Path, url: str, says: str) -> None:
     code, output = run_serve(tmp_path, url)
-    assert code == 1
+    assert code == 2  # a start-up mistake
     assert "Traceback" not in output
     assert len(output.strip().splitlines()) == 1, output
     assert says in output
@@ -215,7 +215,7 @@ def test_an_unusable_redis_url_is_one_line(tmp_path: Path, url: str, says: str) 
 
 def test_a_database_redis_refuses_is_one_line(tmp_path: Path, standalone_url: str) -> None:
     code, output = run_serve(tmp_path, f"{standalone_url}/99")
-    assert code == 1
+    assert code == 2  # a start-up mistake
     assert "Traceback" not in output
     assert len(output.strip().splitlines()) == 1, output
     assert "DB index is out of range" in output

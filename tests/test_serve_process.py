@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -71,3 +72,30 @@ def test_start_up_mistakes_are_one_line_and_exit_2(args: list[str], says: str, s
     assert result.returncode == 2, result.stderr
     assert errors == [f"Error: {says.replace(TAKEN, address)}"], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_log_lines_can_be_json_objects(standalone_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "RSC_REDIS_URL": standalone_url}
+    command = [
+        *(sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"),
+        *("--log-format", "json", "--log-level", "debug"),
+    ]
+    err_path = tmp_path / "serve.err"
+    with err_path.open("wb") as err:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            wait_for_output(process, err_path, "coordinator lease")
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    lines = [json.loads(line) for line in err_path.read_text().splitlines()]
+    assert lines
+    assert all(set(line) >= {"time", "level", "logger", "message"} for line in lines)
+    assert any(line["logger"] == "rsc.leadership" for line in lines)
+    assert not any(
+        line["logger"].startswith(("httpx", "coredis")) and line["level"] == "INFO" for line in lines
+    )

@@ -85,7 +85,8 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
                     timeout=5_000,
                 )
                 members = page.eval_on_selector_all(
-                    'table[data-members="billing"] tr[data-member]', "rows => rows.map(r => r.dataset.member)"
+                    f'div[data-stream-card="{prefix}"] table[data-members="billing"] tr[data-member]',
+                    "rows => rows.map(r => r.dataset.member)",
                 )
                 assert members == ["b"]
                 page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
