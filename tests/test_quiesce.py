@@ -13,7 +13,6 @@ resume, the layout stays).
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from rsc.events.wire import ProducerHeartbeatRequest
 from tests import redis_servers
 from tests.httpkit import FAST, serve_on
 from tests.test_reshard import checker_for
-from tests.test_worker import group_view, start_worker, until
+from tests.test_worker import group_view, start_worker, stop_workers, until
 
 AUTH = ("admin", "s3cret")
 KEYS = 12
@@ -200,14 +199,7 @@ async def test_quiesce_mode_keeps_per_key_order_across_a_scale_out_and_a_scale_i
             shards = (await http.get(f"/v1/streams/{prefix}")).json()["shards"]
             assert [s["index"] for s in shards if s["state"] == "ACTIVE"] == [0, 1, 2]
         finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.send_signal(signal.SIGTERM)
-            for worker in workers:
-                try:
-                    worker.wait(timeout=20)
-                except Exception:
-                    worker.kill()
+            stop_workers(workers)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from rsc.client.producer import NoWritableShards, Producer, open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.events.wire import seal_key
 from tests.httpkit import FAST, serve_on
-from tests.test_worker import group_view, handled_entries, spread, start_worker, until
+from tests.test_worker import group_view, handled_entries, spread, start_worker, stop_workers, until
 
 AUTH = ("admin", "s3cret")
 KEYS = 16
@@ -185,14 +185,7 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
 
             await until(nothing_pending, 20)
         finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.send_signal(signal.SIGTERM)
-            for worker in workers:
-                try:
-                    worker.wait(timeout=20)
-                except Exception:
-                    worker.kill()
+            stop_workers(workers)
             checker.close()
 
 

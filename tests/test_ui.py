@@ -51,7 +51,7 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
                 a = beat("a", a["memberEpoch"], ownedShards=a["assignment"]["assigned"])
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
                 page = browser.new_page()
-                page.goto(f"{base}/ui")
+                page.goto(f"{base}/ui?stream={prefix}")  # the shared Redis holds many streams
                 owner_of = f'table[data-stream="{prefix}"] tr[data-shard] td.owner'
                 page.wait_for_selector(owner_of, timeout=10_000)
                 assert owners(page, prefix) == dict.fromkeys(range(4), "a")
@@ -91,6 +91,8 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
                 assert members == ["b"]
                 page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
 
+                page.goto(f"{base}/ui")  # every stream, this one among them
+                page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=20_000)
                 page.goto(f"{base}/docs")
                 page.wait_for_selector("text=rsc coordinator", timeout=10_000)
                 assert page.locator(".opblock").count() > 20  # every route, from /openapi.json

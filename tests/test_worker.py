@@ -58,6 +58,19 @@ def start_worker(
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
 
 
+def stop_workers(workers: Sequence[subprocess.Popen[bytes]], timeout_s: float = 20) -> None:
+    """SIGTERM each worker still running (they leave gracefully), then wait; kill what hangs."""
+    for worker in workers:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+        try:
+            worker.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
 def spread(client: Any, keys: Sequence[str], count: int) -> set[tuple[str, str]]:
     """XADD `count` entries round-robin over `keys`; their (shard key, entry id)."""
     return {(key, client.xadd(key, {"n": str(n)})) for n in range(count) for key in [keys[n % len(keys)]]}
