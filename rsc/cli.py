@@ -421,6 +421,12 @@ def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | Non
     envvar="RSC_INSTANCE_ID",
     help="Start of this process's member ids [env RSC_INSTANCE_ID; default: POD_IP, else host-pid].",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65_535),
+    envvar="RSC_METRICS_PORT",
+    help="Serve this worker's Prometheus metrics on this port (/metrics) [env RSC_METRICS_PORT].",
+)
 @logging_options
 def worker(
     target: str,
@@ -430,6 +436,7 @@ def worker(
     token_file: str | None,
     ca_bundle: str | None,
     instance_id: str | None,
+    metrics_port: int | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -456,6 +463,11 @@ def worker(
         app.ca_bundle = ca_bundle
     if instance_id:
         app.instance_id = instance_id
+    if metrics_port is not None:
+        try:
+            app.serve_metrics(metrics_port)
+        except OSError as exc:
+            raise StartupError(f"cannot serve metrics on port {metrics_port}: {exc.strerror}") from exc
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -123,7 +123,7 @@ async def test_a_busy_shard_does_not_starve_the_others(
 
 
 async def test_failing_entries_are_retried_then_dead_lettered(
-    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis
+    base_url: str, standalone_url: str, prefix: str, sync_redis: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     attempts: list[str] = []
 
@@ -140,6 +140,17 @@ async def test_failing_entries_are_retried_then_dead_lettered(
         sync_redis.xadd(key, {"n": "fine"})
         await wait_for(lambda: poller.dead_lettered == 1)
     assert attempts.count(poison) == 2  # max_deliveries
+    assert poller.failed == 2
+    failures = [r.getMessage() for r in caplog.records if "handler failed" in r.getMessage()]
+    assert failures == [
+        f"w0: handler failed on {key} {poison} (delivery {n} of 2): ValueError: cannot handle this"
+        for n in (1, 2)
+    ]  # one line each, no traceback at WARNING
+    assert all(r.exc_info is None for r in caplog.records if "handler failed" in r.getMessage())
+    [moved] = [r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()]
+    assert (
+        moved == f"w0: dead-lettered {key} {poison} after 2 failed deliveries (max_deliveries 2) to {key}:dlq"
+    )
     dead = sync_redis.xrange(f"{key}:dlq")
     assert dead[0][1] == {"rscSourceId": poison, "rscDeliveries": "3", "n": "poison"}
     assert sync_redis.xpending(key, "billing")["pending"] == 0

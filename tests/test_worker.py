@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import redis
 import trio
 
 from tests.httpkit import FAST, hb, serve_on
-from tests.redis_servers import DurableServer
+from tests.redis_servers import DurableServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +34,7 @@ def start_worker(
     self_fence: bool = True,
     results_file: Path | None = None,
     record_order: bool = False,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -49,7 +51,16 @@ def start_worker(
     env.pop("RSC_INSTANCE_ID", None)
     if ip is not None:  # None: as on a laptop, where member ids come from host name and pid
         env["POD_IP"] = ip
-    command = [sys.executable, "-m", "rsc", "worker", "tests.workerapp:app", "--coordinator", base_url]
+    command = [
+        sys.executable,
+        "-m",
+        "rsc",
+        "worker",
+        "tests.workerapp:app",
+        "--coordinator",
+        base_url,
+        *extra,
+    ]
     if log is None:
         return subprocess.Popen(
             command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
@@ -417,3 +428,49 @@ async def _handled_all(results: Path, published: set[tuple[str, str]]) -> bool:
 
 async def _pending(checker: Any, keys: Sequence[str]) -> int:
     return sum(int(checker.xpending(k, "billing")["pending"]) for k in keys)
+
+
+async def test_a_worker_serves_its_own_metrics(standalone_url: str, prefix: str, tmp_path: Path) -> None:
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, heartbeat_interval_ms=200, member_lease_ttl_ms=2_000
+    )
+    port = free_port()
+    async with serve_on(settings) as http:
+        worker = start_worker(
+            str(http.base_url), standalone_url, prefix, "10.8.0.1", 2, extra=["--metrics-port", str(port)]
+        )
+        try:
+
+            async def two_members() -> bool:
+                return await _stable(http, prefix, 2)
+
+            await until(two_members, 30)
+            keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+            checker = redis.Redis.from_url(standalone_url, decode_responses=True)
+            spread(checker, keys, 20)
+            checker.close()
+
+            async def scraped() -> bool:
+                text = await trio.to_thread.run_sync(
+                    lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                )
+                handled = _series(text, "rsc_worker_handled_total", prefix)
+                return sum(float(v) for v in handled) >= 20 and "rsc_worker_handler_seconds_count" in text
+
+            await until(scraped, 20)
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            owned = _series(text, "rsc_worker_owned_shards", prefix)
+            assert sorted(float(v) for v in owned) == [2.0, 2.0]
+            assert "process_cpu_seconds_total" in text
+        finally:
+            stop_workers([worker])
+
+
+def _series(text: str, name: str, prefix: str) -> list[str]:
+    """The values of metric `name` of stream `prefix` in a Prometheus exposition."""
+    return re.findall(name + r'\{[^}]*stream="' + re.escape(prefix) + r'"[^}]*\} (\S+)', text)
+
+
+async def _stable(http: httpx.AsyncClient, prefix: str, count: int) -> bool:
+    members = (await group_view(http, prefix))["members"]
+    return len(members) == count and all(m["state"] == "STABLE" and m["assigned"] for m in members)

@@ -29,10 +29,12 @@ from collections.abc import Callable, Sequence
 
 import attrs
 import trio
+from prometheus_client import start_http_server
 
 from rsc.client.batching import BatchingTransport
 from rsc.client.coordinator import Coordinator, coordinator_urls
 from rsc.client.member import Member, MemberSettings
+from rsc.client.metrics import WorkerMetrics
 from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
 from rsc.connect import DEFAULT_REDIS_URL, open_redis
 
@@ -94,6 +96,8 @@ class App:
         self.listeners: list[Listener] = []
         self.members: list[Member] = []
         self.pollers: list[Poller] = []
+        #: The worker's own metrics (`serve_metrics`), None until asked for.
+        self.metrics: WorkerMetrics | None = None
         #: Redis outages, logged once for the whole process.
         self.redis_health = RedisHealth("rsc worker")
         self._stop = trio.Event()
@@ -120,6 +124,12 @@ class App:
             return handler
 
         return register
+
+    def serve_metrics(self, port: int, host: str = "0.0.0.0") -> None:
+        """Serve this worker's Prometheus metrics on `host:port` (`/metrics`, in a thread), from
+        now on: call it before `run`, so that every member's handler is timed."""
+        self.metrics = WorkerMetrics(self)
+        start_http_server(port, host, registry=self.metrics.prometheus)
 
     def stop(self) -> None:
         """Leave gracefully: in-flight work finishes (bounded), revokes are acked, members leave."""
@@ -192,6 +202,9 @@ class App:
             self.redis_health,
             wakeups,
         )
+        if self.metrics is not None:
+            latency = self.metrics.handler_seconds.labels(listener.stream, listener.group)
+            poller.observe_handler = latency.observe
         await services.start(poller.run)
         member = Member(
             transport,

@@ -55,6 +55,7 @@ import contextlib
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -457,7 +458,10 @@ class Poller:
         self.workers = 1
         self.buffered = 0
         self.handled = 0
+        self.failed = 0
         self.dead_lettered = 0
+        #: Told how long each handler call took, in seconds (the worker's metrics).
+        self.observe_handler: Callable[[float], None] | None = None
         #: Handler calls cancelled because the lease ended while they ran.
         self.cut_by_lease = 0
         #: Until when the member's shards are known to be its own (trio clock; see `renewed`).
@@ -1033,12 +1037,28 @@ class Poller:
         if message.deliveries > self.settings.max_deliveries:
             await self._dead_letter(shard, message)
             return
+        started = time.perf_counter()
         try:
             await self.handler(message)
-        except Exception:
-            log.exception("%s: handler failed on %s %s", self.member_id, message.key, message.id)
+        except Exception as exc:
+            self.failed += 1
+            # One line per failure; the traceback at DEBUG (a poison entry fails max_deliveries times).
+            log.warning(
+                "%s: handler failed on %s %s (delivery %d of %d): %s: %s",
+                self.member_id,
+                message.key,
+                message.id,
+                message.deliveries,
+                self.settings.max_deliveries,
+                type(exc).__name__,
+                exc,
+            )
+            log.debug("the handler's traceback", exc_info=True)
             self._retry_later(shard, message, message.deliveries + 1)  # it stays pending meanwhile
             return
+        finally:
+            if self.observe_handler is not None:
+                self.observe_handler(time.perf_counter() - started)
         self.handled += 1
         shard.acks.append(message.id)
         self._acks_waiting.set()
@@ -1075,6 +1095,15 @@ class Poller:
         else:
             self.health.ok()
             self.dead_lettered += 1
+            log.warning(
+                "%s: dead-lettered %s %s after %d failed deliveries (max_deliveries %d) to %s",
+                self.member_id,
+                message.key,
+                message.id,
+                message.deliveries - 1,
+                self.settings.max_deliveries,
+                dead_letter_key(shard.key),
+            )
 
     # --- acknowledging --------------------------------------------------
 

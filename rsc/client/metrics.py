@@ -1,0 +1,53 @@
+"""A worker's own Prometheus metrics (`rsc worker --metrics-port`): what its members handled,
+how long handlers took, what failed and was dead-lettered, which shards each member owns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from rsc.client.app import App
+
+
+class WorkerMetrics:
+    """One registry per App; counters are read from the pollers at scrape time."""
+
+    def __init__(self, app: App) -> None:
+        self.prometheus = CollectorRegistry()
+        self.prometheus.register(PROCESS_COLLECTOR)
+        self.prometheus.register(PLATFORM_COLLECTOR)
+        self.handler_seconds = Histogram(
+            "rsc_worker_handler_seconds",
+            "Time a handler took, failed calls included",
+            ["stream", "group"],
+            registry=self.prometheus,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.prometheus.register(_PollerCollector(app))
+
+
+class _PollerCollector:
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["stream", "group", "member"]
+        handled = CounterMetricFamily("rsc_worker_handled", "Entries handled and acknowledged", labels=labels)
+        failed = CounterMetricFamily(
+            "rsc_worker_failed", "Handler calls that raised (retried later)", labels=labels
+        )
+        dead = CounterMetricFamily(
+            "rsc_worker_dead_lettered", "Entries moved to the dead-letter stream", labels=labels
+        )
+        owned = GaugeMetricFamily("rsc_worker_owned_shards", "Shards the member reads now", labels=labels)
+        for member, poller in zip(self.app.members, self.app.pollers, strict=False):
+            values = [member.machine.stream_prefix, member.machine.group, member.member_id]
+            handled.add_metric(values, poller.handled)
+            failed.add_metric(values, poller.failed)
+            dead.add_metric(values, poller.dead_lettered)
+            owned.add_metric(values, len(member.owned))
+        yield from (handled, failed, dead, owned)
