@@ -140,3 +140,24 @@ async def test_show_of_an_aggregate_that_does_not_exist_is_an_error(redis_url: s
     )
     assert code == 1
     assert "no journal for group 'billing'" in out
+
+
+def test_a_checkpoint_a_baseline_writer_made_is_compared_without_the_fields_it_did_not_know() -> None:
+    """At journal schema 1 a 0.1.0 coordinator may write checkpoints: it drops a member's
+    `client.featureLevel` (it does not know it), so the replay by this release differs in that
+    field alone. Verify compares those without it; any other difference still counts."""
+    from rsc.events import codec
+    from rsc.events.commands import CreateGroup, Heartbeat
+    from rsc.events.group import GroupState, execute
+    from rsc.events.model import EMPTY_LAYOUT, ClientInfo
+
+    state, _ = execute(None, CreateGroup("orders", "billing", EMPTY_LAYOUT))
+    state, _ = execute(state, Heartbeat("a", "i", 0, now_ms=1, client=ClientInfo("rsc-python", "0.2.0", 3)))
+    raw = json.loads(codec.to_json(state))
+    assert raw["members"]["a"]["client"].pop("featureLevel") == 3  # what 0.1.0 would write
+    written_by_baseline = codec.from_json(json.dumps(raw), GroupState)
+    assert written_by_baseline != state
+    assert journal._same_for_baseline(written_by_baseline, state)
+    assert not journal._same(written_by_baseline, state)
+    raw["groupEpoch"] += 1
+    assert not journal._same_for_baseline(codec.from_json(json.dumps(raw), GroupState), state)
