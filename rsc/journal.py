@@ -160,9 +160,10 @@ async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
     if not entries:
         return Verdict(aggregate_id, False, ("no journal",), 0, loaded.revision, loaded.schema)
     state = None
-    # At journal schema 1, a 0.1.0 coordinator may have written the checkpoints: it keeps no
-    # field it does not know (a client's `featureLevel`), so compare without those.
-    same = _same_for_baseline if loaded.schema == 1 else _same
+    # A 0.1.0 coordinator may have written some checkpoints (at schema 1, before the level was
+    # raised): it keeps no field it does not know (a client's `featureLevel`), so compare
+    # without those, whatever the schema is now.
+    same = _same_for_baseline
     expected_revision = entries[0].revision if entries[0].is_checkpoint else 1
     for entry in entries:
         if entry.is_checkpoint:
