@@ -158,6 +158,37 @@ async def test_two_concurrent_puts_with_the_same_if_match_exactly_one_wins(
         assert (await client.get(path, auth=AUTH)).json()["spec"] == winner.json()["spec"]
 
 
+async def test_a_put_racing_a_join_that_creates_the_group_still_applies_its_spec(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    """A join creates a missing group with the default config; a PUT creating it at the same
+    time must not be dropped as "already exists" (it answered 200 and changed nothing)."""
+    stream = f"/v1/admin/streams/{prefix}"
+    assert (await client.put(stream, json={"shardCount": 2}, auth=AUTH)).status_code == 200
+    answers: list[httpx.Response] = []
+    for round_ in range(8):  # the two orders (and the interleavings between) over the rounds
+        group = f"g{round_}"
+        answers.clear()
+
+        async def put(group: str = group) -> None:
+            body = {"maxConcurrency": 3}
+            answers.append(await client.put(f"{stream}/groups/{group}", json=body, auth=AUTH))
+
+        async def join(group: str = group) -> None:
+            await beat(client, {**hb(prefix, "a", 0), "consumerGroup": group})
+
+        async with trio.open_nursery() as nursery:
+            first, second = (put, join) if round_ % 2 else (join, put)
+            nursery.start_soon(first)
+            nursery.start_soon(second)
+        assert answers[0].status_code == 200, answers[0].text
+        assert answers[0].json()["spec"]["maxConcurrency"] == 3
+        stored = (await client.get(f"{stream}/groups/{group}", auth=AUTH)).json()["spec"]
+        assert stored["maxConcurrency"] == 3, (round_, stored)
+        answer = await beat(client, {**hb(prefix, "a", 1), "consumerGroup": group})
+        assert answer["maxConcurrency"] == 3
+
+
 async def test_a_heartbeat_that_is_not_a_join_never_creates_a_group_or_stream(
     client: httpx.AsyncClient, prefix: str
 ) -> None:

@@ -118,6 +118,9 @@ class Registry:
         self.actors: dict[AggregateId, _Entry] = {}
         #: Told of every persisted batch of group events (metrics hook).
         self.group_observers: list[GroupObserver] = []
+        #: Creating a group is one at a time: two first uses at once (a member's join and an
+        #: admin `PUT`) must not both create it, or the loser's config is silently dropped.
+        self._creating_group = trio.Lock()
 
     # --- asking ---------------------------------------------------------
 
@@ -190,7 +193,9 @@ class Registry:
                 self.stop(aggregate_id)
                 await self.stream(stream_prefix, create=False)  # UnknownStream first, if so
                 raise UnknownGroup(f"group {group!r} of stream {stream_prefix!r} does not exist")
-            await self._create_group(actor, stream_prefix, group, config or GroupConfig())
+            async with self._creating_group:
+                if actor.state is None or actor.state.deleted:  # else created meanwhile
+                    await self._create_group(actor, stream_prefix, group, config or GroupConfig())
         elif fresh:
             await self._pull_layout(actor, stream_prefix, group)
         return actor  # type: ignore[no-any-return]

@@ -402,9 +402,12 @@ async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec:
             raise ApiError(
                 412, "PRECONDITION_FAILED", f"there is no group {group!r} of {stream_prefix!r} (If-Match)"
             )
-        await registry.group(stream_prefix, group, config=config)
-        return config
-    expect = _check_if_match(actor.revision)
+        # A member's join may create the group first (with the default config): then
+        # this is a change of the group it made, checked and applied below.
+        actor = await registry.group(stream_prefix, group, config=config)
+        expect = None
+    else:
+        expect = _check_if_match(actor.revision)
     stored = actor.state.config
     if stored.start_from is not config.start_from:
         raise ApiError(
