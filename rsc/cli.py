@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import json
 import logging
@@ -25,7 +26,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
 from rsc.client.errors import CoordinatorRejected, RscError
-from rsc.connect import RedisRefused, first_leaf
+from rsc.connect import RedisRefused, first_leaf, redacted
 from rsc.demo import run_demo
 from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
@@ -33,6 +34,7 @@ from rsc.tools import admin as admin_tools
 from rsc.tools import apply as applying
 
 T = TypeVar("T")
+log = logging.getLogger("rsc.cli")
 
 
 class JsonLines(logging.Formatter):
@@ -200,6 +202,7 @@ def _aggregate(stream: str, group: str | None) -> AggregateId:
 
 def _with_store(redis_url: str, work: Callable[[Any, RedisStore], Awaitable[T]]) -> T:
     async def main() -> T:
+        log.debug("journal: reading Redis at %s", redacted(redis_url))
         async with open_redis(redis_url) as redis:
             return await work(redis, RedisStore(redis))
 
@@ -544,3 +547,31 @@ def apply(
     sys.exit(
         applying.run(admin, files, dry_run=dry_run, prune=prune, prune_streams=prune_streams, output=output)
     )
+
+
+def _logging_everywhere(command: click.Command) -> None:
+    """`--log-level` and `--log-format` on every command (`serve` and `worker` declare their
+    own): one way to turn on DEBUG, or JSON lines, whatever the command."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _logging_everywhere(sub)
+        return
+    if command.callback is None or any(param.name == "log_level" for param in command.params):
+        return
+    callback = command.callback
+    with_options = logging_options(lambda log_level, log_format: None)
+    command.params.extend(with_options.__click_params__)  # type: ignore[attr-defined]
+
+    @functools.wraps(callback)
+    def configured(*args: Any, log_level: str, log_format: str, **kwargs: Any) -> Any:
+        # A short command logs only warnings unless asked (by option or environment).
+        context = click.get_current_context()
+        defaults = (None, click.core.ParameterSource.DEFAULT)
+        if any(context.get_parameter_source(name) not in defaults for name in ("log_level", "log_format")):
+            setup_logging(log_level, log_format)
+        return callback(*args, **kwargs)
+
+    command.callback = configured
+
+
+_logging_everywhere(main)

@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import httpx
 import pytest
 
+from rsc import cli
 from tests.httpkit import wait_for_output
 from tests.redis_servers import free_port
 
@@ -99,3 +101,34 @@ def test_log_lines_can_be_json_objects(standalone_url: str, tmp_path: Path) -> N
     assert not any(
         line["logger"].startswith(("httpx", "coredis")) and line["level"] == "INFO" for line in lines
     )
+
+
+def _leaves(command: click.Command, path: str = "rsc") -> list[tuple[str, click.Command]]:
+    if isinstance(command, click.Group):
+        return [leaf for name, sub in command.commands.items() for leaf in _leaves(sub, f"{path} {name}")]
+    return [(path, command)]
+
+
+def test_every_command_takes_the_same_log_options() -> None:
+    leaves = _leaves(cli.main)
+    assert len(leaves) > 20
+    for path, command in leaves:
+        options = {param.name: param for param in command.params if isinstance(param, click.Option)}
+        for name, choices in (("log_level", 4), ("log_format", 2)):
+            assert name in options, f"{path} has no --{name.replace('_', '-')}"
+            assert len(options[name].type.choices) == choices, path  # type: ignore[attr-defined]
+            assert options[name].envvar == f"RSC_{name.upper()}", path
+
+
+def test_log_options_of_a_short_command_take_effect(standalone_url: str) -> None:
+    """`rsc journal show` with `--log-level debug --log-format json`: rsc's debug lines as JSON."""
+    env = {**os.environ, "RSC_REDIS_URL": standalone_url}
+    command = [sys.executable, "-m", "rsc", "journal", "show", "nope", "--log-level", "debug"]
+    result = subprocess.run(
+        [*command, "--log-format", "json"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1
+    assert "Error: no journal for stream 'nope'" in result.stderr
+    logged = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert logged, result.stderr
+    assert all(line["logger"].startswith("rsc") for line in logged)
