@@ -17,7 +17,7 @@ import trio
 from rsc import __version__
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import RscError
-from rsc.client.member import Member
+from rsc.client.member import Member, coordinator_outage
 from rsc.events.model import ClientInfo, DrainProgress, Layout
 from rsc.events.versions import MAX_FEATURE_LEVEL
 
@@ -88,6 +88,7 @@ async def run_demo(
     still running at the end stop without leaving, as a crashed process would."""
     ids = [f"10.0.0.{i}/demo-worker/0" for i in range(1, 4)]
     active: dict[int, Member] = {}
+    outage = coordinator_outage()  # one line when the coordinator stops answering, not one per member
     async with Coordinator(base_url) as coordinator, trio.open_nursery() as nursery:
         step = 0
         while rounds is None or step < rounds:
@@ -97,7 +98,9 @@ async def run_demo(
                 index = int(number) - 1
                 if verb == "join" and index not in active:
                     shards = DemoShards(say, revoke_s=min(0.5, pace_s))
-                    member = Member(coordinator, STREAM, GROUP, ids[index], shards, client=CLIENT)
+                    member = Member(
+                        coordinator, STREAM, GROUP, ids[index], shards, client=CLIENT, outage=outage
+                    )
                     shards.member = member
                     active[index] = member
                     say(f"demo: {member.member_id} starts")

@@ -22,11 +22,11 @@ FAST = Settings(
 
 
 @contextlib.asynccontextmanager
-async def serve_on(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+async def serve_on(settings: Settings, bind: str = "127.0.0.1:0") -> AsyncIterator[httpx.AsyncClient]:
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         urls = await nursery.start(
-            lambda task_status: serve(settings, "127.0.0.1:0", shutdown=shutdown, task_status=task_status)
+            lambda task_status: serve(settings, bind, shutdown=shutdown, task_status=task_status)
         )
         async with httpx.AsyncClient(base_url=urls[0], timeout=10) as http:
             await _until_active(http)

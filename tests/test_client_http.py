@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import AsyncIterator
 
@@ -277,3 +278,52 @@ async def test_a_client_skips_a_dead_coordinator_and_a_standby(
     async with Coordinator([dead, standby], retries=1, backoff=Backoff(0.01, 0.02)) as nobody:
         with pytest.raises(CoordinatorUnavailable):
             await nobody.heartbeat(HeartbeatRequest(1, prefix, "billing", "c", "i", 0))
+
+
+async def test_a_coordinator_outage_is_two_lines_for_all_the_members_of_a_process(
+    standalone_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three members start while nothing listens at the coordinator's address, then it starts:
+    one line when heartbeats began to fail and one when they succeed again (with the count of
+    failures not logged), for the three together, not a line per member or per retry."""
+    caplog.set_level(logging.INFO, "rsc.client.member")
+    port = free_port()
+    app = App(
+        f"http://127.0.0.1:{port}", standalone_url, member_settings=MemberSettings(heartbeat_interval_ms=100)
+    )
+
+    @app.listener(stream=prefix, group="billing", concurrency=3)
+    async def handle(message: Message) -> None:
+        return None
+
+    def outage_lines() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "rsc.client.member" and r.levelno >= logging.WARNING
+        ]
+
+    done = trio.Event()
+
+    async def run() -> None:
+        await app.run()
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await trio.sleep(2)  # a retry every 0.25 s for each of three members
+        assert len(outage_lines()) == 1, outage_lines()
+        assert outage_lines()[0].startswith("heartbeats fail, retrying: ")
+        settings = attrs.evolve(FAST, redis_url=standalone_url)
+        async with serve_on(settings, f"127.0.0.1:{port}"):
+            with trio.fail_after(10):
+                while len(outage_lines()) < 2:
+                    await trio.sleep(0.05)
+            assert sorted(len(m.owned) for m in app.members) != [0, 0, 0]
+            app.stop()
+            with trio.fail_after(10):
+                await done.wait()  # they leave while the coordinator answers
+    ended = outage_lines()[1]
+    repeats = re.search(r"succeed again after [\d.]+ s \((\d+) repeated failures not logged\)", ended)
+    assert repeats is not None, ended
+    assert int(repeats.group(1)) >= 15, ended

@@ -99,9 +99,10 @@ def test_failed_heartbeats_retry_sooner_and_self_fence_past_the_lease() -> None:
     request = m.request(1)
     steps = m.failed(request, 1.5, "connection refused")
     assert steps.lost == frozenset()
-    assert steps.warnings  # one line when a run of failures starts
+    # Each failure says why; the shell logs the outage (one line when it begins, one at its end).
+    assert (steps.unanswered, steps.warnings, steps.answered) == ("connection refused", (), False)
     assert m.next_heartbeat_at(1.5) == 1.5 + 0.25
-    assert m.failed(m.request(1.75), 2.0, "again").warnings == ()  # not one per retry
+    assert m.failed(m.request(1.75), 2.0, "again").unanswered == "again"
     assert m.silent(3.9) == m.silent(3.9)  # nothing yet (fence at 4.0)
     assert m.silent(3.9).lost == frozenset()
     steps = m.silent(4.0)

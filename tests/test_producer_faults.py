@@ -4,6 +4,7 @@ nothing acknowledged is lost (the Redis keeps an AOF)."""
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import threading
@@ -133,3 +134,61 @@ def test_delivery_retries_try_until_the_timeout_and_the_last_try_is_at_it() -> N
         tries += 1
     assert now == pytest.approx(101.0)  # gave up at the timeout, not before the next wait
     assert tries > 3
+
+
+def outage_lines(caplog: pytest.LogCaptureFixture) -> tuple[list[str], list[str]]:
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    began = [line for line in warnings if "Redis unavailable, retrying" in line]
+    ended = [line for line in warnings if "Redis answers again after" in line]
+    assert len(warnings) == len(began) + len(ended), warnings  # nothing per publish or per retry
+    return began, ended
+
+
+async def test_an_outage_under_many_publishes_is_two_lines_per_producer(
+    base_url: str, data: DurableServer, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Twenty publishes blocked by one outage, in each producer: one line when it began, one
+    when Redis answered again (with how many failures it did not log), not one per publish."""
+    caplog.set_level(logging.INFO, "rsc.client")
+
+    def sync_side() -> None:
+        client = redis.Redis.from_url(data.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        with (
+            SyncCoordinator(base_url) as coordinator,
+            SyncProducer(coordinator, client, prefix, "api/sync", delivery_timeout_s=15) as producer,
+        ):
+            producer.publish({"n": "0"}, key="k")
+            restarted = restart_later(data, 1.5)
+            threads = [
+                threading.Thread(target=producer.publish, args=({"n": str(n)}, f"k{n}")) for n in range(20)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in [*threads, restarted]:
+                thread.join()
+            time.sleep(1.1)  # past the settling time: the next success ends the outage
+            producer.publish({"n": "last"}, key="k")
+
+    await trio.to_thread.run_sync(sync_side)
+    began, ended = outage_lines(caplog)
+    assert (len(began), len(ended)) == (1, 1), (began, ended)
+    assert began[0].startswith("api/sync: Redis unavailable")
+    caplog.clear()
+
+    async with (
+        Coordinator(base_url) as coordinator,
+        open_redis(data.url, connect_timeout_s=0.5, command_timeout_s=0.5) as r,
+        open_producer(coordinator, r, prefix, "api/0", delivery_timeout_s=15) as producer,
+    ):
+        await producer.publish({"n": "0"}, key="k")
+        restarted = restart_later(data, 1.5)
+        async with trio.open_nursery() as nursery:
+            for n in range(20):
+                nursery.start_soon(producer.publish, {"n": str(n)}, f"k{n}")
+        await trio.to_thread.run_sync(restarted.join)
+        await trio.sleep(1.1)
+        await producer.publish({"n": "last"}, key="k")
+    began, ended = outage_lines(caplog)
+    assert (len(began), len(ended)) == (1, 1), (began, ended)
+    assert began[0].startswith("api/0: Redis unavailable")
+    assert "repeated failures not logged" in ended[0]

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -16,8 +17,8 @@ import httpx
 import pytest
 
 from rsc import cli
-from tests.httpkit import wait_for_output
-from tests.redis_servers import free_port
+from tests.httpkit import hb, wait_for_output
+from tests.redis_servers import DurableServer, free_port
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -132,3 +133,50 @@ def test_log_options_of_a_short_command_take_effect(standalone_url: str) -> None
     logged = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     assert logged, result.stderr
     assert all(line["logger"].startswith("rsc") for line in logged)
+
+
+def test_a_redis_outage_is_two_lines_in_the_coordinator_log(tmp_path: Path) -> None:
+    """A real coordinator whose Redis crashes and comes back while members keep heartbeating:
+    one line when the outage begins, one when it ends with the count of repeats not logged
+    (it used to log every failed request, actor write, reload and lease renewal)."""
+    port = free_port()
+    with DurableServer(tmp_path / "redis") as server:
+        env = {**os.environ, "RSC_REDIS_URL": server.url, "RSC_HEARTBEAT_INTERVAL_MS": "200"}
+        command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
+        log_path = tmp_path / "serve.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_output(process, log_path, "took the coordinator lease")
+            url = f"http://127.0.0.1:{port}/v1/heartbeat"
+            with httpx.Client(timeout=5) as client:
+                join = client.post(url, json=hb("outage", "m", 0))
+                assert join.status_code == 200, join.text
+                server.stop(signal.SIGKILL)
+                refused = 0
+                for n in range(20):  # joins: each must be written (a stable member's beat need not)
+                    answer = client.post(url, json=hb("outage", f"joiner-{n}", 0))
+                    refused += answer.status_code == 503
+                    time.sleep(0.1)
+                assert refused >= 10
+                server.start()
+                wait_for_output(process, log_path, "Redis answers again after")
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    text = log_path.read_text()
+    warnings = [line for line in text.splitlines() if " WARNING " in line]
+    began = [line for line in warnings if "Redis unavailable, retrying" in line]
+    ended = [line for line in warnings if "Redis answers again after" in line]
+    assert (len(began), len(ended)) == (1, 1), text
+    repeats = re.search(r"\((\d+) repeated failures not logged\)", ended[0])
+    assert repeats is not None, ended[0]
+    assert int(repeats.group(1)) >= refused, ended[0]
+    # Nothing else repeats the failure: every other warning is an event of its own.
+    noisy = [line for line in warnings if "Unable to establish" in line or "Connection refused" in line]
+    assert noisy == began, text
+    assert "Traceback" not in text, text

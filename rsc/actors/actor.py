@@ -38,6 +38,7 @@ import trio
 
 from rsc.actors.clock import Clock
 from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, StoreUnavailable
+from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Loaded, Store, check_writable
 from rsc.events.errors import CoordinationError, PreconditionFailed
@@ -309,10 +310,11 @@ class Actor(Generic[S, C, E]):
                     await self._reload()
                 else:
                     self._in_flight = []
+                    REDIS_OUTAGE.ok()
                     return
             raise StoreUnavailable(f"{self.aggregate.aggregate_id}: too many concurrent writers")
         except StoreError as exc:
-            log.warning("%s: %s", self.aggregate.aggregate_id, exc)
+            store_failed(log, exc, f"{self.aggregate.aggregate_id}: {exc}")
             for pending in self._in_flight:
                 pending.fail(exc)
             self._in_flight = []
@@ -366,7 +368,8 @@ class Actor(Generic[S, C, E]):
                 try:
                     await self.aggregate.after_persist(before, working, every)
                 except StoreError as exc:
-                    log.warning("%s: side effects failed, will repair: %s", self.aggregate.aggregate_id, exc)
+                    what = f"{self.aggregate.aggregate_id}: side effects failed, will repair: {exc}"
+                    store_failed(log, exc, what)
                     self.needs_repair = True
         finally:
             self.state = working
@@ -398,7 +401,7 @@ class Actor(Generic[S, C, E]):
             await self.aggregate.repair(state)
             self.needs_repair = False
         except StoreError as exc:
-            log.warning("%s: repair failed, will retry: %s", self.aggregate.aggregate_id, exc)
+            store_failed(log, exc, f"{self.aggregate.aggregate_id}: repair failed, will retry: {exc}")
 
     async def _reload(self) -> None:
         loaded = await self.store.load(self.aggregate.aggregate_id)
@@ -412,7 +415,7 @@ class Actor(Generic[S, C, E]):
         try:
             await self._reload()
         except StoreError as exc:
-            log.warning("%s: reload failed: %s", self.aggregate.aggregate_id, exc)
+            store_failed(log, exc, f"{self.aggregate.aggregate_id}: reload failed: {exc}")
 
     async def _recover(self) -> None:
         """Restart liveness (an empty batch starts with `recovered()`) and repair side effects."""

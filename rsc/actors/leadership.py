@@ -40,6 +40,7 @@ import trio
 
 from rsc.actors.connect import redis_errors
 from rsc.actors.errors import Fenced, StoreUnavailable
+from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import COORDINATOR_LEASE_KEY, COORDINATOR_TOKEN_KEY
 
 log = logging.getLogger("rsc.leadership")
@@ -344,10 +345,11 @@ class Leadership:
         try:
             outcome = await self.backend.acquire(self.holder_id, self.advertise_url, self.ttl_ms)
         except StoreUnavailable as exc:
-            log.warning("standby: cannot reach the coordinator lease: %s", exc)
+            store_failed(log, exc, f"standby: cannot reach the coordinator lease: {exc}")
             self.unreachable = str(exc)
             return self.ttl_s / LOOKS_PER_TTL
         self.unreachable = None
+        REDIS_OUTAGE.ok()
         if isinstance(outcome, Held):
             if outcome.by.url != self.active_url:
                 log.info("standby: %s (%s) is active", outcome.by.holder, outcome.by.url or "no url")
@@ -374,11 +376,12 @@ class Leadership:
                         self.holder_id, term.token, self.advertise_url, self.ttl_ms
                     )
                 except StoreUnavailable as exc:
-                    log.warning("renewing the coordinator lease failed: %s", exc)
+                    store_failed(log, exc, f"renewing the coordinator lease failed: {exc}")
                     self.unreachable = str(exc)
                     next_renewal = trio.current_time() + every / 4
                     continue
                 self.unreachable = None
+                REDIS_OUTAGE.ok()
                 if not kept:
                     log.warning("standby: the coordinator lease (token %d) was lost", term.token)
                     return

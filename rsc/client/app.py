@@ -33,7 +33,7 @@ from prometheus_client import start_http_server
 
 from rsc.client.batching import BatchingTransport
 from rsc.client.coordinator import Coordinator, coordinator_urls
-from rsc.client.member import Member, MemberSettings
+from rsc.client.member import Member, MemberSettings, coordinator_outage
 from rsc.client.metrics import WorkerMetrics
 from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
 from rsc.connect import DEFAULT_REDIS_URL, open_redis
@@ -100,6 +100,8 @@ class App:
         self.metrics: WorkerMetrics | None = None
         #: Redis outages, logged once for the whole process.
         self.redis_health = RedisHealth("rsc worker")
+        #: Coordinator outages, logged once for all the members of the process.
+        self.coordinator_outage = coordinator_outage()
         self._stop = trio.Event()
 
     def listener(
@@ -214,6 +216,7 @@ class App:
             poller,
             incarnation=incarnation,
             settings=self.member_settings,
+            outage=self.coordinator_outage,
         )
         await members.start(member.run)
         self.pollers.append(poller)

@@ -25,6 +25,7 @@ from rsc.events.member import DEFAULT_SETTINGS, MemberMachine, MemberSettings, S
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout
 from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
+from rsc.outage import OutageLog
 
 __all__ = ["CLIENT", "HeartbeatTransport", "Member", "MemberSettings"]
 
@@ -34,6 +35,13 @@ WAIT_FOR_ADMIN = frozenset({"UNKNOWN_STREAM", "UNKNOWN_GROUP"})
 RETRIED = WAIT_FOR_ADMIN | {"INCARNATION_MISMATCH"}
 
 log = logging.getLogger("rsc.client.member")
+
+
+def coordinator_outage() -> OutageLog:
+    """Outages of the coordinator as the members sharing it see them."""
+    return OutageLog(log, "heartbeats", down="fail", up="succeed again", clock=trio.current_time)
+
+
 #: How members of this library introduce themselves to the coordinator.
 CLIENT = ClientInfo("rsc-python", __version__, MAX_FEATURE_LEVEL)
 
@@ -56,8 +64,12 @@ class Member:
         client: ClientInfo = CLIENT,
         incarnation: str | None = None,
         settings: MemberSettings = DEFAULT_SETTINGS,
+        outage: OutageLog | None = None,
     ) -> None:
         self.transport = transport
+        #: Heartbeats without an answer, logged as outages (an `App` shares one among its
+        #: members: one line when the coordinator stops answering, one when it answers again).
+        self.outage = outage or coordinator_outage()
         self.lifecycle: ShardLifecycle = lifecycle or NoLifecycle()
         self.machine = MemberMachine(
             stream_prefix, group, member_id, incarnation or uuid.uuid4().hex, client, settings
@@ -188,6 +200,10 @@ class Member:
     # --- steps ------------------------------------------------------------
 
     async def _perform(self, steps: Steps) -> None:
+        if steps.unanswered is not None:
+            self.outage.failed(f"{self.member_id}: {steps.unanswered}")
+        elif steps.answered:
+            self.outage.ok()
         for line in steps.warnings:
             log.warning("%s: %s", self.member_id, line)
         if steps.gave_up is not None:

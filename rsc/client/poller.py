@@ -70,6 +70,7 @@ from rsc.connect import reply_code
 from rsc.events.model import DrainProgress, Layout, ShardState
 from rsc.events.slots import key_slot
 from rsc.events.wire import dead_letter_key, owner_key
+from rsc.outage import OutageLog
 
 log = logging.getLogger("rsc.client.poller")
 
@@ -371,7 +372,8 @@ class _Slot:
 
 
 class RedisHealth:
-    """Redis outages as pollers see them: one log line when one starts, one when it ends.
+    """Redis outages as pollers see them: one log line when one starts, one when it ends
+    (`rsc.outage.OutageLog`: with how long it lasted and how many failures were not logged).
 
     The pollers of one process share one (`App` does), so an outage is one line, not one
     per member.
@@ -381,21 +383,24 @@ class RedisHealth:
         self.name = name
         self.backoff = backoff
         self.failures = 0
-        self.since: float | None = None
-        self.last_failure = -math.inf
-        self.outages = 0
+        self.outage = OutageLog(log, f"{name}: Redis", settle_s=OUTAGE_OVER_S, clock=trio.current_time)
         self._refused: dict[str, float] = {}
         self._rng = random.Random()
+
+    @property
+    def since(self) -> float | None:
+        """When the outage under way began, or None."""
+        return self.outage.since
+
+    @property
+    def outages(self) -> int:
+        return self.outage.outages
 
     def failed(self, exc: Exception) -> float:
         """Note a failed Redis call; returns how long to wait before the next try."""
         self.failures += 1
-        self.last_failure = trio.current_time()
         if isinstance(exc, RedisUnavailable):
-            if self.since is None:
-                self.since = trio.current_time()
-                self.outages += 1
-                log.warning("%s: Redis unavailable, retrying: %s", self.name, exc)
+            self.outage.failed(exc)
         else:  # a refusal, maybe of one shard only: logged once per distinct message and minute
             now = trio.current_time()
             if self._refused.get(str(exc), -math.inf) < now - 60:
@@ -413,10 +418,8 @@ class RedisHealth:
     def ok(self) -> None:
         """A Redis call succeeded. An outage ends when none failed for `OUTAGE_OVER_S` (in a
         partial one, say one cluster node down, calls to the others go on succeeding)."""
-        if self.since is not None and trio.current_time() - self.last_failure >= OUTAGE_OVER_S:
-            log.warning("%s: Redis answers again (after %.1f s)", self.name, trio.current_time() - self.since)
-            self.since = None
-        if self.since is None:
+        self.outage.ok()
+        if self.outage.since is None:
             self.failures = 0
 
 

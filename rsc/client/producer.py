@@ -54,6 +54,7 @@ from rsc.client.routing import (
     publish_failed,
     take_replies,
 )
+from rsc.outage import OutageLog
 
 __all__ = [
     "Fields",
@@ -92,6 +93,16 @@ class Producer(RoutingView):
         #: How long a publish retries while Redis is unavailable before `PublishFailed`.
         self.delivery_timeout_s = delivery_timeout_s
         self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
+        #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
+        #: one line when each begins and one when it ends, not a line per retry.
+        self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis", clock=trio.current_time)
+        self.coordinator_outage = OutageLog(
+            log,
+            f"{self.producer_id}: producer heartbeats",
+            down="fail",
+            up="succeed again",
+            clock=trio.current_time,
+        )
         self._ready = trio.Event()
         self._resumed = trio.Event()
         self._resumed.set()
@@ -110,7 +121,9 @@ class Producer(RoutingView):
                     raise  # a wrong or insufficient credential: waiting will not help
                 log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
             except CoordinatorUnavailable as exc:
-                log.warning("%s: producer heartbeat failed: %s", self.producer_id, exc)
+                self.coordinator_outage.failed(exc)
+            else:
+                self.coordinator_outage.ok()
             if not started and self._ready.is_set():
                 task_status.started()
                 started = True
@@ -168,10 +181,11 @@ class Producer(RoutingView):
                             for call in calls:
                                 pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args)
                 except RedisUnavailable as exc:
-                    await self._retry_later(retries, len(todo), exc)
+                    await self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
                 except RedisCommandFailed as exc:
                     raise publish_failed(self.stream_prefix, len(todo), exc) from exc
+                self.redis_outage.ok()
                 todo, why = await self._written(calls, pipe.results or (), ids)
                 if why == "SEALED":
                     await self._refresh_layout(retries, len(todo))
@@ -200,16 +214,22 @@ class Producer(RoutingView):
         before = self.state.layout.metadata_version
         try:
             await self.heartbeat()
-        except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+        except CoordinatorUnavailable as exc:
+            self.coordinator_outage.failed(f"refreshing the layout: {exc}")
+        except CoordinatorRejected as exc:
             log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
         if self.state.layout.metadata_version == before:
             await self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
 
-    async def _retry_later(self, retries: DeliveryRetries, count: int, exc: Exception) -> None:
+    async def _retry_later(
+        self, retries: DeliveryRetries, count: int, exc: Exception, redis_down: bool = False
+    ) -> None:
         wait = retries.next_wait(trio.current_time())
         if wait is None:
             raise publish_failed(self.stream_prefix, count, exc) from exc
-        if retries.attempts == 1:
+        if redis_down:  # one line per outage, not per publish
+            self.redis_outage.failed(exc)
+        elif retries.attempts == 1:
             log.warning("%s: publish not taken yet, retrying: %s", self.producer_id, exc)
         await trio.sleep(wait)
 

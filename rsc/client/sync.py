@@ -63,6 +63,7 @@ from rsc.client.routing import (
 from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
+from rsc.outage import OutageLog
 
 __all__ = [
     "Fields",
@@ -196,6 +197,12 @@ class SyncProducer(RoutingView):
         self.delivery_timeout_s = delivery_timeout_s
         self.start_timeout_s = start_timeout_s
         self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
+        #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
+        #: one line when each begins and one when it ends, not a line per retry.
+        self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis")
+        self.coordinator_outage = OutageLog(
+            log, f"{self.producer_id}: producer heartbeats", down="fail", up="succeed again"
+        )
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ready = threading.Event()
@@ -273,8 +280,9 @@ class SyncProducer(RoutingView):
                 except REDIS_ERRORS as exc:
                     if not _unavailable(exc):
                         raise publish_failed(self.stream_prefix, len(todo), exc) from exc
-                    self._retry_later(retries, len(todo), exc)
+                    self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
+                self.redis_outage.ok()
                 todo, why = self._written(calls, results, ids)
                 if why == "SEALED":
                     self._refresh_layout(retries, len(todo))
@@ -307,16 +315,22 @@ class SyncProducer(RoutingView):
         before = self.state.layout.metadata_version
         try:
             self.heartbeat()
-        except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+        except CoordinatorUnavailable as exc:
+            self.coordinator_outage.failed(f"refreshing the layout: {exc}")
+        except CoordinatorRejected as exc:
             log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
         if self.state.layout.metadata_version == before:
             self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
 
-    def _retry_later(self, retries: DeliveryRetries, count: int, exc: Exception) -> None:
+    def _retry_later(
+        self, retries: DeliveryRetries, count: int, exc: Exception, redis_down: bool = False
+    ) -> None:
         wait = retries.next_wait(time.monotonic())
         if wait is None or self._closing.is_set():
             raise publish_failed(self.stream_prefix, count, exc) from exc
-        if retries.attempts == 1:
+        if redis_down:  # one line per outage, not per publish
+            self.redis_outage.failed(exc)
+        elif retries.attempts == 1:
             log.warning("%s: publish not taken yet, retrying: %s", self.producer_id, exc)
         time.sleep(wait)
 
@@ -351,7 +365,9 @@ class SyncProducer(RoutingView):
                     return
                 log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
             except CoordinatorUnavailable as exc:
-                log.warning("%s: producer heartbeat failed: %s", self.producer_id, exc)
+                self.coordinator_outage.failed(exc)
+            else:
+                self.coordinator_outage.ok()
             self._closing.wait(self.state.interval_s if self._ready.is_set() else 0.5)
 
     def _wait_until_open(self) -> None:

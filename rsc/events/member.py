@@ -97,6 +97,11 @@ class Steps:
     renew_until: float | None = None
     #: Why, when something went wrong (for the log): one line each.
     warnings: tuple[str, ...] = ()
+    #: A heartbeat got no usable answer: why (every time; the shell logs an outage as one
+    #: line when it begins and one when it ends, not a line per retry).
+    unanswered: str | None = None
+    #: The coordinator answered (an outage under way is over).
+    answered: bool = False
     #: Set when it gives up for good (answers it cannot read): the shell leaves, then raises.
     gave_up: str | None = None
 
@@ -237,8 +242,6 @@ class MemberMachine:
         sent = self._sent_at(request, now)
         self._sent = None
         warnings: list[str] = []
-        if self.failing_since is not None:
-            warnings.append(f"heartbeats succeed again (after {now - self.failing_since:.1f} s)")
         self.failing_since = self.unintelligible_since = None
         self.last_ok_sent = sent
         self.status = response.status
@@ -251,7 +254,7 @@ class MemberMachine:
         if request.member_epoch == -1:
             self.left = True
             self.epoch, self.to_ack, self.pending, self.waiting = 0, NOTHING, NOTHING, False
-            return Steps(warnings=tuple(warnings))
+            return Steps(warnings=tuple(warnings), answered=True)
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
             if self.owned:
                 why = response.fence_reason.value if response.fence_reason else "not a member"
@@ -260,7 +263,7 @@ class MemberMachine:
                 )
             self._urgent = True  # rejoin now, with epoch 0
             self.epoch = 0
-            return self._drop_all(warnings)
+            return attrs.evolve(self._drop_all(warnings), answered=True)
         self.epoch = response.member_epoch
         self.to_ack -= request.revoked_shards  # the coordinator has them
         concurrency = None
@@ -290,6 +293,7 @@ class MemberMachine:
             concurrency=concurrency,
             renew_until=sent + self.lease_s * (1 - self.settings.safety_margin),
             warnings=tuple(warnings),
+            answered=True,
         )
 
     def failed(
@@ -310,7 +314,6 @@ class MemberMachine:
             return Steps(warnings=(f"leave not acknowledged (the lease will end it): {why}",))
         if self.failing_since is None:
             self.failing_since = sent
-            warnings.append(f"heartbeat failed, retrying within the lease: {why}")
         if unintelligible:
             if self.unintelligible_since is None:
                 self.unintelligible_since = sent
@@ -318,7 +321,7 @@ class MemberMachine:
             elif now - self.unintelligible_since >= self.lease_s:
                 return self._give_up(warnings)
         steps = self.silent(now)
-        return attrs.evolve(steps, warnings=(*warnings, *steps.warnings))
+        return attrs.evolve(steps, warnings=(*warnings, *steps.warnings), unanswered=why)
 
     def silent(self, now: float) -> Steps:
         """Time passed without an answer: the lease rule (drop everything past the fence); and a

@@ -26,6 +26,7 @@ from werkzeug.exceptions import HTTPException
 
 from rsc.actors.errors import ActorStopped, NotFinalized, StoreError, UnsupportedSchema
 from rsc.actors.features import UnsupportedFeatureLevel
+from rsc.actors.health import store_failed
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.connect import first_leaf
@@ -169,7 +170,7 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
         if isinstance(error, NotFinalized):
             log.error("bug: %s", error)
             return error_response(500, "INTERNAL", "internal error: an event the feature level forbids")
-        log.warning("store unavailable: %s", error)
+        store_failed(log, error, f"store unavailable: {error}")
         return error_response(503, "UNAVAILABLE", "the coordinator's Redis is unavailable; retry")
 
     @app.errorhandler(ActorStopped)

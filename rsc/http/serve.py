@@ -23,6 +23,7 @@ from rsc.actors.connect import open_redis
 from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import StoreError
 from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register
+from rsc.actors.health import REDIS_OUTAGE
 from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
@@ -94,6 +95,7 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
         "connect_timeout_s": settings.redis_connect_timeout_ms / 1000,
         "command_timeout_s": settings.redis_command_timeout_ms / 1000,
     }
+    REDIS_OUTAGE.reset()
     async with open_redis(settings.redis_url, **timeouts) as redis:
         leadership = Leadership(
             RedisLease(redis), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
