@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # Reinstalled when the dependencies or the version change (the package metadata holds the version).
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run clean-demo test lint bench clean
 
 $(STAMP): pyproject.toml rsc/__init__.py
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,14 @@ $(STAMP): pyproject.toml rsc/__init__.py
 
 setup: $(STAMP)
 
+# The demo's keys live under their own namespace (`make clean-demo` removes them).
+DEMO_PREFIX ?= rsc-demo:
+
 run: setup
-	$(BIN)/rsc serve --bind 127.0.0.1:8080 --demo
+	$(BIN)/rsc serve --bind 127.0.0.1:8080 --demo --key-prefix '$(DEMO_PREFIX)'
+
+clean-demo: setup
+	$(BIN)/rsc purge --key-prefix '$(DEMO_PREFIX)' --yes
 
 test: setup
 	$(BIN)/pytest

@@ -22,7 +22,7 @@ from rsc import config as config_module
 from rsc import journal as journal_tool
 from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.actors.errors import StoreUnavailable
-from rsc.actors.keys import AggregateId
+from rsc.actors.keys import AggregateId, KeySpace, check_namespace
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
 from rsc.client.errors import CoordinatorRejected, RscError
@@ -32,6 +32,7 @@ from rsc.http import serve as serving
 from rsc.simulate import SimConfig, Simulation
 from rsc.tools import admin as admin_tools
 from rsc.tools import apply as applying
+from rsc.tools.purge import purge_command
 
 T = TypeVar("T")
 log = logging.getLogger("rsc.cli")
@@ -194,17 +195,28 @@ redis_url_option = click.option(
     show_default=True,
     help="Redis (standalone or any cluster node); env RSC_REDIS_URL.",
 )
+key_prefix_option = click.option(
+    "--key-prefix",
+    envvar="RSC_KEY_PREFIX",
+    default="",
+    help="The namespace of the coordinator's keys (as its key_prefix); env RSC_KEY_PREFIX.",
+)
 
 
 def _aggregate(stream: str, group: str | None) -> AggregateId:
     return AggregateId(stream, group)
 
 
-def _with_store(redis_url: str, work: Callable[[Any, RedisStore], Awaitable[T]]) -> T:
+def _with_store(redis_url: str, key_prefix: str, work: Callable[[Any, RedisStore], Awaitable[T]]) -> T:
+    try:
+        keys = KeySpace(key_prefix)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--key-prefix") from exc
+
     async def main() -> T:
-        log.debug("journal: reading Redis at %s", redacted(redis_url))
+        log.debug("journal: reading Redis at %s (keys under %r)", redacted(redis_url), keys.root)
         async with open_redis(redis_url) as redis:
-            return await work(redis, RedisStore(redis))
+            return await work(redis, RedisStore(redis, keys=keys))
 
     try:
         return trio.run(main)
@@ -224,6 +236,7 @@ def journal() -> None:
 @click.option("--shard", type=int, help="Only entries about this shard index.")
 @click.option("--kind", "kinds", multiple=True, help="Only entries of this kind (repeatable).")
 @redis_url_option
+@key_prefix_option
 def journal_show(
     stream: str,
     group: str | None,
@@ -231,16 +244,17 @@ def journal_show(
     shard: int | None,
     kinds: tuple[str, ...],
     redis_url: str,
+    key_prefix: str,
 ) -> None:
     """The journal of STREAM (or of its consumer GROUP), oldest first."""
     aggregate = _aggregate(stream, group)
 
     async def work(redis: Any, store: RedisStore) -> list[Any] | None:
-        if not await redis.exists([aggregate.journal_key, aggregate.snapshot_key]):
+        if not await redis.exists([store.keys.journal(aggregate), store.keys.snapshot(aggregate)]):
             return None
         return list(await journal_tool.show(store, aggregate, member, shard, kinds))
 
-    entries = _with_store(redis_url, work)
+    entries = _with_store(redis_url, key_prefix, work)
     if entries is None:
         what = f"group {group!r} of stream {stream!r}" if group else f"stream {stream!r}"
         raise click.ClickException(f"no journal for {what} in this Redis (is --redis-url right?)")
@@ -253,10 +267,11 @@ def journal_show(
 @click.argument("group", required=False)
 @click.option("--until", default="+", show_default=True, help="Last journal entry id to apply.")
 @redis_url_option
-def journal_replay(stream: str, group: str | None, until: str, redis_url: str) -> None:
+@key_prefix_option
+def journal_replay(stream: str, group: str | None, until: str, redis_url: str, key_prefix: str) -> None:
     """The state of STREAM (or GROUP) after the entries up to --until, as JSON."""
     state = _with_store(
-        redis_url, lambda _, store: journal_tool.replay(store, _aggregate(stream, group), until)
+        redis_url, key_prefix, lambda _, store: journal_tool.replay(store, _aggregate(stream, group), until)
     )
     if state is None:
         raise click.ClickException("nothing retained up to that id")
@@ -267,18 +282,22 @@ def journal_replay(stream: str, group: str | None, until: str, redis_url: str) -
 @click.argument("stream", required=False)
 @click.argument("group", required=False)
 @redis_url_option
-def journal_verify(stream: str | None, group: str | None, redis_url: str) -> None:
+@key_prefix_option
+def journal_verify(stream: str | None, group: str | None, redis_url: str, key_prefix: str) -> None:
     """Check that snapshots, checkpoints and journals agree (all aggregates without STREAM).
 
     Exits 1 if any aggregate fails.
     """
 
     async def work(redis: Any, store: RedisStore) -> tuple[str, list[journal_tool.Verdict]]:
-        targets = [_aggregate(stream, group)] if stream else await journal_tool.every_aggregate(redis, store)
-        level = await journal_tool.feature_level(redis)
+        if stream:
+            targets = [_aggregate(stream, group)]
+        else:
+            targets = await journal_tool.every_aggregate(redis, store, store.keys)
+        level = await journal_tool.feature_level(redis, store.keys)
         return level, [await journal_tool.verify(store, target) for target in targets]
 
-    level, verdicts = _with_store(redis_url, work)
+    level, verdicts = _with_store(redis_url, key_prefix, work)
     click.echo(level)
     for v in verdicts:
         status = "ok" if v.ok else "FAILED"
@@ -312,6 +331,10 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str) -> Non
 @click.option(
     "--redis-url", help="Redis (standalone, or any node of a cluster) [config redis_url, env RSC_REDIS_URL]."
 )
+@click.option(
+    "--key-prefix",
+    help="Namespace of every key rsc writes, e.g. 'demo:' [config key_prefix, env RSC_KEY_PREFIX].",
+)
 @logging_options
 def serve(
     config_path: str | None,
@@ -321,6 +344,7 @@ def serve(
     certfile: str | None,
     keyfile: str | None,
     redis_url: str | None,
+    key_prefix: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -336,6 +360,8 @@ def serve(
             overrides.update(certfile=certfile, keyfile=keyfile)
         if redis_url:
             overrides["redis_url"] = redis_url
+        if key_prefix is not None:
+            overrides["key_prefix"] = key_prefix
         settings = attrs.evolve(settings, **overrides)
         config_module.validate(settings)
         serving.check_exposure(settings, bind)
@@ -360,6 +386,12 @@ def serve(
                     f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'
                     '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
                     '"incarnation":"i1","memberEpoch":0}\''
+                )
+            if settings.key_prefix:
+                namespace = check_namespace(settings.key_prefix)
+                click.echo(
+                    f"every key is under {namespace!r}; to remove them once stopped: "
+                    f"rsc purge --key-prefix {namespace} --yes"
                 )
             if demo:
                 click.echo(f"demo: watch it at {urls[0]}/v1/streams/demo-orders/groups/demo-billing")
@@ -501,6 +533,7 @@ def worker(
 
 for _command in admin_tools.COMMANDS:
     main.add_command(_command)
+main.add_command(purge_command)
 
 
 def _apply_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,6 +5,7 @@ account, and control-plane defaults. Streams and groups never live here;
 they come from requests and the Admin API.
 
     redis_url = "redis://127.0.0.1:6379"      # RSC_REDIS_URL
+    key_prefix = ""                           # RSC_KEY_PREFIX: every key rsc writes starts with it
     admin_user = "admin"                      # RSC_ADMIN_USER
     admin_password = "..."                    # RSC_ADMIN_PASSWORD
     admin_password_sha256 = "..."             # RSC_ADMIN_PASSWORD_SHA256 (instead of the password)
@@ -60,6 +61,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from rsc.actors.connect import DEFAULT_REDIS_URL
+from rsc.actors.keys import check_namespace
 from rsc.connect import redacted
 from rsc.events import auth
 from rsc.events.versions import MAX_FEATURE_LEVEL
@@ -72,6 +74,8 @@ class ConfigError(ValueError):
 @attrs.frozen
 class Settings:
     redis_url: str = attrs.field(default=DEFAULT_REDIS_URL, repr=redacted)
+    #: The namespace of every key (`rsc.actors.keys.KeySpace`): "" or e.g. "demo:".
+    key_prefix: str = ""
     admin_user: str = "admin"
     admin_password: str | None = attrs.field(default=None, repr=False)  # never in a log line
     admin_password_sha256: str | None = attrs.field(default=None, repr=False)
@@ -273,6 +277,10 @@ def validate(settings: Settings) -> None:
     if not 1 <= settings.default_shard_count <= 16_384:
         raise ConfigError("default_shard_count must be between 1 and 16384")
     _check_redis_url(settings.redis_url)
+    try:
+        check_namespace(settings.key_prefix)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     if settings.max_body_bytes < 1_024:
         raise ConfigError("max_body_bytes must be at least 1024")
     for name in ("keep_alive_timeout_ms", "body_timeout_ms", "max_connections"):

@@ -23,8 +23,7 @@ from rsc.actors.actor import Aggregate, fold_loaded
 from rsc.actors.aggregates import GroupAggregate, StreamAggregate
 from rsc.actors.effects import MemoryEffects
 from rsc.actors.errors import UnsupportedSchema
-from rsc.actors.features import FEATURES_KEY
-from rsc.actors.keys import STREAMS_KEY, AggregateId
+from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import JournalEntry, Store
 from rsc.events import codec
 from rsc.events.model import is_plain_text
@@ -193,10 +192,10 @@ async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
     )
 
 
-async def every_aggregate(redis: Any, store: Store) -> list[AggregateId]:
+async def every_aggregate(redis: Any, store: Store, keys: KeySpace = DEFAULT_KEYS) -> list[AggregateId]:
     """Every stream the coordinator created, and every group registered with it."""
     found: list[AggregateId] = []
-    for prefix in sorted(await redis.smembers(STREAMS_KEY)):
+    for prefix in sorted(await redis.smembers(keys.streams)):
         stream_id = AggregateId(prefix)
         found.append(stream_id)
         state = await replay(store, stream_id)
@@ -210,9 +209,9 @@ def state_json(state: Any) -> str:
     return json.dumps(codec.converter.unstructure(state), indent=2)
 
 
-async def feature_level(redis: Any) -> str:
+async def feature_level(redis: Any, keys: KeySpace = DEFAULT_KEYS) -> str:
     """The deployment's feature level in words, read without initializing anything."""
-    raw = await redis.hgetall(FEATURES_KEY)
+    raw = await redis.hgetall(keys.features)
     if not raw:
         return "feature level: not recorded (1: no coordinator of 0.2.0 or later has run here)"
     return f"feature level {raw.get('level')} (data written up to level {raw.get('written')})"

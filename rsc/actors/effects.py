@@ -27,7 +27,7 @@ from coredis.tokens import PureToken
 
 from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import Fenced, StoreUnavailable
-from rsc.actors.keys import STREAMS_KEY, owner_key
+from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
 from rsc.events import codec
 from rsc.events.slots import Primary, Topology
 from rsc.events.wire import OwnerToken, dead_letter_key, seal_key
@@ -319,8 +319,12 @@ def token_text(token: OwnerToken) -> str:
 class RedisEffects:
     """`Effects` on Redis through coredis; one call per shard key (each in its own slot)."""
 
-    def __init__(self, redis: RedisClient, fence_token: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, redis: RedisClient, fence_token: Callable[[], int] | None = None, keys: KeySpace = DEFAULT_KEYS
+    ) -> None:
         self.redis = redis
+        #: Where the keys are (the namespace new shard keys get, through `topology`).
+        self.keys = keys
         #: Raises `Fenced` when this coordinator holds no active term (None: always write).
         self.fence_token = fence_token
         self._ensure_stream = redis.register_script(ENSURE_STREAM)
@@ -335,11 +339,11 @@ class RedisEffects:
 
     async def register_stream(self, stream_prefix: str) -> None:
         self._in_term()
-        await _guard(self.redis.sadd(STREAMS_KEY, [stream_prefix]))
+        await _guard(self.redis.sadd(self.keys.streams, [stream_prefix]))
 
     async def unregister_stream(self, stream_prefix: str) -> None:
         self._in_term()
-        await _guard(self.redis.srem(STREAMS_KEY, [stream_prefix]))
+        await _guard(self.redis.srem(self.keys.streams, [stream_prefix]))
 
     def _in_term(self) -> None:
         if self.fence_token is not None:
@@ -427,7 +431,7 @@ class RedisEffects:
 
     async def streams(self) -> set[str]:
         with redis_errors("listing streams"):
-            return set(await self.redis.smembers(STREAMS_KEY))
+            return set(await self.redis.smembers(self.keys.streams))
 
     async def ping(self) -> bool:
         try:
@@ -463,18 +467,26 @@ class RedisEffects:
                     )
                     for i in infos
                 )
-                node = None if topology is None else (topology.node_of(key) or "unknown")
+                node = (
+                    None
+                    if topology is None or not topology.primaries
+                    else (topology.node_of(key) or "unknown")
+                )
                 stats[key] = ShardStats(int(length), groups, node)
         return stats
 
     async def topology(self) -> Topology | None:
+        """The cluster's primaries and the namespace of new shard keys (None: standalone Redis
+        and no namespace)."""
+        namespace = self.keys.namespace
         if not isinstance(self.redis, coredis.RedisCluster):
-            return None
+            return Topology((), namespace) if namespace else None
         with redis_errors("reading the cluster layout"):
             try:
-                return topology_from_shards(await self.redis.cluster_shards())
+                found = topology_from_shards(await self.redis.cluster_shards())
             except coredis.exceptions.ResponseError:  # before Redis 7: no CLUSTER SHARDS
-                return topology_from_slots(await self.redis.cluster_slots())
+                found = topology_from_slots(await self.redis.cluster_slots())
+        return attrs.evolve(found, namespace=namespace)
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         for chunk in _chunks(shard_keys):

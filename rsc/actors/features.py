@@ -33,7 +33,7 @@ import trio
 from rsc import __version__
 from rsc.actors.connect import redis_errors
 from rsc.actors.errors import StoreError, StoreUnavailable
-from rsc.actors.keys import PREFIX, STREAMS_KEY
+from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.leadership import LeaseBackend
 from rsc.events.versions import (
     BASELINE_FEATURE_LEVEL,
@@ -45,8 +45,8 @@ from rsc.events.versions import (
 
 log = logging.getLogger("rsc.features")
 
-FEATURES_KEY = f"{PREFIX}:{{coordinator}}:features"
-COORDINATORS_KEY = f"{PREFIX}:{{coordinator}}:coordinators"
+FEATURES_KEY = DEFAULT_KEYS.features
+COORDINATORS_KEY = DEFAULT_KEYS.coordinators
 #: A registered coordinator counts as running while it wrote its entry at most this long ago.
 REGISTRATION_FRESH_MS = 30_000
 #: How often a coordinator writes its registry entry.
@@ -183,8 +183,10 @@ class Features:
         redis: Any,
         initial_level: int = MAX_FEATURE_LEVEL,
         term: Callable[[], int] | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
     ) -> None:
         self.redis = redis
+        self.keys = keys
         self.initial_level = initial_level
         #: The current term's token (None: one reader, as `rsc journal`); a new one reloads.
         self.term = term
@@ -212,10 +214,12 @@ class Features:
     async def load(self) -> FeatureState:
         with redis_errors("reading the feature level"):
             start = self.initial_level
-            if not await self.redis.exists([FEATURES_KEY]) and await self.redis.exists([STREAMS_KEY]):
+            if not await self.redis.exists([self.keys.features]) and await self.redis.exists(
+                [self.keys.streams]
+            ):
                 start = BASELINE_FEATURE_LEVEL  # streams made by 0.1.0: an upgrade starts at 1
             level, written = await self._init(
-                keys=[FEATURES_KEY], args=[start, BASELINE_FEATURE_LEVEL, _now_ms()]
+                keys=[self.keys.features], args=[start, BASELINE_FEATURE_LEVEL, _now_ms()]
             )
         state = FeatureState(int(level), int(written or BASELINE_FEATURE_LEVEL))
         if state.level > MAX_FEATURE_LEVEL:
@@ -227,7 +231,7 @@ class Features:
 
     async def peek(self) -> FeatureState | None:
         with redis_errors("reading the feature level"):
-            raw = await self.redis.hgetall(FEATURES_KEY)
+            raw = await self.redis.hgetall(self.keys.features)
         if "level" not in raw:
             return None
         return FeatureState(int(raw["level"]), int(raw.get("written", BASELINE_FEATURE_LEVEL)))
@@ -251,7 +255,7 @@ class Features:
                 if mark <= state.written:
                     return schema
                 with redis_errors("recording the feature level written"):
-                    done = await self._mark(keys=[FEATURES_KEY], args=[state.level, mark])
+                    done = await self._mark(keys=[self.keys.features], args=[state.level, mark])
                 if done:
                     self._state = FeatureState(state.level, mark)
                     return schema
@@ -267,7 +271,7 @@ class Features:
             state = await self.load()
             with redis_errors("finalizing the feature level"):
                 outcome, now, written = await self._finalize(
-                    keys=[FEATURES_KEY],
+                    keys=[self.keys.features],
                     args=[state.level if expected is None else expected, level, _now_ms(), by],
                 )
             if outcome == "moved":
@@ -298,7 +302,9 @@ class Registration:
     seen_ms: int
 
 
-async def register(redis: Any, holder: str, every_s: float = REGISTER_EVERY_S) -> None:
+async def register(
+    redis: Any, holder: str, every_s: float = REGISTER_EVERY_S, keys: KeySpace = DEFAULT_KEYS
+) -> None:
     """Keep this coordinator's registry entry fresh while it runs; remove it on the way out."""
     entry = json.dumps({"version": __version__, "featureLevel": MAX_FEATURE_LEVEL})
     try:
@@ -306,22 +312,22 @@ async def register(redis: Any, holder: str, every_s: float = REGISTER_EVERY_S) -
             data = json.loads(entry) | {"seenMs": _now_ms()}
             try:
                 with redis_errors("registering this coordinator"):
-                    await redis.hset(COORDINATORS_KEY, {holder: json.dumps(data)})
+                    await redis.hset(keys.coordinators, {holder: json.dumps(data)})
             except StoreError as exc:
                 log.debug("could not register: %s", exc)
             await trio.sleep(every_s)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             try:  # best effort: an entry left behind goes stale by itself
-                await redis.hdel(COORDINATORS_KEY, [holder])
+                await redis.hdel(keys.coordinators, [holder])
             except Exception as exc:  # the connection may be gone on the way out
                 log.debug("could not unregister: %r", exc)
 
 
-async def registrations(redis: Any) -> list[Registration]:
+async def registrations(redis: Any, keys: KeySpace = DEFAULT_KEYS) -> list[Registration]:
     """The registered coordinators seen within `REGISTRATION_FRESH_MS`."""
     with redis_errors("reading the coordinators' registry"):
-        raw = await redis.hgetall(COORDINATORS_KEY)
+        raw = await redis.hgetall(keys.coordinators)
     now = _now_ms()
     out = []
     for holder, text in raw.items():
@@ -336,7 +342,7 @@ async def registrations(redis: Any) -> list[Registration]:
             out.append(entry)
         elif now - entry.seen_ms > 10 * REGISTRATION_FRESH_MS:  # a crashed one: forget it
             with redis_errors("pruning the coordinators' registry"):
-                await redis.hdel(COORDINATORS_KEY, [holder])
+                await redis.hdel(keys.coordinators, [holder])
     return sorted(out, key=lambda r: r.holder)
 
 
@@ -344,10 +350,10 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def coordinator_parties(redis: Any, lease: LeaseBackend) -> list[Party]:
+async def coordinator_parties(redis: Any, lease: LeaseBackend, keys: KeySpace = DEFAULT_KEYS) -> list[Party]:
     """Every running coordinator with the highest level its release supports: the registered
     ones, and the lease holder if it did not register (a 0.1.0 coordinator: level 1)."""
-    found = await registrations(redis)
+    found = await registrations(redis, keys)
     parties = [Party("coordinator", r.holder, r.version, r.feature_level) for r in found]
     holder = await lease.current()
     if holder is not None and holder.holder not in {r.holder for r in found}:

@@ -24,6 +24,68 @@ COORDINATOR_LEASE_KEY = f"{PREFIX}:{{coordinator}}:lease"
 COORDINATOR_TOKEN_KEY = f"{PREFIX}:{{coordinator}}:token"
 
 
+def check_namespace(namespace: str) -> str:
+    """`namespace` as every key starts with it: "" (none), or ending in ":" (one is added).
+
+    Raises ValueError for braces (a key's hash tag is what its cluster slot is computed
+    from: a brace in the namespace would change it) and for whitespace.
+    """
+    if any(c in namespace for c in "{}") or any(c.isspace() for c in namespace):
+        raise ValueError(f"key_prefix {namespace!r} may not contain braces or whitespace")
+    return namespace if not namespace or namespace.endswith(":") else f"{namespace}:"
+
+
+@attrs.frozen
+class KeySpace:
+    """Where rsc's keys are: every key starts with `namespace` ("" by default, e.g. "demo:").
+
+    One Redis can hold several independent deployments (a demo beside production, one per
+    test run), each seeing only its own streams, journals, lease, audit and shard keys.
+    The shard keys a coordinator names carry it too (`shard_key`), and everything clients
+    write derives from those (owner tokens, seals, dead letters).
+    """
+
+    namespace: str = attrs.field(default="", converter=check_namespace)
+
+    @property
+    def root(self) -> str:
+        return f"{self.namespace}{PREFIX}"
+
+    @property
+    def streams(self) -> str:
+        """The set of every stream prefix the coordinator has created."""
+        return f"{self.root}:streams"
+
+    @property
+    def coordinator_lease(self) -> str:
+        return f"{self.root}:{{coordinator}}:lease"
+
+    @property
+    def coordinator_token(self) -> str:
+        return f"{self.root}:{{coordinator}}:token"
+
+    @property
+    def features(self) -> str:
+        return f"{self.root}:{{coordinator}}:features"
+
+    @property
+    def coordinators(self) -> str:
+        return f"{self.root}:{{coordinator}}:coordinators"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.root}:audit"
+
+    def snapshot(self, aggregate: AggregateId) -> str:
+        return f"{self.root}:{{{aggregate.tag}}}:snapshot"
+
+    def journal(self, aggregate: AggregateId) -> str:
+        return f"{self.root}:{{{aggregate.tag}}}:journal"
+
+    def checkpoints(self, aggregate: AggregateId) -> str:
+        return f"{self.root}:{{{aggregate.tag}}}:checkpoints"
+
+
 @attrs.frozen
 class AggregateId:
     """A stream aggregate (`group` is None) or a group aggregate."""
@@ -37,29 +99,36 @@ class AggregateId:
             return f"s/{self.stream_prefix}"
         return f"g/{self.stream_prefix}/{self.group}"
 
+    # The keys in the default key space (tests and tools; the coordinator asks its `KeySpace`).
     @property
     def snapshot_key(self) -> str:
-        return f"{PREFIX}:{{{self.tag}}}:snapshot"
+        return DEFAULT_KEYS.snapshot(self)
 
     @property
     def journal_key(self) -> str:
-        return f"{PREFIX}:{{{self.tag}}}:journal"
+        return DEFAULT_KEYS.journal(self)
 
     @property
     def checkpoints_key(self) -> str:
-        return f"{PREFIX}:{{{self.tag}}}:checkpoints"
+        return DEFAULT_KEYS.checkpoints(self)
 
     def __str__(self) -> str:
         return self.tag
+
+
+DEFAULT_KEYS = KeySpace()
 
 
 # The owner-token key is part of the wire contract (clients' ack scripts use it).
 __all__ = [
     "COORDINATOR_LEASE_KEY",
     "COORDINATOR_TOKEN_KEY",
+    "DEFAULT_KEYS",
     "PREFIX",
     "KEY_LAYOUT",
     "STREAMS_KEY",
     "AggregateId",
+    "KeySpace",
+    "check_namespace",
     "owner_key",
 ]

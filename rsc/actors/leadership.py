@@ -41,7 +41,7 @@ import trio
 from rsc.actors.connect import redis_errors
 from rsc.actors.errors import Fenced, StoreUnavailable
 from rsc.actors.health import REDIS_OUTAGE, store_failed
-from rsc.actors.keys import COORDINATOR_LEASE_KEY, COORDINATOR_TOKEN_KEY
+from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 
 log = logging.getLogger("rsc.leadership")
 
@@ -136,14 +136,15 @@ def lease_holder(raw: str) -> LeaseHolder:
 class RedisLease:
     """The lease on Redis (standalone or cluster: both keys share the `{coordinator}` tag)."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, keys: KeySpace = DEFAULT_KEYS) -> None:
         self.redis = redis
+        self.keys = keys
         self._acquire = redis.register_script(ACQUIRE)
         self._renew = redis.register_script(RENEW)
         self._release = redis.register_script(RELEASE)
 
     async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
-        keys = [COORDINATOR_LEASE_KEY, COORDINATOR_TOKEN_KEY]
+        keys = [self.keys.coordinator_lease, self.keys.coordinator_token]
         with redis_errors("acquiring the coordinator lease"):
             result = await self._acquire(keys=keys, args=[holder, url or "", ttl_ms])
         if result[0] == "acquired":
@@ -152,16 +153,18 @@ class RedisLease:
 
     async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
         with redis_errors("renewing the coordinator lease"):
-            result = await self._renew(keys=[COORDINATOR_LEASE_KEY], args=[holder, token, url or "", ttl_ms])
+            result = await self._renew(
+                keys=[self.keys.coordinator_lease], args=[holder, token, url or "", ttl_ms]
+            )
         return bool(result)
 
     async def release(self, holder: str, token: int) -> None:
         with redis_errors("releasing the coordinator lease"):
-            await self._release(keys=[COORDINATOR_LEASE_KEY], args=[holder, token])
+            await self._release(keys=[self.keys.coordinator_lease], args=[holder, token])
 
     async def current(self) -> LeaseHolder | None:
         with redis_errors("reading the coordinator lease"):
-            raw = await self.redis.get(COORDINATOR_LEASE_KEY)
+            raw = await self.redis.get(self.keys.coordinator_lease)
         return None if raw is None else lease_holder(raw)
 
 

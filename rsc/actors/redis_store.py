@@ -30,7 +30,7 @@ from rsc import __version__
 from rsc.actors.connect import redis_errors
 from rsc.actors.errors import ConcurrencyConflict, Fenced, UnsupportedSchema
 from rsc.actors.features import Features, FeatureSource
-from rsc.actors.keys import AggregateId
+from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, level_of_events
 from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
 
@@ -108,13 +108,15 @@ class RedisStore:
         retention: int = 10_000,
         fence_token: FenceToken | None = None,
         features: FeatureSource | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
     ) -> None:
         self.redis = redis
+        self.keys = keys
         self.retention = retention
         #: The current token of this coordinator's term (None: an unfenced reader, as `rsc journal`).
         self.fence_token = fence_token
         #: The finalized feature level, which says what may be written (one of its own if None).
-        self.features: FeatureSource = features or Features(redis, term=fence_token)
+        self.features: FeatureSource = features or Features(redis, term=fence_token, keys=keys)
         self._append = redis.register_script(APPEND)
         self._raise_fence = redis.register_script(RAISE_FENCE)
 
@@ -122,7 +124,7 @@ class RedisStore:
         if self.fence_token is not None:
             await self._fence(aggregate, self.fence_token())
         with redis_errors(f"loading {aggregate}"):
-            snapshot = await self.redis.hgetall(aggregate.snapshot_key)
+            snapshot = await self.redis.hgetall(self.keys.snapshot(aggregate))
             if "revision" not in snapshot:
                 return Loaded(0, None, None, ())
             schema = int(snapshot.get("schemaVersion", 0))
@@ -134,7 +136,7 @@ class RedisStore:
                     snapshot["stateId"], CHECKPOINT, int(snapshot["stateRevision"]), snapshot["state"]
                 )
                 start = "(" + snapshot["stateId"]
-            tail = await self.redis.xrange(aggregate.journal_key, start, "+")
+            tail = await self.redis.xrange(self.keys.journal(aggregate), start, "+")
         events = tuple(e for e in map(_entry, tail) if not e.is_checkpoint)
         return Loaded(int(snapshot["revision"]), snapshot.get("lastId"), checkpoint, events, schema)
 
@@ -153,7 +155,7 @@ class RedisStore:
             version = current_event_version(kind, state.level, EVENT_VERSIONS) if schema >= 2 else ""
             args += [kind, data, version]
         args.append(checkpoint or "")
-        keys = [aggregate.snapshot_key, aggregate.journal_key, aggregate.checkpoints_key]
+        keys = [self.keys.snapshot(aggregate), self.keys.journal(aggregate), self.keys.checkpoints(aggregate)]
         with redis_errors(f"appending to {aggregate}"):
             result = await self._append(keys=keys, args=args)
         if result[0] == "fenced":
@@ -165,7 +167,7 @@ class RedisStore:
     async def _fence(self, aggregate: AggregateId, token: int) -> None:
         """Raise the aggregate's fence to `token` (if it exists); `Fenced` if it is higher already."""
         with redis_errors(f"fencing {aggregate}"):
-            result = await self._raise_fence(keys=[aggregate.snapshot_key], args=[token])
+            result = await self._raise_fence(keys=[self.keys.snapshot(aggregate)], args=[token])
         if result[0] == "fenced":
             raise _fenced(aggregate, int(result[1]), token)
 
@@ -173,7 +175,7 @@ class RedisStore:
         self, aggregate: AggregateId, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[JournalEntry]:
         with redis_errors(f"reading {aggregate}"):
-            entries = await self.redis.xrange(aggregate.journal_key, start, end, count=count)
+            entries = await self.redis.xrange(self.keys.journal(aggregate), start, end, count=count)
         return [_entry(e) for e in entries]
 
 

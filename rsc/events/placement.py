@@ -26,10 +26,11 @@ from rsc.events.slots import SLOTS, Topology, key_slot
 MAX_TAG_TRIES = 1_000_000
 
 
-def shard_key(stream_prefix: str, index: int, attempt: int = 0) -> str:
-    """The Redis key of shard `index` (the `attempt`-th candidate name)."""
+def shard_key(stream_prefix: str, index: int, attempt: int = 0, namespace: str = "") -> str:
+    """The Redis key of shard `index` (the `attempt`-th candidate name), after `namespace`
+    (which is not in the hash tag: a shard's slot does not depend on it)."""
     tag = f"{stream_prefix}:{index}" if attempt == 0 else f"{stream_prefix}:{index}:{attempt}"
-    return f"{stream_prefix}:{{{tag}}}"
+    return f"{namespace}{stream_prefix}:{{{tag}}}"
 
 
 def place(
@@ -37,7 +38,9 @@ def place(
 ) -> list[str]:
     """Names for new shards `indexes`, each on a primary holding the fewest ACTIVE shards so far."""
     if topology is None or not topology.primaries:
-        return [shard_key(stream_prefix, index) for index in indexes]
+        namespace = "" if topology is None else topology.namespace
+        return [shard_key(stream_prefix, index, namespace=namespace) for index in indexes]
+    namespace = topology.namespace
     owner: list[str | None] = [None] * SLOTS
     for primary in topology.primaries:
         for low, high in primary.ranges:
@@ -47,12 +50,13 @@ def place(
     for index in indexes:
         fewest = min(counts.values())
         for attempt in range(MAX_TAG_TRIES):
-            key = shard_key(stream_prefix, index, attempt)
+            key = shard_key(stream_prefix, index, attempt, namespace)
             node = owner[key_slot(key)]
             if node is not None and counts[node] == fewest:
                 break
         else:  # pragma: no cover - a cluster whose emptiest primaries serve almost no slot
-            key, node = shard_key(stream_prefix, index), owner[key_slot(shard_key(stream_prefix, index))]
+            key = shard_key(stream_prefix, index, namespace=namespace)
+            node = owner[key_slot(key)]
         names.append(key)
         if node is not None:
             counts[node] += 1

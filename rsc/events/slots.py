@@ -65,9 +65,12 @@ class Primary:
 
 @attrs.frozen
 class Topology:
-    """The primaries of a Redis Cluster, as the coordinator last read them."""
+    """Where new shard keys go: the primaries of a Redis Cluster as the coordinator last read
+    them (none on standalone Redis), and the namespace every key starts with ("" or e.g.
+    "demo:", see `rsc.actors.keys.KeySpace`)."""
 
     primaries: tuple[Primary, ...]
+    namespace: str = ""
 
     def node_of(self, key: str) -> str | None:
         """The primary serving `key`, or None if no primary serves its slot (a resharding gap)."""

@@ -16,10 +16,10 @@ import attrs
 from coredis.tokens import PureToken
 
 from rsc.actors.connect import RedisClient, redis_errors
-from rsc.actors.keys import PREFIX
+from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.events import codec
 
-AUDIT_KEY = f"{PREFIX}:audit"
+AUDIT_KEY = DEFAULT_KEYS.audit
 log = logging.getLogger("rsc.audit")
 
 
@@ -64,8 +64,9 @@ class AuditFilter:
 class AuditLog:
     """Audit records in a Redis stream capped at `max_records` (approximately), newest first."""
 
-    def __init__(self, redis: RedisClient, max_records: int = 100_000) -> None:
+    def __init__(self, redis: RedisClient, max_records: int = 100_000, keys: KeySpace = DEFAULT_KEYS) -> None:
         self.redis = redis
+        self.keys = keys
         self.max_records = max_records
 
     async def record(self, entry: AuditRecord) -> None:
@@ -73,7 +74,7 @@ class AuditLog:
         log.info(json.dumps({"audit": data}, separators=(",", ":")))
         with redis_errors("writing the audit log"):
             await self.redis.xadd(
-                AUDIT_KEY,
+                self.keys.audit,
                 {"record": json.dumps(data, separators=(",", ":"))},
                 trim_strategy=PureToken.MAXLEN,
                 threshold=self.max_records,
@@ -86,7 +87,7 @@ class AuditLog:
         end = "+"
         with redis_errors("reading the audit log"):
             while len(found) < wanted.limit:
-                page = await self.redis.xrevrange(AUDIT_KEY, end, "-", count=500)
+                page = await self.redis.xrevrange(self.keys.audit, end, "-", count=500)
                 for raw in page:
                     record = _record(raw)
                     if wanted.matches(record):

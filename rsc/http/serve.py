@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import shutil
@@ -24,6 +25,7 @@ from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import StoreError
 from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register
 from rsc.actors.health import REDIS_OUTAGE
+from rsc.actors.keys import KeySpace
 from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
@@ -96,21 +98,22 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
         "command_timeout_s": settings.redis_command_timeout_ms / 1000,
     }
     REDIS_OUTAGE.reset()
+    keys = KeySpace(settings.key_prefix)
     async with open_redis(settings.redis_url, **timeouts) as redis:
         leadership = Leadership(
-            RedisLease(redis), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
+            RedisLease(redis, keys), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
         )
-        features = Features(redis, settings.initial_feature_level, term=lambda: leadership.terms)
+        features = Features(redis, settings.initial_feature_level, term=lambda: leadership.terms, keys=keys)
         await check_feature_level(features)
-        store = RedisStore(redis, fence_token=leadership.token, features=features)
-        effects = RedisEffects(redis, fence_token=leadership.token)
+        store = RedisStore(redis, fence_token=leadership.token, features=features, keys=keys)
+        effects = RedisEffects(redis, fence_token=leadership.token, keys=keys)
         actors = registry_settings(settings)
         try:
             async with trio.open_nursery() as terms:
-                terms.start_soon(register, redis, leadership.holder_id)
+                terms.start_soon(functools.partial(register, redis, leadership.holder_id, keys=keys))
                 async with open_registry(store, effects, WallClock(), actors) as registry:
                     await terms.start(leadership.run, registry.stop_all)
-                    yield registry, AuditLog(redis), leadership
+                    yield registry, AuditLog(redis, keys=keys), leadership
                 terms.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -119,7 +122,7 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
                     # broken: a connection of its own, so that a standby need not wait out the ttl.
                     try:
                         async with open_redis(settings.redis_url, **timeouts) as fresh:
-                            released = await leadership.release(RedisLease(fresh))
+                            released = await leadership.release(RedisLease(fresh, keys))
                     except (StoreError, RedisRefused):
                         released = False
                     if not released:
@@ -162,9 +165,10 @@ async def serve(
         app = create_app(registry, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
         redis = registry.effects.redis  # type: ignore[attr-defined]
+        keys = registry.effects.keys  # type: ignore[attr-defined]
 
         async def coordinators() -> list[Party]:
-            return await coordinator_parties(redis, leadership.backend)
+            return await coordinator_parties(redis, leadership.backend, keys)
 
         add_admin_routes(app, registry, account, audit, coordinators)
         add_openapi_route(app)
