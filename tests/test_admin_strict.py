@@ -221,6 +221,12 @@ async def test_401_says_whether_credentials_were_missing_or_wrong_not_which_part
     assert wrong_password == unknown_user  # never which user names exist
     assert "wrong user name or password" in wrong_password
     assert missing != wrong_password
+    # A Basic challenge for tools (curl, a browser's address bar); not for a page's script,
+    # where the browser would open its own login dialog over the page (and hold the request).
+    assert (await client.get(path)).headers["WWW-Authenticate"] == 'Basic realm="rsc admin"'
+    scripted = await client.get(path, headers={"X-Requested-With": "XMLHttpRequest"})
+    assert scripted.status_code == 401
+    assert scripted.headers["WWW-Authenticate"] == 'RscBasic realm="rsc admin"'
 
 
 async def test_no_error_names_a_python_type(client: httpx.AsyncClient, prefix: str) -> None:

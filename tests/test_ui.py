@@ -100,3 +100,42 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
 
         await trio.to_thread.run_sync(in_the_browser)
     assert (tmp_path / "ui.png").stat().st_size > 10_000
+
+
+@pytest.mark.timeout(120)
+async def test_a_protected_dashboard_asks_for_a_credential_and_shows_the_audit_log(
+    standalone_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """With `protect_views`, the page says why it sees nothing and takes a credential; signed in
+    as the admin it shows the streams and the recent admin changes (not reads)."""
+    settings = attrs.evolve(FAST, redis_url=standalone_url, protect_views=True, admin_password="pw")
+    async with serve_on(settings) as http:
+        base = str(http.base_url).rstrip("/")
+        created = await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=("admin", "pw"))
+        assert created.status_code == 200
+
+        def in_the_browser() -> None:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+                page = browser.new_page()
+                page.goto(f"{base}/ui?stream={prefix}")
+                page.wait_for_selector("#signin:not([hidden])", timeout=10_000)
+                assert "protect_views" in page.inner_text("#signin-why")
+                assert "401" in page.inner_text("#error")
+                assert "sign in as the admin" in page.inner_text("#audit")
+                page.fill("#credential", "admin:wrong")
+                page.click("#signin button[type=submit]")
+                page.wait_for_selector("#signin:not([hidden])", timeout=5_000)
+                assert "that credential was refused" in page.inner_text("#signin-why")
+                page.fill("#credential", "admin:pw")
+                page.click("#signin button[type=submit]")
+                page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=10_000)
+                assert page.inner_text("#error") == ""
+                row = f'table[data-audit] tr[data-audit-path="/v1/admin/streams/{prefix}"]'
+                page.wait_for_selector(row, timeout=15_000)
+                assert "PUT" in page.inner_text(row)
+                assert "GET /v1/admin/audit" not in page.inner_text("#audit")  # its own reads are not shown
+                page.screenshot(path=str(tmp_path / "ui-protected.png"), full_page=True)
+                browser.close()
+
+        await trio.to_thread.run_sync(in_the_browser)

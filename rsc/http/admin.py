@@ -207,7 +207,7 @@ def add_admin_routes(
     async def record(response: Response) -> Response:
         if request.path.startswith("/v1/admin/"):
             if response.status_code == 401:
-                response.headers["WWW-Authenticate"] = 'Basic realm="rsc admin"'
+                response.headers["WWW-Authenticate"] = admin_challenge()
             if response.status_code == 429:
                 return response  # counted, and audited once per address and window
             await _audit(audit, response)
@@ -660,6 +660,15 @@ def caller_name(user: str | None, account: AdminAccount) -> str | None:
         return user
     key = ("rsc-audit:" + account.secret_digest).encode()
     return "unknown-user:" + hmac.new(key, user.encode(), hashlib.sha256).hexdigest()[:12]
+
+
+def admin_challenge() -> str:
+    """The admin's 401 challenge: HTTP Basic, except for a page's script (`X-Requested-With:
+    XMLHttpRequest`, as `/ui` sends), where a Basic challenge would make the browser open its
+    own login dialog over the page (and hold the request): the page asks for it itself."""
+    if request.headers.get("X-Requested-With") == "XMLHttpRequest":
+        return 'RscBasic realm="rsc admin"'
+    return 'Basic realm="rsc admin"'
 
 
 def _outcome(status: int) -> str:
