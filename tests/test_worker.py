@@ -312,6 +312,8 @@ async def test_a_worker_survives_a_redis_restart_and_a_10_s_outage_and_loses_not
                 assert 1 <= began <= 2, text[-3000:]
                 assert ended == began, text[-3000:]
                 assert "repeated failures not logged" in text
+                # It says where it connects (a missing RSC_COORDINATOR_URL used to be silent).
+                assert f"coordinator {str(http.base_url).rstrip('/')}, Redis {server.url}" in text
                 assert text.count("heartbeats fail, retrying") <= 2, text[-3000:]
             finally:
                 if worker.poll() is None:

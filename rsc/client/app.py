@@ -36,7 +36,7 @@ from rsc.client.coordinator import Coordinator, coordinator_urls
 from rsc.client.member import Member, MemberSettings, coordinator_outage
 from rsc.client.metrics import WorkerMetrics
 from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
-from rsc.connect import DEFAULT_REDIS_URL, open_redis
+from rsc.connect import DEFAULT_REDIS_URL, open_redis, redacted
 
 log = logging.getLogger("rsc.client.app")
 DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
@@ -143,6 +143,8 @@ class App:
         )
         redis_url = self.redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
         ip = instance_id(self.instance_id)
+        shown = ", ".join(coordinator_urls(coordinator_url))
+        log.info("coordinator %s, Redis %s, member ids %s/...", shown, redacted(redis_url), ip)
         async with (
             Coordinator(
                 coordinator_url,
