@@ -17,10 +17,13 @@ $(STAMP): pyproject.toml rsc/__init__.py
 
 setup: $(STAMP)
 
-# The demo's keys live under their own namespace (`make clean-demo` removes them).
+# The demo's keys live under their own namespace (`make clean-demo` removes them), and its
+# admin password (loopback only) is `demo` unless RSC_ADMIN_PASSWORD says otherwise.
 DEMO_PREFIX ?= rsc-demo:
 
+run: export RSC_ADMIN_PASSWORD ?= demo
 run: setup
+	@echo "make run: the admin is admin / $$RSC_ADMIN_PASSWORD (for /ui's audit log and the rsc admin CLI)"
 	$(BIN)/rsc serve --bind 127.0.0.1:8080 --demo --key-prefix '$(DEMO_PREFIX)'
 
 clean-demo: setup

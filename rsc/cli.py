@@ -394,7 +394,7 @@ def serve(
                     f"rsc purge --key-prefix {namespace} --yes"
                 )
             if demo:
-                click.echo(f"demo: watch it at {urls[0]}/v1/streams/demo-orders/groups/demo-billing")
+                click.echo(f"demo: watch it at {urls[0]}/ui")
                 nursery.start_soon(run_demo, urls[0], click.echo)
 
     with serving.embedded_redis(settings) as effective:

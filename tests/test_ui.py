@@ -30,6 +30,14 @@ def owners(page: Any, prefix: str) -> dict[int, str]:
     return {int(shard): owner for shard, owner in cells}
 
 
+def every_stream_and_the_docs(page: Any, base: str, prefix: str) -> None:
+    page.goto(f"{base}/ui")  # every stream, this one among them
+    page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=20_000)
+    page.goto(f"{base}/docs")
+    page.wait_for_selector("text=rsc coordinator", timeout=10_000)
+    assert page.locator(".opblock").count() > 20  # every route, from /openapi.json
+
+
 @pytest.mark.timeout(120)
 async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
     standalone_url: str, prefix: str, tmp_path: Path
@@ -61,6 +69,11 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
                 moving = a["assignment"]["revoke"]
                 assert len(moving) == 2
                 page.wait_for_selector(f'table[data-stream="{prefix}"] td.owner.revoking', timeout=5_000)
+                during = owners(page, prefix)  # the handoff, shard by shard: from whom, to whom
+                assert {s: during[s] for s in moving} == dict.fromkeys(moving, "a → b"), during
+                handing = f'div[data-stream-card="{prefix}"] tr[data-member="a"] td.handing'
+                assert page.inner_text(handing) == ", ".join(map(str, sorted(moving)))
+                page.screenshot(path=str(tmp_path / "ui-handoff.png"), full_page=True)
                 kept = sorted(set(range(4)) - set(moving))
                 a = beat("a", a["memberEpoch"], ownedShards=kept, revokedShards=moving)
                 b = beat("b", b["memberEpoch"])
@@ -91,11 +104,7 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
                 assert members == ["b"]
                 page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
 
-                page.goto(f"{base}/ui")  # every stream, this one among them
-                page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=20_000)
-                page.goto(f"{base}/docs")
-                page.wait_for_selector("text=rsc coordinator", timeout=10_000)
-                assert page.locator(".opblock").count() > 20  # every route, from /openapi.json
+                every_stream_and_the_docs(page, base, prefix)
                 browser.close()
 
         await trio.to_thread.run_sync(in_the_browser)
