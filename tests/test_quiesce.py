@@ -194,7 +194,11 @@ async def test_quiesce_mode_keeps_per_key_order_across_a_scale_out_and_a_scale_i
             assert not missing(), f"{len(missing())} acknowledged but never handled: {missing()[:20]}"
             order, repeats = handled_in_order(results)
             for key, sequence in acked.items():
-                assert order[key] == sequence, f"{key}: handled out of order"
+                # A publish the test cancelled at the end may have been written without its
+                # acknowledgement reaching the producer (at-least-once): handled, after the rest.
+                handled = order[key]
+                assert handled[: len(sequence)] == sequence, f"{key}: handled out of order"
+                assert all(n > sequence[-1] for n in handled[len(sequence) :]), (key, handled, sequence)
             assert repeats == 0
             shards = (await http.get(f"/v1/streams/{prefix}")).json()["shards"]
             assert [s["index"] for s in shards if s["state"] == "ACTIVE"] == [0, 1, 2]
