@@ -327,3 +327,43 @@ async def test_a_coordinator_outage_is_two_lines_for_all_the_members_of_a_proces
     repeats = re.search(r"succeed again after [\d.]+ s \((\d+) repeated failures not logged\)", ended)
     assert repeats is not None, ended
     assert int(repeats.group(1)) >= 15, ended
+
+
+async def test_each_shard_event_is_one_log_line_naming_the_member_and_the_shards(
+    standalone_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Assigned, revoked and lost shards are one INFO line each, with the member id and the shard
+    indexes (and the epoch for an assignment): what an operator greps for."""
+    caplog.set_level(logging.INFO, "rsc.client.member")
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, heartbeat_interval_ms=200, member_lease_ttl_ms=2_000
+    )
+    port = free_port()
+    log: Log = []
+    ra, rb = Recorder("a", log), Recorder("b", log)
+    async with Coordinator(f"http://127.0.0.1:{port}") as coordinator, trio.open_nursery() as nursery:
+        a = Member(coordinator, prefix, "billing", "10.0.0.1/w/0", ra)
+        b = Member(coordinator, prefix, "billing", "10.0.0.2/w/0", rb)
+        async with serve_on(settings, f"127.0.0.1:{port}"):
+            await nursery.start(a.run)
+            with trio.fail_after(10):
+                while ra.reading != {0, 1, 2, 3}:
+                    await trio.sleep(0.05)
+            await nursery.start(b.run)
+            with trio.fail_after(10):
+                while not (len(ra.reading) == len(rb.reading) == 2):
+                    await trio.sleep(0.05)
+        # The coordinator is gone: past the lease both drop what they hold (self-fencing).
+        with trio.fail_after(10):
+            while ra.reading or rb.reading:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    lines = [r.getMessage() for r in caplog.records if r.name == "rsc.client.member"]
+    moved = sorted(next(shards for _, who, what, shards in log if who == "b" and what == "assigned"))
+    kept = sorted({0, 1, 2, 3} - set(moved))
+    assert "10.0.0.1/w/0: reads shards [0, 1, 2, 3] (epoch 1)" in lines
+    assert f"10.0.0.1/w/0: revoking shards {moved}" in lines
+    assert any(line.startswith(f"10.0.0.2/w/0: reads shards {moved} (epoch ") for line in lines), lines
+    assert f"10.0.0.1/w/0: lost shards {kept}" in lines
+    assert f"10.0.0.2/w/0: lost shards {moved}" in lines
+    assert sum("no heartbeat succeeded within the lease" in line for line in lines) == 2, lines
