@@ -559,7 +559,25 @@ def _apply_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-@main.command("diff")
+class _PlanUsageError(click.UsageError):
+    exit_code = 1
+
+
+class _PlanCommand(click.Command):
+    """`rsc diff` and `rsc apply` exit like `terraform plan -detailed-exitcode`: 2 means changes,
+    so a usage error (click's exit code 2) exits 1 instead, and a pipeline never reads a typo
+    as a plan with changes."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _PlanUsageError(exc.message, exc.ctx) from exc
+
+
+@main.command("diff", cls=_PlanCommand)
 @_apply_options
 @admin_tools.connection_options
 def diff(admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool) -> None:
@@ -569,7 +587,7 @@ def diff(admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_str
     )
 
 
-@main.command("apply")
+@main.command("apply", cls=_PlanCommand)
 @_apply_options
 @click.option("--dry-run", is_flag=True, help="Only show the plan (exit 2 when it has changes).")
 @admin_tools.connection_options

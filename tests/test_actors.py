@@ -3,6 +3,7 @@ commit, replies only after persistence, conflicts, recovery, idle stop."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import attrs
@@ -19,7 +20,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.store import MemoryStore
 from rsc.events import group
 from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup
-from rsc.events.errors import IncarnationMismatch, UnknownStream
+from rsc.events.errors import IncarnationMismatch, UnknownGroup, UnknownStream
 from rsc.events.events import GroupConfigured
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
 from tests.actorkit import SETTINGS, TIMING, Member, registry_on
@@ -311,3 +312,51 @@ async def test_unknown_stream_without_auto_create(autojump_clock: Clock) -> None
             await Member(registry, "nowhere", "billing", "a").heartbeat()
         await registry.stream("nowhere", create=True)
         assert (await Member(registry, "nowhere", "billing", "a").heartbeat()).status is HeartbeatStatus.OK
+
+
+class _SlowTopology(MemoryEffects):
+    """Creation takes a while (as reading a cluster's slots does), so others look meanwhile."""
+
+    async def topology(self) -> None:
+        await trio.sleep(1)
+
+    async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
+        await trio.sleep(1)
+        await super().ensure_consumer_groups(shard_keys, group, start_id)
+
+
+@pytest.mark.parametrize("kind", ["stream", "group"])
+async def test_a_lookup_that_finds_nothing_does_not_stop_a_creation_in_flight(
+    autojump_clock: Clock, kind: str
+) -> None:
+    """Reads of a resource being created (a view, an admin GET, an `If-Match` check) find it
+    missing; stopping its actor for that failed the creation half-way (503 "restarting")."""
+    async with registry_on(effects=_SlowTopology()) as registry:
+        if kind == "group":
+            await registry.stream("orders", create=True, shard_count=2)
+
+        async def create() -> None:
+            if kind == "stream":
+                await registry.stream("orders", create=True, shard_count=2)
+            else:
+                await registry.group("orders", "billing", GroupConfig(max_concurrency=3))
+
+        async def look() -> None:
+            for _ in range(10):
+                with contextlib.suppress(UnknownStream, UnknownGroup):
+                    if kind == "stream":
+                        await registry.stream("orders", create=False)
+                    else:
+                        await registry.group("orders", "billing", create=False)
+                await trio.sleep(0.2)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(look)
+            await trio.sleep(0)
+            nursery.start_soon(create)
+            nursery.start_soon(look)
+        if kind == "stream":
+            assert (await registry.stream("orders", create=False)).state.layout.metadata_version == 1
+        else:
+            group_actor = await registry.group("orders", "billing", create=False)
+            assert group_actor.state.config.max_concurrency == 3

@@ -17,7 +17,7 @@ import trio
 from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
 from rsc.actors.connect import RedisClient
-from rsc.actors.effects import RedisEffects, topology_from_slots
+from rsc.actors.effects import DrainEvidence, GroupDrain, RedisEffects, topology_from_slots
 from rsc.actors.errors import ActorStopped, StoreUnavailable
 from rsc.actors.keys import AggregateId, owner_key
 from rsc.actors.redis_store import RedisStore
@@ -25,7 +25,8 @@ from rsc.actors.registry import Registry
 from rsc.events import codec, group
 from rsc.events.commands import ChangeShardCount
 from rsc.events.model import HeartbeatStatus, Timing
-from rsc.events.wire import OwnerToken
+from rsc.events.wire import OwnerToken, seal_key
+from rsc.http.metrics import Metrics
 from tests.actorkit import SETTINGS, Member, registry_on
 
 LONG = attrs.evolve(SETTINGS, timing=Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=60_000))
@@ -176,6 +177,46 @@ async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) ->
         assert nodes == {None}
 
 
+async def test_drain_evidence_holds_only_with_nothing_pending_or_undelivered(
+    redis: RedisClient, prefix: str
+) -> None:
+    """Read on the key's own node: an empty or missing key is drained; an entry not yet read, or
+    one read and not acknowledged (even after XDEL emptied the key), is not; a key that holds
+    entries must have each of the stream's groups; the seal is seen."""
+    effects = RedisEffects(redis)
+    key = f"{prefix}:{{{prefix}:0}}"
+    missing = f"{prefix}:{{{prefix}:1}}"
+    await effects.ensure_consumer_groups([key], "billing", "0")
+    seen = await effects.drain_evidence([key, missing])
+    assert seen[missing] == DrainEvidence(False, False, ())
+    assert seen[key].drained(["billing"])
+    assert not seen[key].sealed
+    entry = await redis.xadd(key, {"n": "1"})
+    seen = await effects.drain_evidence([key])
+    assert seen[key].groups == (GroupDrain("billing", 0, True),)  # undelivered
+    assert not seen[key].drained(["billing"])
+    await redis.xreadgroup("billing", "m", streams={key: ">"}, count=10)
+    await redis.xdel(key, [entry])  # the key is empty, the entry still pending
+    seen = await effects.drain_evidence([key])
+    assert seen[key].exists
+    assert seen[key].groups == (GroupDrain("billing", 1, False),)
+    assert not seen[key].drained(["billing"])
+    await redis.xack(key, "billing", [entry])
+    await redis.set(seal_key(key), "3")
+    seen = await effects.drain_evidence([key])
+    assert seen[key].sealed
+    assert not seen[key].exists  # nothing in it, nothing pending: drained whatever the groups
+    assert seen[key].drained(["billing", "audit"])
+    kept = await redis.xadd(key, {"n": "2"})  # read and acknowledged, still in the key
+    await redis.xreadgroup("billing", "m", streams={key: ">"}, count=10)
+    await redis.xack(key, "billing", [kept])
+    seen = await effects.drain_evidence([key])
+    assert seen[key].exists
+    assert seen[key].drained(["billing"])
+    assert not seen[key].drained(["billing", "audit"])  # a group of the stream missing on the key
+    await redis.delete([seal_key(key)])
+
+
 async def test_the_topology_reads_the_same_from_cluster_shards_and_cluster_slots(
     redis: RedisClient, checker: redis_py.Redis
 ) -> None:
@@ -243,3 +284,22 @@ async def test_a_failed_write_does_not_fence_live_members(
         joined = {"c"} if failure == "reply lost" else set()
         assert set(state.members) == {"a", "b"} | joined
         assert (await a.heartbeat()).status is not HeartbeatStatus.FENCED
+
+
+async def test_metrics_go_on_sampling_a_stream_whose_actors_stopped(redis: RedisClient, prefix: str) -> None:
+    """Every worker gone and the actors stopped for being idle: the stream's lag series stay
+    (sampled from the last layout seen), and sampling starts no actor."""
+    async with registry_on(RedisStore(redis), RedisEffects(redis), LONG) as registry:
+        stream = await registry.stream(prefix, create=True, shard_count=2)
+        await registry.group(prefix, "billing")
+        key = stream.state.layout.shards[0].key
+        metrics = Metrics(registry)
+        await metrics.sample()
+        assert metrics.samples[(prefix, 0)].groups == {"billing": (0, 0)}
+        for aggregate in [a for a in registry.actors if a.stream_prefix == prefix]:
+            registry.stop(aggregate)
+        await redis.xadd(key, {"n": "1"})
+        await metrics.sample()
+        assert metrics.samples[(prefix, 0)].groups == {"billing": (0, 1)}
+        assert metrics.samples[(prefix, 0)].length == 1
+        assert not [a for a in registry.actors if a.stream_prefix == prefix]

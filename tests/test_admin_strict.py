@@ -109,6 +109,7 @@ async def test_every_field_round_trips_put_replaces_and_patch_merges(
 async def test_start_from_applies_at_creation_and_cannot_change_afterwards(
     client: httpx.AsyncClient, prefix: str
 ) -> None:
+    await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
     group = f"/v1/admin/streams/{prefix}/groups/billing"
     assert (await client.put(group, json={"startFrom": "latest"}, auth=AUTH)).status_code == 200
     changed = await client.put(group, json={"startFrom": "earliest"}, auth=AUTH)
@@ -129,6 +130,48 @@ async def test_if_match_on_a_missing_resource_creates_nothing(client: httpx.Asyn
     refused = await client.put(group, json={}, auth=AUTH, headers={"If-Match": "*"})
     assert error(refused) == (412, "PRECONDITION_FAILED")
     assert (await client.get(group, auth=AUTH)).status_code == 404
+
+
+async def test_a_group_of_a_missing_stream_is_404_and_creates_nothing(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    """A misspelt stream name in a group's PUT or PATCH (a Terraform `rsc_group`, say) is a 404,
+    not a new stream with the default shard count."""
+    stream = f"/v1/admin/streams/{prefix}"
+    put = await client.put(f"{stream}/groups/billing", json={"maxConcurrency": 2}, auth=AUTH)
+    assert error(put) == (404, "UNKNOWN_STREAM"), put.text
+    patch = await client.patch(f"{stream}/groups/billing", json={}, auth=AUTH, headers=MERGE)
+    assert error(patch) == (404, "UNKNOWN_STREAM"), patch.text
+    assert (await client.get(stream, auth=AUTH)).status_code == 404
+    assert prefix not in [s["streamPrefix"] for s in (await client.get("/v1/streams")).json()["streams"]]
+
+
+@pytest.mark.parametrize("kind", ["stream", "group"])
+async def test_if_none_match_creates_only_and_of_two_concurrent_creates_exactly_one_wins(
+    client: httpx.AsyncClient, prefix: str, kind: str
+) -> None:
+    stream = f"/v1/admin/streams/{prefix}"
+    if kind == "group":
+        await client.put(stream, json={"shardCount": 2}, auth=AUTH)
+    path = stream if kind == "stream" else f"{stream}/groups/billing"
+    field = "shardCount" if kind == "stream" else "maxConcurrency"
+    answers: list[httpx.Response] = []
+
+    async def create(value: int) -> None:
+        body = {field: value}
+        answers.append(await client.put(path, json=body, auth=AUTH, headers={"If-None-Match": "*"}))
+
+    async with trio.open_nursery() as nursery:
+        for value in (3, 5):
+            nursery.start_soon(create, value)
+    assert sorted(a.status_code for a in answers) == [200, 412], [a.text for a in answers]
+    winner = next(a for a in answers if a.status_code == 200)
+    stored = (await client.get(path, auth=AUTH)).json()["spec"]
+    assert stored == winner.json()["spec"]
+    again = await client.put(path, json={field: 7}, auth=AUTH, headers={"If-None-Match": "*"})
+    assert error(again) == (412, "PRECONDITION_FAILED")
+    assert "exists" in again.json()["message"]
+    assert (await client.get(path, auth=AUTH)).json()["spec"] == stored  # nothing changed
 
 
 @pytest.mark.parametrize("kind", ["stream", "group"])

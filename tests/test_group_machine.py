@@ -36,9 +36,16 @@ from rsc.events.events import (
     ShardsRevokeAcked,
 )
 from rsc.events.member import MemberMachine, MemberSettings
-from rsc.events.model import ClientInfo, DrainCheck, HeartbeatStatus, MemberState, ReleaseReason
+from rsc.events.model import (
+    ClientInfo,
+    DrainCheck,
+    DrainProgress,
+    HeartbeatStatus,
+    MemberState,
+    ReleaseReason,
+)
 from rsc.events.respond import respond
-from rsc.events.stream import StreamState
+from rsc.events.stream import MAX_SHARDS, StreamState
 from rsc.events.stream import decide as stream_decide
 from rsc.events.stream import fold as stream_fold
 from tests.groupkit import TIMING, Group
@@ -86,14 +93,18 @@ class GroupMachine(RuleBasedStateMachine):
             MemberMachine("orders", "billing", member_id, f"inc-{self.incarnations}", CLIENT, settings)
         )
 
-    def honest(self, member_id: str, ack: bool) -> None:
-        """The member's shell: the lease rule, revokes finished (`ack`) or not, one heartbeat."""
+    def honest(self, member_id: str, ack: bool, pending: int = 0) -> None:
+        """The member's shell: the lease rule, revokes finished (`ack`) or not, one heartbeat
+        reporting `pending` entries on each DRAINING shard it reads (and on one it does not)."""
         machine = self.clients[member_id].machine
         now = self.g.now / 1000
         machine.silent(now)
         if ack:
             machine.revoked(machine.revoking)  # in-flight work finished
-        request = machine.request(now)
+        draining = {s.index for s in self.g.state.layout.draining}
+        reports = [DrainProgress(s, pending, None) for s in sorted(machine.owned & draining)]
+        reports.append(DrainProgress(MAX_SHARDS - 1, pending, 0))  # not its shard: ignored
+        request = machine.request(now, tuple(reports))
         command = request.to_command(self.g.now)
         try:
             events = self.g.run(command)
@@ -121,11 +132,11 @@ class GroupMachine(RuleBasedStateMachine):
         client.crashed = False
         self.honest(member_id, ack=False)
 
-    @rule(member_id=st.sampled_from(MEMBER_IDS), ack=st.booleans())
-    def heartbeat(self, member_id: str, ack: bool) -> None:
+    @rule(member_id=st.sampled_from(MEMBER_IDS), ack=st.booleans(), pending=st.integers(0, 3))
+    def heartbeat(self, member_id: str, ack: bool, pending: int) -> None:
         client = self.clients.get(member_id)
         if client is not None and not client.crashed:
-            self.honest(member_id, ack)
+            self.honest(member_id, ack, pending)
 
     @rule(
         member_id=st.sampled_from(MEMBER_IDS),
@@ -329,6 +340,16 @@ class GroupMachine(RuleBasedStateMachine):
     @invariant()
     def the_lease_table_holds_exactly_the_live_members(self) -> None:
         assert set(self.g.leases) == set(self.g.state.members)
+
+    @invariant()
+    def drain_reports_name_only_draining_shards_their_member_holds(self) -> None:
+        state = self.g.state
+        draining = {s.index for s in state.layout.draining}
+        for member_id, member in state.members.items():
+            reported = {r.shard for r in self.g.leases.drain_progress(member_id)}
+            assert reported <= (member.assigned | member.revoking) & draining, (member_id, reported)
+        for member_id in set(MEMBER_IDS) - set(state.members):
+            assert self.g.leases.drain_progress(member_id) == ()
 
 
 GroupMachine.TestCase.settings = settings(

@@ -399,3 +399,92 @@ def test_credentials_come_from_arguments_then_environment_then_a_netrc_file(tmp_
     assert credentials("http://elsewhere:8080", environ=env) is None
     with pytest.raises(AdminError, match="http:// or https://"):
         AdminClient("127.0.0.1:8080")
+
+
+async def test_streams_create_refuses_an_existing_stream_and_changes_nothing(
+    http: httpx.AsyncClient, prefix: str
+) -> None:
+    """`create` sends `If-None-Match: *`: a second create (or one racing another) is refused
+    and never reshards what is there."""
+    assert (await rsc(http, "streams", "create", prefix, "--shards", "2")).exit_code == 0
+    again = await rsc(http, "streams", "create", prefix, "--shards", "5")
+    assert again.exit_code == 1
+    assert f"stream {prefix!r} exists: `rsc streams scale` changes it" in again.output
+    assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 2
+
+
+async def test_apply_creates_only_what_its_plan_saw_missing(
+    http: httpx.AsyncClient, prefix: str, tmp_path: Path
+) -> None:
+    """A stream created by someone else between plan and apply is not overwritten (412)."""
+    wanted = applying.load([spec_file(tmp_path, prefix, shards=3)])
+
+    def plan_then_race() -> int:
+        with AdminClient(str(http.base_url), "admin", "s3cret") as admin:
+            changes = applying.plan(admin, wanted)
+            assert changes[0].line().startswith(f"+ stream {prefix} ")
+            admin.put_stream(prefix, {"shardCount": 1})  # someone else, meanwhile
+            with pytest.raises(AdminError) as refused:
+                applying.execute(admin, changes)
+            return refused.value.status
+
+    assert await trio.to_thread.run_sync(plan_then_race) == 412
+    assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 1
+
+
+async def test_apply_json_output_is_one_document_with_what_was_applied(
+    http: httpx.AsyncClient, prefix: str, tmp_path: Path
+) -> None:
+    path = spec_file(tmp_path, prefix)
+    dry = await apply(http, "apply", "-f", path, "--dry-run", "-o", "json")
+    assert dry.exit_code == 2, dry.output
+    planned = json.loads(dry.output)
+    assert [(c["kind"], c["action"]) for c in planned] == [
+        ("stream", "create"),
+        ("group", "create"),
+        ("group", "create"),
+    ]
+    assert all("applied" not in c for c in planned)
+    done = await apply(http, "apply", "-f", path, "-o", "json")
+    assert done.exit_code == 0, done.output
+    applied = json.loads(done.output)
+    assert [c["applied"] for c in applied] == [True, True, True]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", c["requestId"]) for c in applied), applied
+    again = await apply(http, "apply", "-f", path, "-o", "json")
+    assert (again.exit_code, json.loads(again.output)) == (0, [])
+
+
+@pytest.mark.parametrize("command", ["diff", "apply"])
+async def test_a_usage_error_of_diff_or_apply_exits_1_never_2(http: httpx.AsyncClient, command: str) -> None:
+    """Exit 2 means "the plan has changes" (as `terraform plan -detailed-exitcode`): a typo in
+    the command line must not read as one in a pipeline."""
+    result = await rsc(http, command, "--prnue", "-f", "x.toml")
+    assert result.exit_code == 1, result.output
+    assert "No such option '--prnue'" in result.output
+
+
+def test_a_broken_netrc_file_is_an_error_not_a_silent_skip(tmp_path: Path) -> None:
+    from rsc.client.admin import credentials
+
+    broken = tmp_path / "netrc"
+    broken.write_text("machin rsc.example login ops password x\n")  # a misspelt keyword
+    broken.chmod(0o600)
+    with pytest.raises(AdminError, match=r"cannot read credentials from .*netrc"):
+        credentials("https://rsc.example:8080", environ={"RSC_NETRC": str(broken)})
+    result = CliRunner().invoke(
+        rsc_main,
+        ["streams", "list", "--url", "http://127.0.0.1:9"],
+        env={"RSC_NETRC": str(broken), "RSC_ADMIN_PASSWORD": ""},
+    )
+    assert result.exit_code == 1
+    assert "cannot read credentials from" in result.output
+
+
+def test_the_terraform_entry_point_says_what_to_install_without_the_extra() -> None:
+    """Without `tf` (the `terraform` extra), the provider's command is one line and exit 2."""
+    code = "import sys; sys.modules['tf'] = None; from rsc.tools.terraform_entry import main; main()"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr == "terraform-provider-rsc needs the tf framework: pip install 'rsc[terraform]'\n"

@@ -13,6 +13,7 @@ resume, the layout stays).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -246,9 +247,16 @@ async def test_a_producer_that_never_quiesces_stalls_the_migration_visibly_until
     assert m["stalled"]["phase"] == "PAUSING"
     assert "stubborn" in m["stalled"]["reason"]
     assert m["waitingForProducers"] == ["stubborn"]
+    assert m["producerVersions"] == {"stubborn": m["fromVersion"]}
+    assert (m["mode"], m["fromShardCount"], m["toShardCount"], m["drainingShards"]) == ("quiesce", 2, 4, [])
+    assert [p["phase"] for p in m["phases"]] == ["PAUSING"]
+    assert m["inPhaseMs"] >= 2_000  # past the bound, still counting
     metrics = (await http.get("/metrics")).text
     assert f'rsc_migration_stalled{{stream="{prefix}"}} 1.0' in metrics
     assert f'rsc_migration_phase{{phase="PAUSING",stream="{prefix}"}} 1.0' in metrics
+    seconds = re.search(rf'rsc_migration_phase_seconds{{stream="{prefix}"}} ([0-9.e+]+)', metrics)
+    assert seconds is not None
+    assert float(seconds.group(1)) >= 2.0, seconds
     # Stopped: the producer turning quiet does not move it on by itself.
     await producer_beat(http, prefix, "stubborn", quiesced=True)
     await trio.sleep(1.5)

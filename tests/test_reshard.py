@@ -9,7 +9,8 @@ pending, and each retired shard retired only once Redis showed it drained.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from rsc.actors.connect import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import NoWritableShards, Producer, open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.events.routing import Router
 from rsc.events.wire import seal_key
-from tests.httpkit import FAST, serve_on
+from tests.httpkit import FAST, beat, hb, serve_on
 from tests.test_worker import group_view, handled_entries, spread, start_worker, stop_workers, until
 
 AUTH = ("admin", "s3cret")
@@ -191,9 +193,15 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
 
 @pytest.fixture
 async def admin(standalone_url: str) -> Any:
+    async with admin_on(standalone_url) as http:
+        yield http
+
+
+@asynccontextmanager
+async def admin_on(redis_url: str) -> AsyncIterator[httpx.AsyncClient]:
     settings = attrs.evolve(
         FAST,
-        redis_url=standalone_url,
+        redis_url=redis_url,
         heartbeat_interval_ms=200,
         member_lease_ttl_ms=2_000,
         admin_password="s3cret",
@@ -203,35 +211,56 @@ async def admin(standalone_url: str) -> Any:
 
 
 async def test_a_producer_on_a_stale_layout_is_refused_by_the_seal_and_re_routes(
-    admin: httpx.AsyncClient, standalone_url: str, prefix: str
+    redis_url: str, prefix: str
 ) -> None:
     """Producers that have not heartbeated since the scale-in (held on the old layout on
     purpose: no heartbeat loop) publish to a DRAINING shard: the seal refuses, they learn the
-    new layout and the message lands on an ACTIVE shard, written once."""
-    await reshard(admin, prefix, 4)
-    base_url = str(admin.base_url)
-    checker = checker_for(standalone_url)
-    async with open_redis(standalone_url) as redis, Coordinator(base_url) as coordinator:
-        producer = Producer(coordinator, redis, prefix, "stale-trio")
-        await producer.heartbeat()  # layout v1, and no more heartbeats
-        sync_coordinator = SyncCoordinator(base_url)
-        sync_producer = SyncProducer(sync_coordinator, checker_for(standalone_url), prefix, "stale-sync")
-        await trio.to_thread.run_sync(sync_producer.heartbeat)
-        old = producer.state.layout
-        key = next(f"k{n}" for n in range(1000) if producer.state.shard_key(f"k{n}") == old.active[3].key)
-        await reshard(admin, prefix, 2)
-        assert checker.exists(seal_key(old.active[3].key))
-        entry = await producer.publish({"n": "1"}, key)
-        sync_entry = await trio.to_thread.run_sync(lambda: sync_producer.publish({"n": "2"}, key))
-        for stale in (producer.state, sync_producer.state):
-            assert stale.layout.metadata_version > old.metadata_version  # it learnt the new layout
-        drained, kept = old.active[3].key, [s.key for s in old.active[:2]]
-        assert checker.xlen(drained) == 0  # the seal kept both out of the draining shard
-        landed = {e for k in kept for e, _ in checker.xrange(k)}
-        assert {entry, sync_entry} <= landed
-        sync_coordinator.close()
-        sync_producer.redis.close()
-    checker.close()
+    new layout and the message lands on an ACTIVE shard, written once. A `publish_many` that
+    spans a sealed and an open shard writes the open shard's messages once and re-routes the
+    others (standalone Redis and the cluster)."""
+    async with admin_on(redis_url) as admin:
+        await reshard(admin, prefix, 4)
+        base_url = str(admin.base_url)
+        checker = checker_for(redis_url)
+        async with open_redis(redis_url) as redis, Coordinator(base_url) as coordinator:
+            producer = Producer(coordinator, redis, prefix, "stale-trio")
+            await producer.heartbeat()  # layout v1, and no more heartbeats
+            sync_coordinator = SyncCoordinator(base_url)
+            sync_producer = SyncProducer(sync_coordinator, checker_for(redis_url), prefix, "stale-sync")
+            await trio.to_thread.run_sync(sync_producer.heartbeat)
+            old = producer.state.layout
+
+            def key_on(shard: int, skip: int = 0) -> str:
+                on = (
+                    f"k{n}"
+                    for n in range(10_000)
+                    if producer.state.shard_key(f"k{n}") == old.active[shard].key
+                )
+                return [next(on) for _ in range(skip + 1)][-1]
+
+            key, open_key = key_on(3), key_on(0)
+            await reshard(admin, prefix, 2)
+            assert checker.exists(seal_key(old.active[3].key))
+            entry = await producer.publish({"n": "1"}, key)
+            sync_entry = await trio.to_thread.run_sync(lambda: sync_producer.publish({"n": "2"}, key))
+            for stale in (producer.state, sync_producer.state):
+                assert stale.layout.metadata_version > old.metadata_version  # it learnt the new layout
+            # Both again on the old layout: one call with messages for a sealed and an open shard.
+            for state in (producer.state, sync_producer.state):
+                state.layout, state.router, state._routes = old, Router(old), {}
+            batch = [({"n": f"m{i}"}, key_on(3, i) if i % 2 else open_key) for i in range(6)]
+            many = await producer.publish_many(batch)
+            sync_many = await trio.to_thread.run_sync(lambda: sync_producer.publish_many(batch))
+            drained, kept = old.active[3].key, [s.key for s in old.active[:2]]
+            assert checker.xlen(drained) == 0  # the seal kept everything out of the draining shard
+            landed = [(e, f["n"]) for k in kept for e, f in checker.xrange(k)]
+            assert {entry, sync_entry, *many, *sync_many} <= {e for e, _ in landed}
+            written = sorted(n for _, n in landed)
+            # Each message once per call: two calls of the batch, and the two single publishes.
+            assert written == sorted(["1", "2", *[f"m{i}" for i in range(6)] * 2]), written
+            sync_coordinator.close()
+            sync_producer.redis.close()
+        checker.close()
 
 
 async def test_with_no_consumer_draining_shards_wait_then_retire_from_redis_evidence_alone(
@@ -388,3 +417,39 @@ async def test_retired_shard_keys_are_deleted_after_the_configured_retention(
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=20)
             checker.close()
+
+
+async def test_the_owner_reports_drain_progress_in_heartbeats_and_the_group_view_shows_it(
+    admin: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    """`drainProgress` is kept for the DRAINING shards the member holds (the rest of what it sends
+    is ignored) and shown in the group view; it is telemetry: the shards stay DRAINING while
+    Redis shows entries left, whatever the member says."""
+    a = await beat(admin, hb(prefix, "a", 0))
+    a = await beat(admin, hb(prefix, "a", a["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    await reshard(admin, prefix, 2)
+    a = await beat(admin, hb(prefix, "a", a["memberEpoch"], ownedShards=[0, 1, 2, 3]))
+    layout = a["layout"]
+    assert [s["state"] for s in layout["shards"]] == ["ACTIVE", "ACTIVE", "DRAINING", "DRAINING"]
+    checker = checker_for(standalone_url)
+    checker.xadd(layout["shards"][3]["key"], {"n": "left"})  # unread: the shard cannot retire
+    reports = [
+        {"shard": 2, "pending": 0, "lag": 0},
+        {"shard": 3, "pending": 0, "lag": 0},  # what the member says, not what Redis shows
+        {"shard": 0, "pending": 9, "lag": 9},  # ACTIVE: not a drain report
+        {"shard": 7, "pending": 1, "lag": None},  # not in the layout
+    ]
+    body = hb(
+        prefix, "a", a["memberEpoch"], ownedShards=[0, 1, 2, 3], metadataVersion=layout["metadataVersion"]
+    )
+    await beat(admin, {**body, "drainProgress": reports})
+    view = (await admin.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert view["members"][0]["drainProgress"] == reports[:2]
+    for _ in range(4):  # the drain watcher looks every second; the member stays alive
+        await trio.sleep(0.5)
+        await beat(admin, {**body, "drainProgress": reports})
+    assert (await stream_shards(admin, prefix))[3] == "DRAINING"
+    await beat(admin, {**body, "drainProgress": []})  # the next report replaces the last one
+    view = (await admin.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert view["members"][0]["drainProgress"] == []
+    checker.close()

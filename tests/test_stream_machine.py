@@ -97,6 +97,7 @@ class StreamMachine(RuleBasedStateMachine):
         self.now = 0
         self.retired: set[int] = set()
         self.issued: set[int] = {0}  # layout versions the stream has had (0: none yet)
+        self._names: dict[int, str] = {}  # shard index -> the key it names
 
     def run(self, command: StreamCommand) -> list[StreamEvent]:
         before = self.state
@@ -262,12 +263,17 @@ class StreamMachine(RuleBasedStateMachine):
 
     @invariant()
     def shards_are_identities_with_distinct_keys(self) -> None:
-        if self.state is None:
+        if self.state is None or self.state.deleted:
+            self._names: dict[int, str] = {}  # a stream created again starts over
             return
         shards = self.state.layout.shards
         assert [s.index for s in shards] == list(range(len(shards)))
         assert len({s.key for s in shards}) == len(shards)
         assert {s.index for s in shards if s.state is ShardState.RETIRED} == self.retired
+        # Indexes are never reused: once an index names a key, it names that key for good (a
+        # deleted and recreated stream starts over, with keys of its own).
+        for shard in shards:
+            assert self._names.setdefault(shard.index, shard.key) == shard.key, shard.index
 
     @invariant()
     def active_shards_spread_evenly_over_the_primaries(self) -> None:

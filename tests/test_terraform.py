@@ -134,6 +134,24 @@ async def test_terraform_plans_applies_detects_drift_imports_and_destroys(  # no
         assert "1 changed" in scaled.stdout
         assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 2
 
+        # A change made between `plan -out` and applying that plan is not overwritten unseen.
+        (work / "main.tf").write_text(
+            configuration(prefix, 2).replace("max_concurrency = 4", "max_concurrency = 5")
+        )
+        planned = await tf("plan", "-out=tfplan")
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        await http.patch(f"/v1/admin/streams/{prefix}/groups/billing", json={"maxConcurrency": 7}, auth=AUTH)
+        stale = await tf("apply", "tfplan")
+        assert stale.returncode == 1, stale.stdout + stale.stderr
+        assert f"group {prefix}/billing changed since the plan was made (max_concurrency)" in stale.stderr
+        group = await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)
+        assert group.json()["spec"]["maxConcurrency"] == 7
+        assert (await tf("apply", "-auto-approve")).returncode == 0  # planned again: 7 -> 5
+        group = await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)
+        assert group.json()["spec"]["maxConcurrency"] == 5
+        (work / "main.tf").write_text(configuration(prefix, 2))
+        assert (await tf("apply", "-auto-approve")).returncode == 0
+
         # Import a group made outside Terraform.
         await http.put(f"/v1/admin/streams/{prefix}/groups/audit", json={"maxConcurrency": 2}, auth=AUTH)
         audit_block = (

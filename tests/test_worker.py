@@ -465,9 +465,28 @@ async def test_a_worker_serves_its_own_metrics(standalone_url: str, prefix: str,
                 return sum(float(v) for v in handled) >= 20 and "rsc_worker_handler_seconds_count" in text
 
             await until(scraped, 20)
+            checker = redis.Redis.from_url(standalone_url, decode_responses=True)
+            checker.xadd(keys[0], {"poison": "1"})  # fails 5 times (4 of them retries), then dead-lettered
+            checker.close()
+
+            async def dead_lettered() -> bool:
+                text = await trio.to_thread.run_sync(
+                    lambda: httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                )
+                return sum(float(v) for v in _series(text, "rsc_worker_dead_lettered_total", prefix)) == 1
+
+            await until(dead_lettered, 30)
+            await trio.sleep(1.5)  # a lag measurement after the last entry (reclaim_every_s 0.5)
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             owned = _series(text, "rsc_worker_owned_shards", prefix)
             assert sorted(float(v) for v in owned) == [2.0, 2.0]
+            assert sum(float(v) for v in _series(text, "rsc_worker_failed_total", prefix)) == 5
+            assert sum(float(v) for v in _series(text, "rsc_worker_retried_total", prefix)) == 4
+            lags = re.findall(r'rsc_worker_shard_lag\{[^}]*shard="(\d+)"[^}]*\} (\S+)', text)
+            pending = re.findall(r'rsc_worker_shard_pending\{[^}]*shard="(\d+)"[^}]*\} (\S+)', text)
+            assert sorted(int(s) for s, _ in lags) == [0, 1, 2, 3]  # each owned shard, once
+            assert {float(v) for _, v in lags} == {0.0}
+            assert {float(v) for _, v in pending} == {0.0}
             assert "process_cpu_seconds_total" in text
         finally:
             stop_workers([worker])

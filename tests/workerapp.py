@@ -42,6 +42,8 @@ RECORD_ORDER = os.environ.get("RSC_TEST_RECORD_ORDER") == "1"
 )
 async def handle(message: Message) -> None:
     await trio.sleep(DELAY)
+    if message.fields.get("poison") == "1":  # fails every time: retried, then dead-lettered
+        raise ValueError("a poison entry")
     line = f"{message.key} {message.id} {os.getpid()}"
     if RECORD_ORDER:
         line += f" {message.fields.get('bkey', '-')} {message.fields.get('seq', '-')}"

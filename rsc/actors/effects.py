@@ -204,6 +204,7 @@ class DrainEvidence:
     """What Redis says, in one script on the shard's own node, about a DRAINING shard."""
 
     sealed: bool
+    #: The key holds something: an entry, or entries still pending in a group (emptied by XDEL).
     exists: bool
     groups: tuple[GroupDrain, ...] = ()
 
@@ -383,11 +384,10 @@ class RedisEffects:
                     for key in chunk:
                         self._drain_evidence(keys=[key, seal_key(key)], client=pipe)
             for key, (sealed, last, groups) in zip(chunk, pipe.results or (), strict=True):
-                out[key] = DrainEvidence(
-                    bool(int(sealed)),
-                    bool(last),
-                    tuple(GroupDrain(str(g[0]), int(g[1]), bool(int(g[2]))) for g in groups),
-                )
+                found = tuple(GroupDrain(str(g[0]), int(g[1]), bool(int(g[2]))) for g in groups)
+                # A key emptied (XDEL, XTRIM) while entries are pending still holds those.
+                holds = bool(last) or any(g.pending for g in found)
+                out[key] = DrainEvidence(bool(int(sealed)), holds, found)
         return out
 
     async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:

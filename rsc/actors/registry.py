@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -43,7 +44,7 @@ from rsc.events.commands import (
     StreamCommand,
     UnregisterGroup,
 )
-from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
+from rsc.events.errors import CoordinationError, PreconditionFailed, UnknownGroup, UnknownStream
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
 from rsc.events.model import (
@@ -121,6 +122,11 @@ class Registry:
         #: Creating a group is one at a time: two first uses at once (a member's join and an
         #: admin `PUT`) must not both create it, or the loser's config is silently dropped.
         self._creating_group = trio.Lock()
+        #: Counts `stop_all` (a term ended): what was learnt from earlier actors is stale.
+        self.generation = 0
+        #: Aggregates being created now: a caller that finds one missing meanwhile (a read, an
+        #: `If-Match` check) must not stop its actor, or the creation fails half-way.
+        self._creating: Counter[AggregateId] = Counter()
 
     # --- asking ---------------------------------------------------------
 
@@ -175,12 +181,18 @@ class Registry:
     # --- actors ---------------------------------------------------------
 
     async def group(
-        self, stream_prefix: str, group: str, config: GroupConfig | None = None, create: bool = True
+        self,
+        stream_prefix: str,
+        group: str,
+        config: GroupConfig | None = None,
+        create: bool = True,
+        only_new: bool = False,
     ) -> GroupActor:
         """The group's actor, started; the group is created on first use (with `config`).
 
         Without `create`, a group that does not exist (nor its stream) is refused with
-        `UnknownGroup` (`UnknownStream`) and no actor is left running for it.
+        `UnknownGroup` (`UnknownStream`) and no actor is left running for it. With `only_new`,
+        a group that exists (or that someone else creates first) is `PreconditionFailed`.
         """
         check_name(stream_prefix, "streamPrefix")
         check_name(group, "consumerGroup")
@@ -190,22 +202,36 @@ class Registry:
         )
         if actor.state is None or actor.state.deleted:
             if not create:
-                self.stop(aggregate_id)
+                self._stop_missing(aggregate_id)
                 await self.stream(stream_prefix, create=False)  # UnknownStream first, if so
                 raise UnknownGroup(f"group {group!r} of stream {stream_prefix!r} does not exist")
-            async with self._creating_group:
-                if actor.state is None or actor.state.deleted:  # else created meanwhile
-                    await self._create_group(actor, stream_prefix, group, config or GroupConfig())
+            if not self._current(aggregate_id, actor):  # stopped meanwhile as missing: again
+                return await self.group(stream_prefix, group, config, create, only_new)
+            with self._marked_creating(aggregate_id):
+                async with self._creating_group:
+                    if actor.state is None or actor.state.deleted:  # else created meanwhile
+                        await self._create_group(actor, stream_prefix, group, config or GroupConfig())
+                    elif only_new:
+                        raise PreconditionFailed(
+                            f"group {group!r} of {stream_prefix!r} was created meanwhile"
+                        )
+        elif only_new:
+            raise PreconditionFailed(f"group {group!r} of {stream_prefix!r} exists")
         elif fresh:
             await self._pull_layout(actor, stream_prefix, group)
         return actor  # type: ignore[no-any-return]
 
     async def stream(
-        self, stream_prefix: str, create: bool | None = None, shard_count: int | None = None
+        self,
+        stream_prefix: str,
+        create: bool | None = None,
+        shard_count: int | None = None,
+        only_new: bool = False,
     ) -> StreamActor:
         """The stream's actor, started; created (with `shard_count`, else the default) if allowed.
 
-        `create` overrides the configured auto-creation; raises `UnknownStream`.
+        `create` overrides the configured auto-creation; raises `UnknownStream`. With `only_new`,
+        a stream that exists (or that someone else creates first) is `PreconditionFailed`.
         """
         check_name(stream_prefix, "streamPrefix")
         aggregate_id = AggregateId(stream_prefix)
@@ -219,11 +245,21 @@ class Registry:
         )
         if actor.state is None or actor.state.deleted:
             if not (self.settings.auto_create_streams if create is None else create):
-                self.stop(aggregate_id)  # nothing to keep in memory for a name that does not exist
+                self._stop_missing(aggregate_id)  # nothing to keep in memory for a name that does not exist
                 raise UnknownStream(f"stream {stream_prefix!r} does not exist")
+            if not self._current(aggregate_id, actor):  # stopped meanwhile as missing: again
+                return await self.stream(stream_prefix, create, shard_count, only_new)
             count = self.settings.default_shard_count if shard_count is None else shard_count
-            topology = await self.effects.topology()
-            await actor.ask(CreateStream(stream_prefix, count, self.clock.now_ms(), topology))
+            seen = actor.revision
+            with self._marked_creating(aggregate_id):
+                topology = await self.effects.topology()
+                # Only over what was seen missing: a stream created meanwhile is not created twice.
+                await actor.ask(
+                    CreateStream(stream_prefix, count, self.clock.now_ms(), topology),
+                    seen if only_new else None,
+                )
+        elif only_new:
+            raise PreconditionFailed(f"stream {stream_prefix!r} exists")
         return actor  # type: ignore[no-any-return]
 
     async def _create_group(
@@ -344,6 +380,25 @@ class Registry:
         if not entry.started:
             raise ActorStopped(f"{aggregate_id} was stopped while starting")
 
+    def _current(self, aggregate_id: AggregateId, actor: Any) -> bool:
+        entry = self.actors.get(aggregate_id)
+        return entry is not None and entry.actor is actor
+
+    @contextlib.contextmanager
+    def _marked_creating(self, aggregate_id: AggregateId) -> Iterator[None]:
+        self._creating[aggregate_id] += 1
+        try:
+            yield
+        finally:
+            self._creating[aggregate_id] -= 1
+            if not self._creating[aggregate_id]:
+                del self._creating[aggregate_id]
+
+    def _stop_missing(self, aggregate_id: AggregateId) -> None:
+        """Stop the actor of an aggregate found not to exist, unless someone is creating it."""
+        if not self._creating[aggregate_id]:
+            self.stop(aggregate_id)
+
     def stop(self, aggregate_id: AggregateId) -> None:
         """Stop one actor; it is forgotten at once, so the next use starts (and recovers) a new one."""
         entry = self.actors.pop(aggregate_id, None)
@@ -359,6 +414,7 @@ class Registry:
         """
         entries = list(self.actors.values())
         self.actors.clear()
+        self.generation += 1
         for entry in entries:
             entry.scope.cancel()
         if entries:

@@ -72,8 +72,10 @@ def credentials(
     host = urlsplit(url).hostname or ""
     try:
         found = netrc.netrc(str(path)).authenticators(host)
-    except (FileNotFoundError, netrc.NetrcParseError):
+    except FileNotFoundError:
         return None
+    except netrc.NetrcParseError as exc:  # a broken file is said, not silently skipped
+        raise AdminError(0, "BAD_NETRC", f"cannot read credentials from {path}: {exc}") from exc
     if found is None or found[2] is None:
         return None
     return (user or found[0] or "admin", found[2])
@@ -117,12 +119,16 @@ class AdminClient:
         body: Any = None,
         *,
         if_match: int | str | None = None,
+        create_only: bool = False,
         params: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> Answer:
+        """`create_only`: `If-None-Match: *` (412 if the resource exists or is created meanwhile)."""
         headers = {}
         if if_match is not None:
             headers["If-Match"] = if_match if isinstance(if_match, str) else f'"{if_match}"'
+        if create_only:
+            headers["If-None-Match"] = "*"
         if body is not None:
             headers["Content-Type"] = content_type
         try:
@@ -166,8 +172,15 @@ class AdminClient:
         view: dict[str, Any] = self.request("GET", f"/v1/streams/{_seg(prefix)}").body
         return view
 
-    def put_stream(self, prefix: str, spec: Mapping[str, Any], if_match: int | str | None = None) -> Answer:
-        return self.request("PUT", f"/v1/admin/streams/{_seg(prefix)}", dict(spec), if_match=if_match)
+    def put_stream(
+        self,
+        prefix: str,
+        spec: Mapping[str, Any],
+        if_match: int | str | None = None,
+        create_only: bool = False,
+    ) -> Answer:
+        path = f"/v1/admin/streams/{_seg(prefix)}"
+        return self.request("PUT", path, dict(spec), if_match=if_match, create_only=create_only)
 
     def patch_stream(
         self, prefix: str, patch: Mapping[str, Any], if_match: int | str | None = None
@@ -199,10 +212,15 @@ class AdminClient:
         return view
 
     def put_group(
-        self, prefix: str, group: str, spec: Mapping[str, Any], if_match: int | str | None = None
+        self,
+        prefix: str,
+        group: str,
+        spec: Mapping[str, Any],
+        if_match: int | str | None = None,
+        create_only: bool = False,
     ) -> Answer:
         path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
-        return self.request("PUT", path, dict(spec), if_match=if_match)
+        return self.request("PUT", path, dict(spec), if_match=if_match, create_only=create_only)
 
     def patch_group(
         self, prefix: str, group: str, patch: Mapping[str, Any], if_match: int | str | None = None

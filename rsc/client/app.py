@@ -209,6 +209,7 @@ class App:
         if self.metrics is not None:
             latency = self.metrics.handler_seconds.labels(listener.stream, listener.group)
             poller.observe_handler = latency.observe
+            poller.measure_lag = True
         await services.start(poller.run)
         member = Member(
             transport,

@@ -40,14 +40,38 @@ class _PollerCollector:
         failed = CounterMetricFamily(
             "rsc_worker_failed", "Handler calls that raised (retried later)", labels=labels
         )
+        retried = CounterMetricFamily(
+            "rsc_worker_retried",
+            "Handler calls for entries delivered before (after a failure or a crash)",
+            labels=labels,
+        )
         dead = CounterMetricFamily(
             "rsc_worker_dead_lettered", "Entries moved to the dead-letter stream", labels=labels
         )
         owned = GaugeMetricFamily("rsc_worker_owned_shards", "Shards the member reads now", labels=labels)
+        per_shard = [*labels, "shard"]
+        lag = GaugeMetricFamily(
+            "rsc_worker_shard_lag",
+            "Entries not yet delivered to the member's group, per shard it owns"
+            " (XINFO GROUPS, every reclaim_every_s)",
+            labels=per_shard,
+        )
+        pending = GaugeMetricFamily(
+            "rsc_worker_shard_pending",
+            "Entries read and not yet acknowledged, per shard it owns",
+            labels=per_shard,
+        )
         for member, poller in zip(self.app.members, self.app.pollers, strict=False):
             values = [member.machine.stream_prefix, member.machine.group, member.member_id]
             handled.add_metric(values, poller.handled)
             failed.add_metric(values, poller.failed)
+            retried.add_metric(values, poller.retried)
             dead.add_metric(values, poller.dead_lettered)
             owned.add_metric(values, len(member.owned))
-        yield from (handled, failed, dead, owned)
+            for shard, (waiting, behind) in sorted(poller.lag.items()):
+                if shard not in member.owned:
+                    continue  # measured before it moved away
+                pending.add_metric([*values, str(shard)], waiting)
+                if behind is not None:
+                    lag.add_metric([*values, str(shard)], behind)
+        yield from (handled, failed, retried, dead, owned, lag, pending)

@@ -462,7 +462,14 @@ class Poller:
         self.buffered = 0
         self.handled = 0
         self.failed = 0
+        #: Handler calls for entries delivered before (a retry after a failure, or a crash).
+        self.retried = 0
         self.dead_lettered = 0
+        #: Measure every owned shard's pending and lag each `reclaim_every_s` (the worker's
+        #: metrics ask for it; otherwise only DRAINING shards are measured, for drain reports).
+        self.measure_lag = False
+        #: Shard index -> (pending, lag) of this member's group, as last measured.
+        self.lag: dict[int, tuple[int, int | None]] = {}
         #: Told how long each handler call took, in seconds (the worker's metrics).
         self.observe_handler: Callable[[float], None] | None = None
         #: Handler calls cancelled because the lease ended while they ran.
@@ -900,9 +907,12 @@ class Poller:
                 self.health.failed(exc)  # the next round is the retry
 
     async def _measure_drain(self) -> None:
+        """XINFO GROUPS of the DRAINING shards (drain reports), and of every owned shard when
+        `measure_lag` (the worker's lag metrics)."""
         progress: dict[int, DrainProgress] = {}
+        figures: dict[int, tuple[int, int | None]] = {}
         for shard in list(self.shards.values()):
-            if not shard.draining:
+            if not (shard.draining or self.measure_lag):
                 continue
             with redis_call(f"XINFO GROUPS {shard.key}"):
                 groups = await self.redis.xinfo_groups(shard.key)
@@ -910,10 +920,11 @@ class Poller:
                 if info.get("name") == self.group:
                     lag = info.get("lag")
                     pending = int(info.get("pending", 0))  # read, not yet acknowledged
-                    progress[shard.index] = DrainProgress(
-                        shard.index, pending, None if lag is None else int(lag)
-                    )
+                    figures[shard.index] = (pending, None if lag is None else int(lag))
+                    if shard.draining:
+                        progress[shard.index] = DrainProgress(shard.index, *figures[shard.index])
         self._drain = progress
+        self.lag = figures
 
     def _enqueue(self, shard: _Shard, messages: list[Message]) -> None:
         """Queue entries read from `shard`, unless it stopped meanwhile: then they stay pending in
@@ -1040,6 +1051,8 @@ class Poller:
         if message.deliveries > self.settings.max_deliveries:
             await self._dead_letter(shard, message)
             return
+        if message.deliveries > 1:
+            self.retried += 1
         started = time.perf_counter()
         try:
             await self.handler(message)

@@ -16,6 +16,7 @@ import attrs
 
 from rsc.events.model import (
     ClientInfo,
+    DrainProgress,
     FenceReason,
     GroupConfig,
     HeartbeatStatus,
@@ -56,11 +57,13 @@ class MemberJoined:
 
 @attrs.frozen
 class MemberHeartbeated:
-    """The member was heard: its lease now ends at `lease_deadline_ms`."""
+    """The member was heard: its lease now ends at `lease_deadline_ms`. `drain_progress`: what
+    it reported on the DRAINING shards assigned to it (liveness, like the lease: never journaled)."""
 
     durable: ClassVar[bool] = False
     member_id: str
     lease_deadline_ms: int
+    drain_progress: tuple[DrainProgress, ...] = ()
 
 
 @attrs.frozen

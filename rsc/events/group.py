@@ -74,6 +74,7 @@ from rsc.events.events import (
 )
 from rsc.events.liveness import expired
 from rsc.events.model import (
+    DrainProgress,
     FencedMember,
     FenceReason,
     GroupConfig,
@@ -429,11 +430,27 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
     elif hb.member_epoch > 0 and not _epoch_accepted(member, hb):
         decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.STALE_EPOCH))
         return
-    decision.emit(MemberHeartbeated(hb.member_id, hb.now_ms + group.timing.lease_ttl_ms))
+    decision.emit(
+        MemberHeartbeated(
+            hb.member_id, hb.now_ms + group.timing.lease_ttl_ms, _drain_reports(group, member, hb)
+        )
+    )
     if hb.leaving and member is not None and not member.leaving:
         decision.emit(MemberLeaving(hb.member_id, decision.group.group_epoch + 1))
     _refresh_target(decision, hb.now_ms)
     _reconcile(decision, hb)
+
+
+def _drain_reports(group: GroupState, member: Member | None, hb: Heartbeat) -> tuple[DrainProgress, ...]:
+    """The member's reports on DRAINING shards assigned to it (the rest of what it sent is ignored:
+    a report is telemetry for operators, never evidence for retirement)."""
+    if member is None or not hb.drain_progress:
+        return ()
+    draining = {s.index for s in group.layout.draining}
+    mine = (member.assigned | member.revoking) & draining
+    return tuple(
+        sorted({r.shard: r for r in hb.drain_progress if r.shard in mine}.values(), key=lambda r: r.shard)
+    )
 
 
 def _epoch_accepted(member: Member, hb: Heartbeat) -> bool:

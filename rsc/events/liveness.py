@@ -8,7 +8,9 @@ simulator, a test) owns one `Leases` table for it and keeps it up to date
 from the liveness events alone, once the events of a batch are persisted:
 
 * `MemberHeartbeated`, `ProducerHeartbeated`: the lease of that id now ends
-  at the event's deadline (renewed or started);
+  at the event's deadline (renewed or started); a member's heartbeat also
+  brings what it reports on the DRAINING shards assigned to it (its
+  `drainProgress`, shown to operators, never trusted for retirement);
 * `MemberLeft`, `MemberFenced`, `ProducerLeft`, `ProducerExpired`: the id
   has no lease any more;
 * `TimersRestarted`, `ProducerLeasesRestarted`, `GroupDeleted`,
@@ -24,7 +26,7 @@ A renewal is one dictionary write: no copy of the state or of the table.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import assert_never
 
 from rsc.events.events import (
@@ -69,6 +71,7 @@ from rsc.events.events import (
     TargetAssignmentUpdated,
     TimersRestarted,
 )
+from rsc.events.model import DrainProgress
 
 
 def expired(leases: Mapping[str, int], key: str, now_ms: int) -> bool:
@@ -79,10 +82,15 @@ def expired(leases: Mapping[str, int], key: str, now_ms: int) -> bool:
 class Leases(Mapping[str, int]):
     """Member or producer id -> the deadline of its lease (ms), fed by liveness events."""
 
-    __slots__ = ("_deadlines",)
+    __slots__ = ("_deadlines", "_drains")
 
     def __init__(self, deadlines: Mapping[str, int] | None = None) -> None:
         self._deadlines: dict[str, int] = dict(deadlines or {})
+        self._drains: dict[str, tuple[DrainProgress, ...]] = {}
+
+    def drain_progress(self, member_id: str) -> tuple[DrainProgress, ...]:
+        """What `member_id` last reported on the DRAINING shards assigned to it (its last heartbeat's)."""
+        return self._drains.get(member_id, ())
 
     def __getitem__(self, key: str) -> int:
         return self._deadlines[key]
@@ -102,18 +110,31 @@ class Leases(Mapping[str, int]):
     def apply(self, events: Iterable[GroupEvent | StreamEvent]) -> None:
         """Bring the table up to date with `events` (persisted ones, in order)."""
         deadlines = self._deadlines
+        drains = self._drains
         for event in events:
             match event:
                 case MemberHeartbeated():
                     deadlines[event.member_id] = event.lease_deadline_ms
+                    if event.drain_progress:
+                        drains[event.member_id] = event.drain_progress
+                    elif drains:
+                        drains.pop(event.member_id, None)
                 case ProducerHeartbeated():
                     deadlines[event.producer_id] = event.lease_deadline_ms
                 case MemberLeft() | MemberFenced():
                     deadlines.pop(event.member_id, None)
+                    drains.pop(event.member_id, None)
                 case ProducerLeft() | ProducerExpired():
                     deadlines.pop(event.producer_id, None)
                 case TimersRestarted() | ProducerLeasesRestarted() | GroupDeleted() | StreamDeleted():
                     deadlines.clear()
+                    drains.clear()
+                case ShardsReleased() if event.member_id in drains:
+                    _keep(drains, event.member_id, _outside(event.shards))
+                case LayoutApplied() if drains:
+                    draining = {s.index for s in event.layout.draining}
+                    for member_id in list(drains):
+                        _keep(drains, member_id, draining.__contains__)
                 case (
                     GroupCreated()
                     | MemberJoined()
@@ -149,5 +170,20 @@ class Leases(Mapping[str, int]):
                     assert_never(event)
 
     def clear(self) -> None:
-        """Forget every lease."""
+        """Forget every lease (and every drain report)."""
         self._deadlines.clear()
+        self._drains.clear()
+
+
+def _outside(shards: Iterable[int]) -> Callable[[int], bool]:
+    gone = frozenset(shards)
+    return lambda shard: shard not in gone
+
+
+def _keep(drains: dict[str, tuple[DrainProgress, ...]], member_id: str, keep: Callable[[int], bool]) -> None:
+    """A member's drain reports cover only shards it still holds that still drain."""
+    kept = tuple(r for r in drains[member_id] if keep(r.shard))
+    if kept:
+        drains[member_id] = kept
+    else:
+        del drains[member_id]

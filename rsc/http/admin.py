@@ -317,10 +317,11 @@ async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec
             level,
         )
     actor = await _existing_stream(registry, stream_prefix)
+    only_new = _check_if_none_match(actor, f"stream {stream_prefix!r}")
     if actor is None:
         if request.headers.get("If-Match") is not None:
             raise ApiError(412, "PRECONDITION_FAILED", f"there is no stream {stream_prefix!r} (If-Match)")
-        actor = await _stream_actor(registry, stream_prefix, spec.shard_count)
+        actor = await _stream_actor(registry, stream_prefix, spec.shard_count, only_new)
         expect = None
     else:
         expect = _check_if_match(actor.revision)
@@ -397,14 +398,17 @@ async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec:
     `IMMUTABLE_FIELD`); `If-Match` as for streams."""
     config = GroupConfig(spec.max_concurrency, spec.start_from)
     actor = await _existing_group(registry, stream_prefix, group)
+    only_new = _check_if_none_match(actor, f"group {group!r} of {stream_prefix!r}")
     if actor is None:
         if request.headers.get("If-Match") is not None:
             raise ApiError(
                 412, "PRECONDITION_FAILED", f"there is no group {group!r} of {stream_prefix!r} (If-Match)"
             )
+        # A group reads a stream that exists: a misspelt stream name is a 404, not a new stream.
+        await _stream_actor(registry, stream_prefix, None)
         # A member's join may create the group first (with the default config): then
         # this is a change of the group it made, checked and applied below.
-        actor = await registry.group(stream_prefix, group, config=config)
+        actor = await registry.group(stream_prefix, group, config=config, only_new=only_new)
         expect = None
     else:
         expect = _check_if_match(actor.revision)
@@ -590,9 +594,13 @@ async def _optional_body(as_type: type[T]) -> T:
     return strict(await json_body(), as_type) if data.strip() else as_type()
 
 
-async def _stream_actor(registry: Registry, stream_prefix: str, shard_count: int | None) -> Any:
+async def _stream_actor(
+    registry: Registry, stream_prefix: str, shard_count: int | None, only_new: bool = False
+) -> Any:
     try:
-        return await registry.stream(stream_prefix, create=shard_count is not None, shard_count=shard_count)
+        return await registry.stream(
+            stream_prefix, create=shard_count is not None, shard_count=shard_count, only_new=only_new
+        )
     except UnknownStream as exc:
         raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
 
@@ -634,6 +642,23 @@ async def _group_resource(
 def _with_etag(response: Response, revision: int) -> Response:
     response.headers["ETag"] = f'"{revision}"'
     return response
+
+
+def _check_if_none_match(actor: Any, what: str) -> bool:
+    """`If-None-Match`: `*` refuses (412) a resource that exists, and the create that follows
+    is refused too if another one creates it first (True: create only); a list of revisions
+    refuses a resource at one of them."""
+    wanted = request.headers.get("If-None-Match")
+    if wanted is None:
+        return False
+    if wanted.strip() == "*":
+        if actor is not None:
+            raise ApiError(412, "PRECONDITION_FAILED", f"{what} exists (If-None-Match: *)")
+        return True
+    tags = {t.strip().removeprefix("W/").strip('"') for t in wanted.split(",")}
+    if actor is not None and str(actor.revision) in tags:
+        raise ApiError(412, "PRECONDITION_FAILED", f"{what} is at revision {actor.revision} (If-None-Match)")
+    return False
 
 
 def _check_if_match(revision: int) -> int | None:

@@ -21,7 +21,7 @@ from rsc.events.events import (
     TargetAssignmentUpdated,
 )
 from rsc.events.group import GroupState
-from rsc.events.model import MemberState, MigrationPhase, ShardState
+from rsc.events.model import MemberState, MigrationPhase, Shard, ShardState
 from rsc.events.stream import StreamState
 
 log = logging.getLogger("rsc.metrics")
@@ -48,8 +48,11 @@ class Metrics:
         self.prometheus = CollectorRegistry()
         self.prometheus.register(PROCESS_COLLECTOR)
         self.prometheus.register(PLATFORM_COLLECTOR)
-        #: The last sample of every readable shard of the running stream actors.
+        #: The last sample of every readable shard of the streams whose layout is known here.
         self.samples: dict[tuple[str, int], ShardSample] = {}
+        #: Stream prefix -> its readable shards, as last seen in a running actor.
+        self._layouts: dict[str, tuple[Shard, ...]] = {}
+        self._generation = registry.generation
         self.registry = registry
         self.heartbeat_seconds = Histogram(
             "rsc_heartbeat_seconds",
@@ -121,24 +124,43 @@ class Metrics:
             await trio.sleep(every_s)
 
     async def sample(self) -> None:
+        """Sample every stream whose layout this process knows: from its running stream actor,
+        else a running group actor, else the last layout seen. An actor stopped for being idle
+        (no producer, no member left) keeps its series: a group whose workers all died is
+        exactly when its lag must go on being reported."""
+        self._learn_layouts()
         samples: dict[tuple[str, int], ShardSample] = {}
         effects = self.registry.effects
-        for entry in list(self.registry.actors.values()):
-            state = entry.actor.state if entry.started else None
-            if not isinstance(state, StreamState) or state.deleted:
-                continue
-            shards = [s for s in state.layout.shards if s.readable]
+        for prefix, shards in list(self._layouts.items()):
             stats = await effects.shard_stats(s.key for s in shards)
             dead = await effects.dead_letter_counts(s.key for s in shards)
             for shard in shards:
                 found = stats.get(shard.key)
                 groups = {g.group: (g.pending, g.lag) for g in found.groups} if found else {}
                 length = found.length if found else 0
-                key = (state.stream_prefix, shard.index)
-                samples[key] = ShardSample(
-                    state.stream_prefix, shard.index, length, groups, dead.get(shard.key, 0)
+                samples[(prefix, shard.index)] = ShardSample(
+                    prefix, shard.index, length, groups, dead.get(shard.key, 0)
                 )
         self.samples = samples
+
+    def _learn_layouts(self) -> None:
+        """The readable shards of each stream, from the running actors (a stream's own layout
+        over a group's copy); a stream seen deleted is forgotten."""
+        if self._generation != self.registry.generation:  # a term ended: a standby reports nothing
+            self._generation = self.registry.generation
+            self._layouts.clear()
+        streams: dict[str, StreamState] = {}
+        for entry in list(self.registry.actors.values()):
+            state = entry.actor.state if entry.started else None
+            if isinstance(state, StreamState):
+                streams[state.stream_prefix] = state
+            elif isinstance(state, GroupState) and not state.deleted:
+                self._layouts[state.stream_prefix] = tuple(s for s in state.layout.shards if s.readable)
+        for prefix, stream in streams.items():
+            if stream.deleted:
+                self._layouts.pop(prefix, None)
+            else:
+                self._layouts[prefix] = tuple(s for s in stream.layout.shards if s.readable)
 
 
 class _SampleCollector:

@@ -14,8 +14,10 @@ import attrs
 from rsc import __version__
 from rsc.actors.effects import DrainEvidence, GroupDrain, GroupLag, ShardStats
 from rsc.events.group import GroupState
+from rsc.events.liveness import Leases
 from rsc.events.model import (
     ClientInfo,
+    DrainProgress,
     GroupConfig,
     Layout,
     MemberState,
@@ -176,6 +178,8 @@ class MemberView:
     revoking_since_ms: int | None
     client: ClientInfo
     joined_at_ms: int
+    #: What the member reported in its last heartbeat on the DRAINING shards assigned to it.
+    drain_progress: tuple[DrainProgress, ...] = ()
 
 
 @attrs.frozen
@@ -352,7 +356,7 @@ def stream_summary(state: StreamState) -> StreamSummary:
     )
 
 
-def group_view(state: GroupState, leases: Mapping[str, int], now_ms: int) -> GroupView:
+def group_view(state: GroupState, leases: Leases, now_ms: int) -> GroupView:
     members = tuple(
         MemberView(
             member_id=m.member_id,
@@ -365,6 +369,7 @@ def group_view(state: GroupState, leases: Mapping[str, int], now_ms: int) -> Gro
             revoking_since_ms=m.revoking_since_ms,
             client=m.client,
             joined_at_ms=m.joined_at_ms,
+            drain_progress=leases.drain_progress(m.member_id),
         )
         for m in sorted(state.members.values(), key=lambda m: m.member_id)
     )

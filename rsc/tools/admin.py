@@ -197,7 +197,12 @@ def describe_text(spec: Mapping[str, Any], view: Mapping[str, Any], groups: Mapp
 @connection_options
 def streams_create(admin: AdminClient, output: str, stream: str, shards: int, mode: str) -> None:
     """Create a stream (refused if it exists: use `scale`)."""
-    answer = admin.put_stream(stream, {"shardCount": shards, "reshardMode": mode}, if_match=None)
+    try:
+        answer = admin.put_stream(stream, {"shardCount": shards, "reshardMode": mode}, create_only=True)
+    except AdminError as exc:
+        if exc.status == 412:
+            raise click.ClickException(f"stream {stream!r} exists: `rsc streams scale` changes it") from exc
+        raise
     done(admin, output, answer, f"stream {stream}: {shards} shard(s), reshardMode {mode}")
 
 

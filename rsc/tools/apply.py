@@ -223,7 +223,8 @@ def _diff(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tu
 
 
 def execute(admin: AdminClient, changes: Sequence[Change], report: Any = None) -> list[str]:
-    """Apply `changes` in order, each with `If-Match` of the revision the plan read; `report`
+    """Apply `changes` in order, each with `If-Match` of the revision the plan read (a create
+    with `If-None-Match: *`, so one made meanwhile is detected, not overwritten); `report`
     is told each one as soon as it is done."""
     done = []
     for c in changes:
@@ -231,14 +232,14 @@ def execute(admin: AdminClient, changes: Sequence[Change], report: Any = None) -
         if c.problem:
             raise click.ClickException(f"{c.kind} {path}: {c.problem}")
         if c.kind == "stream" and c.action == "create":
-            answer = admin.put_stream(c.stream, c.spec, if_match=None)
+            answer = admin.put_stream(c.stream, c.spec, create_only=True)
         elif c.kind == "stream" and c.action == "change":
             answer = admin.put_stream(c.stream, c.spec, if_match=c.revision)
         elif c.kind == "stream":
             answer = admin.delete_stream(c.stream, if_match=c.revision)
         elif c.action == "create":
             assert c.group is not None
-            answer = admin.put_group(c.stream, c.group, c.spec, if_match=None)
+            answer = admin.put_group(c.stream, c.group, c.spec, create_only=True)
         elif c.action == "change":
             assert c.group is not None
             answer = admin.put_group(c.stream, c.group, c.spec, if_match=c.revision)
@@ -281,9 +282,7 @@ def run(
     desired = load(files)
     changes = plan(admin, desired, prune, prune_streams)
     if output == "json":
-        click.echo(json.dumps([_as_json(c) for c in changes], indent=2, sort_keys=True))
-        if dry_run or not changes:
-            return 2 if changes else 0
+        return _run_json(admin, changes, dry_run)
     if not changes:
         click.echo("No changes: the coordinator matches the files.")
         return 0
@@ -316,3 +315,27 @@ def run(
         return 1
     click.echo("Apply complete.")
     return 0
+
+
+def _run_json(admin: AdminClient, changes: Sequence[Change], dry_run: bool) -> int:
+    """`-o json`: one JSON document on stdout, the plan, each change with `applied` (and its
+    `requestId`) once applied; what went wrong goes to stderr. Exit codes as in text."""
+    out = [_as_json(c) for c in changes]
+    code = 2 if changes else 0
+    if any(c.problem for c in changes):
+        click.echo("Some changes cannot be made (see problem).", err=True)
+        code = 1
+    elif changes and not dry_run:
+        code = 0
+        for item in out:
+            item["applied"] = False
+        for item, change in zip(out, changes, strict=True):
+            try:
+                (line,) = execute(admin, [change])
+            except AdminError as exc:
+                click.echo(f"refused: {change.line()}: {exc}", err=True)
+                code = 1
+                break
+            item["applied"], item["requestId"] = True, line.rsplit("(request ", 1)[-1].rstrip(")")
+    click.echo(json.dumps(out, indent=2, sort_keys=True))
+    return code

@@ -190,7 +190,8 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
                     f"stream {name} already exists", f"import it: terraform import rsc_stream.<label> {name}"
                 )
                 return None
-            return self._state(name, admin.put_stream(name, self._spec(planned)).body["spec"])
+            answer = admin.put_stream(name, self._spec(planned), create_only=True)
+            return self._state(name, answer.body["spec"])
 
         return _call(ctx, f"creating stream {name}", work, self.provider)
 
@@ -207,8 +208,11 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
         name = planned["name"]
 
         def work(admin: AdminClient) -> State | None:
-            revision = admin.stream(name).revision  # a change made between the two is refused (412)
-            return self._state(name, admin.put_stream(name, self._spec(planned), revision).body["spec"])
+            found = admin.stream(name)
+            if _changed_since_plan(ctx, f"stream {name}", current, self._state(name, found.body["spec"])):
+                return None
+            # A change made between this read and the write is refused too (412).
+            return self._state(name, admin.put_stream(name, self._spec(planned), found.revision).body["spec"])
 
         return _call(ctx, f"updating stream {name}", work, self.provider)
 
@@ -230,6 +234,18 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
             return self._state(id, found.body["spec"])
 
         return _call(ctx, f"importing stream {id}", work, self.provider)
+
+
+def _changed_since_plan(ctx: UpdateContext, what: str, planned_from: State, now: State) -> bool:
+    """True (with an error) if the resource changed after the plan was made: applying the plan
+    would overwrite a change nobody has seen in a plan."""
+    changed = sorted(k for k in now if k in planned_from and now[k] != planned_from[k])
+    if changed:
+        ctx.diagnostics.add_error(
+            f"{what} changed since the plan was made ({', '.join(changed)})",
+            "run terraform plan again to see the change, then apply",
+        )
+    return bool(changed)
 
 
 class Group(Resource):  # type: ignore[misc]  # tf ships no types
@@ -294,7 +310,8 @@ class Group(Resource):  # type: ignore[misc]  # tf ships no types
                     f"import it: terraform import rsc_group.<label> {stream}/{name}",
                 )
                 return None
-            return self._state(stream, name, admin.put_group(stream, name, self._spec(planned)).body["spec"])
+            answer = admin.put_group(stream, name, self._spec(planned), create_only=True)
+            return self._state(stream, name, answer.body["spec"])
 
         return _call(ctx, f"creating group {stream}/{name}", work, self.provider)
 
@@ -311,8 +328,11 @@ class Group(Resource):  # type: ignore[misc]  # tf ships no types
         stream, name = planned["stream"], planned["name"]
 
         def work(admin: AdminClient) -> State | None:
-            revision = admin.group(stream, name).revision
-            answer = admin.put_group(stream, name, self._spec(planned), revision)
+            found = admin.group(stream, name)
+            now = self._state(stream, name, found.body["spec"])
+            if _changed_since_plan(ctx, f"group {stream}/{name}", current, now):
+                return None
+            answer = admin.put_group(stream, name, self._spec(planned), found.revision)
             return self._state(stream, name, answer.body["spec"])
 
         return _call(ctx, f"updating group {stream}/{name}", work, self.provider)
