@@ -127,6 +127,10 @@ async def test_max_concurrency_from_the_admin_api_resizes_the_poller(
         async def handle(message: Message) -> None:
             return None
 
+        # The stream first: the member's join may not have created it yet, and a group's PUT
+        # never creates a stream.
+        created = await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=("admin", "pw"))
+        assert created.status_code == 200
         async with trio.open_nursery() as nursery:
             await nursery.start(app.run)
             poller = app.pollers[0]

@@ -1,6 +1,7 @@
 """The deployment and monitoring examples hold together: the Dockerfile's stages and commands,
 compose's services and files, the Kubernetes manifests' selectors, probes and settings, and the
-metric names of the alert rules and the Grafana dashboard against what a coordinator exports.
+metric names of the alert rules and the Grafana dashboard against what a coordinator exports,
+and the alert rules themselves under `promtool` (their unit tests, `alerts_test.yml`).
 (No image is built and no cluster is reached here: the machine has neither a registry nor a
 cluster; `docker build --target coordinator .` and `kubectl apply` are the next step.)"""
 
@@ -11,6 +12,8 @@ import json
 import py_compile
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -165,6 +168,28 @@ async def test_alert_rules_use_metrics_the_coordinator_exports(exported: set[str
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert _referenced(rule["expr"]) <= exported, (name, _referenced(rule["expr"]) - exported)
         assert rule["expr"].count("(") == rule["expr"].count(")"), name
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not on the PATH: apt-get install prometheus (.ci/run does)"
+)
+def test_the_alert_rules_are_valid_and_fire_as_their_unit_tests_say() -> None:
+    """`promtool check rules` and `promtool test rules`: each alert fires on the series that
+    should fire it (with its labels and summary) and stays silent on the near misses."""
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        done = subprocess.run(
+            [str(PROMTOOL), *args],
+            cwd=EXAMPLES / "prometheus",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "SUCCESS" in done.stdout
 
 
 async def test_the_grafana_dashboard_queries_metrics_the_coordinator_exports(exported: set[str]) -> None:
