@@ -18,8 +18,8 @@ from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
 from rsc.actors.connect import RedisClient
 from rsc.actors.effects import DrainEvidence, GroupDrain, RedisEffects, topology_from_slots
-from rsc.actors.errors import ActorStopped, StoreUnavailable
-from rsc.actors.keys import AggregateId, owner_key
+from rsc.actors.errors import ActorStopped, Fenced, StoreUnavailable
+from rsc.actors.keys import AggregateId, KeySpace, owner_key
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry
 from rsc.events import codec, group
@@ -303,3 +303,54 @@ async def test_metrics_go_on_sampling_a_stream_whose_actors_stopped(redis: Redis
         assert metrics.samples[(prefix, 0)].groups == {"billing": (0, 1)}
         assert metrics.samples[(prefix, 0)].length == 1
         assert not [a for a in registry.actors if a.stream_prefix == prefix]
+
+
+async def test_a_standby_that_takes_over_looks_at_streams_made_while_it_waited(
+    redis: RedisClient, prefix: str
+) -> None:
+    """A standby's drain watcher sees every load fenced. Streams the active coordinator
+    created and scaled in meanwhile, with no member or producer left to start an actor for
+    them, must still be looked at once it takes over: their drained shards retire (the
+    all-expired path) and their lag is in the metrics."""
+    active = False
+    token = 10**12  # above the first coordinator's (it has none: 0)
+
+    def term() -> int:
+        if not active:
+            raise Fenced("a standby")
+        return token
+
+    quick = attrs.evolve(LONG, drain_check_s=0.2)
+    keys = KeySpace(f"{prefix}-ns:")  # a deployment of its own: only its streams are looked at
+    store = RedisStore(redis, fence_token=term, keys=keys)
+    effects = RedisEffects(redis, fence_token=term, keys=keys)
+    async with registry_on(store, effects, quick) as standby:
+        metrics = Metrics(standby)
+        await trio.sleep(0.5)  # rounds of the standby's drain watcher: every load fenced
+        async with registry_on(RedisStore(redis, keys=keys), RedisEffects(redis, keys=keys), LONG) as first:
+            stream = await first.stream(prefix, create=True, shard_count=2)
+            await first.group(prefix, "billing")
+            key = stream.state.layout.shards[0].key
+            await first.ask_stream(prefix, ChangeShardCount(1, migrations=True))
+            assert [s.state.value for s in stream.state.layout.shards] == ["ACTIVE", "DRAINING"]
+        await redis.xadd(key, {"n": "1"})
+        await trio.sleep(0.5)
+        assert not [a for a in standby.actors if a.stream_prefix == prefix]
+        active = True  # it takes over; nobody asks it anything about the stream
+        with trio.fail_after(10):
+            while (prefix, 0) not in metrics.samples:
+                await trio.sleep(0.2)
+                await metrics.sample()
+        assert metrics.samples[(prefix, 0)].groups == {"billing": (0, 1)}
+        taken = await standby.stream(prefix, create=False)
+        with trio.fail_after(10):
+            while taken.state.layout.draining:
+                await trio.sleep(0.2)
+        assert [s.state.value for s in taken.state.layout.shards] == ["ACTIVE", "RETIRED"]
+        for aggregate in [a for a in standby.actors if a.stream_prefix == prefix]:
+            standby.stop(aggregate)  # idle: the series stay
+        await metrics.sample()
+        assert metrics.samples[(prefix, 0)].length == 1
+        standby.stop_all()  # the term ends: a standby reports nothing
+        await metrics.sample()
+        assert (prefix, 0) not in metrics.samples

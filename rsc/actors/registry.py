@@ -25,7 +25,7 @@ from rsc.actors.actor import Actor, ActorSettings, Reply
 from rsc.actors.aggregates import GroupAggregate, GroupObserver, StreamAggregate
 from rsc.actors.clock import Clock
 from rsc.actors.effects import Effects
-from rsc.actors.errors import ActorStopped, StoreError
+from rsc.actors.errors import ActorStopped, Fenced, StoreError
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Store
 from rsc.events.commands import (
@@ -127,6 +127,10 @@ class Registry:
         #: Aggregates being created now: a caller that finds one missing meanwhile (a read, an
         #: `If-Match` check) must not stop its actor, or the creation fails half-way.
         self._creating: Counter[AggregateId] = Counter()
+        #: The layout of each stream as last seen this term (the drain watcher looks at every
+        #: stream once a term, and each layout change lands here), so that a stream no actor
+        #: runs for is still known (metrics).
+        self.layouts: dict[str, Layout] = {}
 
     # --- asking ---------------------------------------------------------
 
@@ -260,6 +264,8 @@ class Registry:
                 )
         elif only_new:
             raise PreconditionFailed(f"stream {stream_prefix!r} exists")
+        if actor.state is not None and not actor.state.deleted:
+            self.layouts[stream_prefix] = actor.state.layout
         return actor  # type: ignore[no-any-return]
 
     async def _create_group(
@@ -327,6 +333,7 @@ class Registry:
     async def delete_stream(self, stream_prefix: str, expect: int | None = None) -> None:
         """Delete a stream without groups or live producers (`NotEmpty` otherwise) and its shard keys."""
         await self.ask_stream(stream_prefix, DeleteStream(self.clock.now_ms()), create=False, expect=expect)
+        self.layouts.pop(stream_prefix, None)
 
     def _observe_group(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
@@ -415,6 +422,7 @@ class Registry:
         entries = list(self.actors.values())
         self.actors.clear()
         self.generation += 1
+        self.layouts.clear()
         for entry in entries:
             entry.scope.cancel()
         if entries:
@@ -479,23 +487,36 @@ class Registry:
         # at all). Others are looked at only while their actor runs anyway (a scale-in goes
         # through it), so this loop keeps no idle actor alive.
         busy: set[str] | None = None
+        seen: set[str] = set()  # the streams of the last round (a new one is looked at)
+        generation = self.generation
         while True:
             await trio.sleep(self.settings.drain_check_s)
+            if generation != self.generation:  # a new term: look at every stream again
+                generation, busy = self.generation, None
             try:
                 prefixes = await self.stream_prefixes()
             except StoreError:
                 continue
             still: set[str] = set()
+            standby = False
             for prefix in prefixes:
                 try:
-                    if await self._drive(prefix, load=busy is None or prefix in busy):
+                    load = busy is None or prefix in busy or prefix not in seen
+                    if await self._drive(prefix, load=load):
                         still.add(prefix)
+                except Fenced:
+                    # A standby (found on a stream it had not looked at): streams are created,
+                    # scaled in and migrated by the active coordinator meanwhile, so once this
+                    # one is active, it looks at every one of them.
+                    standby = True
+                    break
                 except UnknownStream:
                     continue  # gone meanwhile: nothing drains there
                 except (CoordinationError, StoreError, ActorStopped) as exc:
                     still.add(prefix)  # look again next round
                     log.debug("drain check of %s: %s", prefix, exc)
-            busy = still
+            busy = None if standby else still
+            seen = set(prefixes)
 
     async def _drive(self, stream_prefix: str, load: bool) -> bool:
         """Retire what may be retired and move a QUIESCED migration on; whether the stream
@@ -510,7 +531,9 @@ class Registry:
             return False
         state = actor.state
         if state is None or state.deleted:
+            self.layouts.pop(stream_prefix, None)
             return False
+        self.layouts[stream_prefix] = state.layout
         draining = False
         if state.layout.draining:
             draining = await self._retire_drained(stream_prefix, state)
@@ -526,6 +549,8 @@ class Registry:
             await self.ask_stream(stream_prefix, advance)
         # A stalled migration is looked at too: its actor stays up, its state in the metrics.
         after = actor.state
+        if after is not None and not after.deleted:
+            self.layouts[stream_prefix] = after.layout
         running = after is not None and not after.deleted and after.migration is not None
         return draining or (running and after.migration.running)
 
@@ -547,6 +572,7 @@ class Registry:
     # --- stream -> groups -------------------------------------------------
 
     def _on_layout(self, stream_prefix: str, layout: Layout, groups: Sequence[str]) -> None:
+        self.layouts[stream_prefix] = layout
         self.nursery.start_soon(self._push_layout, stream_prefix, layout, tuple(groups))
 
     async def _push_layout(self, stream_prefix: str, layout: Layout, groups: Sequence[str]) -> None:

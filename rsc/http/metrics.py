@@ -21,7 +21,7 @@ from rsc.events.events import (
     TargetAssignmentUpdated,
 )
 from rsc.events.group import GroupState
-from rsc.events.model import MemberState, MigrationPhase, Shard, ShardState
+from rsc.events.model import Layout, MemberState, MigrationPhase, Shard, ShardState
 from rsc.events.stream import StreamState
 
 log = logging.getLogger("rsc.metrics")
@@ -50,9 +50,8 @@ class Metrics:
         self.prometheus.register(PLATFORM_COLLECTOR)
         #: The last sample of every readable shard of the streams whose layout is known here.
         self.samples: dict[tuple[str, int], ShardSample] = {}
-        #: Stream prefix -> its readable shards, as last seen in a running actor.
+        #: Stream prefix -> its readable shards, as last learnt (`_learn_layouts`).
         self._layouts: dict[str, tuple[Shard, ...]] = {}
-        self._generation = registry.generation
         self.registry = registry
         self.heartbeat_seconds = Histogram(
             "rsc_heartbeat_seconds",
@@ -144,23 +143,26 @@ class Metrics:
         self.samples = samples
 
     def _learn_layouts(self) -> None:
-        """The readable shards of each stream, from the running actors (a stream's own layout
-        over a group's copy); a stream seen deleted is forgotten."""
-        if self._generation != self.registry.generation:  # a term ended: a standby reports nothing
-            self._generation = self.registry.generation
-            self._layouts.clear()
+        """The readable shards of each stream: from its running stream actor, else the newest
+        of the layout the registry last saw this term (the drain watcher looks at every stream
+        once a term, and every layout change is recorded) and the running group actors' copies.
+        So a stream nobody uses since this process became active is reported too."""
         streams: dict[str, StreamState] = {}
+        newest: dict[str, Layout] = dict(self.registry.layouts)
         for entry in list(self.registry.actors.values()):
             state = entry.actor.state if entry.started else None
             if isinstance(state, StreamState):
                 streams[state.stream_prefix] = state
             elif isinstance(state, GroupState) and not state.deleted:
-                self._layouts[state.stream_prefix] = tuple(s for s in state.layout.shards if s.readable)
+                seen = newest.get(state.stream_prefix)
+                if seen is None or state.layout.metadata_version > seen.metadata_version:
+                    newest[state.stream_prefix] = state.layout
         for prefix, stream in streams.items():
             if stream.deleted:
-                self._layouts.pop(prefix, None)
+                newest.pop(prefix, None)
             else:
-                self._layouts[prefix] = tuple(s for s in stream.layout.shards if s.readable)
+                newest[prefix] = stream.layout
+        self._layouts = {p: tuple(s for s in layout.shards if s.readable) for p, layout in newest.items()}
 
 
 class _SampleCollector:
