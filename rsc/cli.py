@@ -33,6 +33,7 @@ from rsc.simulate import SimConfig, Simulation
 from rsc.tools import admin as admin_tools
 from rsc.tools import apply as applying
 from rsc.tools.purge import purge_command
+from rsc.tools.running import run_on_redis
 
 T = TypeVar("T")
 log = logging.getLogger("rsc.cli")
@@ -218,10 +219,7 @@ def _with_store(redis_url: str, key_prefix: str, work: Callable[[Any, RedisStore
         async with open_redis(redis_url) as redis:
             return await work(redis, RedisStore(redis, keys=keys))
 
-    try:
-        return trio.run(main)
-    except StoreUnavailable as exc:
-        raise click.ClickException(str(exc)) from exc
+    return run_on_redis(main)
 
 
 @main.group()
@@ -519,7 +517,8 @@ def worker(
             nursery.cancel_scope.deadline = trio.current_time() + stop_timeout
 
     try:
-        trio.run(run)
+        # Redis not answering, refusing us or a URL it cannot use: one line, exit 2 (as serve).
+        run_on_redis(run, StartupError)
     except (RscError, BaseExceptionGroup) as exc:
         ended = exc if isinstance(exc, RscError) else _client_error_in(exc)
         if ended is None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from rsc import cli
+from tests import redis_servers
 from tests.httpkit import hb, wait_for_output
 from tests.redis_servers import DurableServer, free_port
 
@@ -180,3 +182,60 @@ def test_a_redis_outage_is_two_lines_in_the_coordinator_log(tmp_path: Path) -> N
     noisy = [line for line in warnings if "Unable to establish" in line or "Connection refused" in line]
     assert noisy == began, text
     assert "Traceback" not in text, text
+
+
+def _redis_commands() -> list[tuple[str, list[str]]]:
+    """Every command with a `--redis-url` option, with its required arguments filled in."""
+    fill = {"stream": "nope", "target": "tests.workerapp:app", "key_prefix": "nope:"}
+    out = []
+    for path, command in _leaves(cli.main):
+        names = {p.name for p in command.params}
+        if "redis_url" not in names:
+            continue
+        args = path.split()[1:]
+        for param in command.params:
+            if param.required:
+                value = fill[param.name or ""]
+                args += [value] if isinstance(param, click.Argument) else [param.opts[0], value]
+        out.append((path, args))
+    return out
+
+
+REDIS_COMMANDS = _redis_commands()
+
+
+@pytest.fixture(scope="module")
+def guarded_redis() -> Iterator[str]:
+    """A redis-server that asks for a password."""
+    with redis_servers.standalone(password="right-pass") as url:
+        yield url
+
+
+@pytest.mark.parametrize(("path", "args"), REDIS_COMMANDS, ids=[p for p, _ in REDIS_COMMANDS])
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://127.0.0.1:1", "cannot reach Redis at 127.0.0.1:1"),
+        ("foo://127.0.0.1:6379", "foo://127.0.0.1:6379"),
+        ("{guarded}", "refused the connection"),
+    ],
+    ids=["unreachable", "unusable", "refused"],
+)
+def test_every_command_that_talks_to_redis_says_a_redis_mistake_in_one_line(
+    path: str, args: list[str], url: str, says: str, guarded_redis: str
+) -> None:
+    """Redis not answering, a URL it cannot use, a password it refuses: one `Error:` line,
+    never a traceback, from every command that has `--redis-url` (a start-up mistake of
+    `serve` and `worker` exits 2, a short command 1)."""
+    assert len(REDIS_COMMANDS) >= 5, REDIS_COMMANDS  # serve, worker, journal x3, purge
+    redis_url = url.replace("{guarded}", guarded_redis.replace("right-pass", "wrong-pass"))
+    env = {**os.environ, "RSC_COORDINATOR_URL": "http://127.0.0.1:1"}
+    extra = ["--bind", "127.0.0.1:0"] if path == "rsc serve" else []
+    command = [sys.executable, "-m", "rsc", *args, *extra, "--redis-url", redis_url]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(errors) == 1, result.stderr
+    assert says in errors[0], errors[0]
+    assert "wrong-pass" not in result.stdout + result.stderr
+    assert result.returncode == (2 if path in ("rsc serve", "rsc worker") else 1), result.stderr

@@ -15,12 +15,11 @@ import re
 from typing import Any
 
 import click
-import trio
 
 from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
-from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import KeySpace
-from rsc.connect import RedisRefused, redacted
+from rsc.connect import redacted
+from rsc.tools.running import run_on_redis
 
 
 def glob_escape(text: str) -> str:
@@ -68,10 +67,7 @@ def purge_command(key_prefix: str, redis_url: str, yes: bool) -> None:
         async with open_redis(redis_url) as redis:
             return await purge(redis, keys, yes)
 
-    try:
-        found = trio.run(run)
-    except (StoreUnavailable, RedisRefused) as exc:
-        raise click.ClickException(str(exc)) from exc
+    found = run_on_redis(run)
     where = redacted(redis_url)
     if yes:
         click.echo(f"deleted {len(found)} key(s) under {keys.namespace!r} in {where}")
