@@ -20,7 +20,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.store import MemoryStore
 from rsc.events import group
 from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup
-from rsc.events.errors import IncarnationMismatch, UnknownGroup, UnknownStream
+from rsc.events.errors import IncarnationMismatch, PreconditionFailed, UnknownGroup, UnknownStream
 from rsc.events.events import GroupConfigured
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
 from tests.actorkit import SETTINGS, TIMING, Member, registry_on
@@ -360,3 +360,38 @@ async def test_a_lookup_that_finds_nothing_does_not_stop_a_creation_in_flight(
         else:
             group_actor = await registry.group("orders", "billing", create=False)
             assert group_actor.state.config.max_concurrency == 3
+
+
+class _SlowShardKeys(MemoryEffects):
+    """The side effects of a creation (shard keys) take a while."""
+
+    async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
+        await trio.sleep(1)
+        await super().ensure_streams(shard_keys)
+
+
+async def test_a_create_only_arriving_while_the_creation_s_side_effects_run_is_refused(
+    autojump_clock: Clock,
+) -> None:
+    """The journal's revision moves at the write, the state readers see only after the side
+    effects: a create-only (`If-None-Match: *`) in between saw no state but the new revision,
+    passed its check and went on to reshard what the first one made."""
+    async with registry_on(effects=_SlowShardKeys()) as registry:
+        outcomes: dict[str, object] = {}
+
+        async def create(name: str, count: int, after: float) -> None:
+            await trio.sleep(after)
+            try:
+                await registry.stream("orders", create=True, shard_count=count, only_new=True)
+                outcomes[name] = "created"
+            except PreconditionFailed as exc:
+                outcomes[name] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create, "first", 2, 0)
+            nursery.start_soon(create, "second", 3, 0.5)  # during the first one's side effects
+        assert outcomes["first"] == "created"
+        assert isinstance(outcomes["second"], PreconditionFailed), outcomes
+        actor = await registry.stream("orders", create=False)
+        assert len(actor.state.layout.shards) == 2
+        assert actor.revision == 1

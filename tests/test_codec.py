@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import typing
 
 import attrs
@@ -14,7 +15,7 @@ from rsc.events import codec, commands, events, model, wire
 from rsc.events.commands import GroupCommand, StreamCommand
 from rsc.events.events import GroupEvent, MemberJoined, StreamEvent
 from rsc.events.group import GroupState
-from rsc.events.model import ClientInfo, Producer
+from rsc.events.model import STREAM_ID_PATTERN, ClientInfo, Producer, up_to
 from rsc.events.stream import StreamState
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from tests.groupkit import Group
@@ -108,3 +109,14 @@ def test_a_checkpoint_written_with_lease_deadlines_still_reads() -> None:
     assert state.producers["p1"] == Producer("p1", 1, False, 1_000, 5, ClientInfo("rsc", "1"))
     assert "leaseDeadlineMs" not in codec.to_json(state)
     assert "leases" not in codec.to_json(Group.create().state)
+
+
+@given(st.integers(0, 10**20 - 1) | st.integers(2**64 - 3, 2**64 + 3))
+def test_up_to_matches_exactly_the_numbers_up_to_its_limit(n: int) -> None:
+    """The stream-id pattern in `/openapi.json` is the server's check: every part of a Redis
+    stream id up to 2^64-1 is accepted, nothing above (a 500 from Redis before)."""
+    pattern = re.compile(f"^{up_to(2**64 - 1)}$")
+    assert (pattern.fullmatch(str(n)) is not None) == (n <= 2**64 - 1)
+    assert (pattern.fullmatch(str(n).zfill(20)) is not None) == (n <= 2**64 - 1)
+    assert re.fullmatch(STREAM_ID_PATTERN, f"{n}-0") is not None or n > 2**64 - 1
+    assert re.fullmatch(STREAM_ID_PATTERN, f"0-{n}") is not None or n > 2**64 - 1

@@ -191,7 +191,10 @@ class Actor(Generic[S, C, E]):
         self.leases = Leases()
         #: Set by a reload: the next batch must start with `recovered()` (the table is stale).
         self._restart_pending = False
+        #: The revision of `state`, as readers see it (set with `state`, after side effects).
         self.revision = 0
+        #: The journal's revision, ahead of `revision` while side effects of a write run.
+        self._revision = 0
         self.checkpoint_revision = 0
         self.writes = 0
         self.conflicts = 0
@@ -341,8 +344,8 @@ class Actor(Generic[S, C, E]):
         durable_so_far = 0
         for command, pending in batch:
             expect = getattr(pending, "expect", None)
-            if expect is not None and expect != self.revision + durable_so_far:
-                at = self.revision + durable_so_far
+            if expect is not None and expect != self._revision + durable_so_far:
+                at = self._revision + durable_so_far
                 answers.append(
                     (pending, PreconditionFailed(f"the resource is at revision {at}, not {expect}"))
                 )
@@ -373,6 +376,7 @@ class Actor(Generic[S, C, E]):
                     self.needs_repair = True
         finally:
             self.state = working
+            self.revision = self._revision  # what readers see: the revision of `state`
             self.leases.apply(every)  # the write succeeded (or there was none): liveness follows
             self._restart_pending = False
         for pending, answer in answers:
@@ -388,11 +392,11 @@ class Actor(Generic[S, C, E]):
         # Only what the deployment's finalized feature level allows (`NotFinalized`: a bug).
         check_writable([kind for kind, _ in entries], (await self.store.features.current()).level)
         checkpoint = None
-        if self.revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every:
+        if self._revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every:
             checkpoint = self.aggregate.checkpoint_json(state)
-        appended = await self.store.append(self.aggregate.aggregate_id, self.revision, entries, checkpoint)
+        appended = await self.store.append(self.aggregate.aggregate_id, self._revision, entries, checkpoint)
         self.writes += 1
-        self.revision = appended.revision
+        self._revision = appended.revision
         if checkpoint is not None:
             self.checkpoint_revision = appended.revision
 
@@ -406,7 +410,7 @@ class Actor(Generic[S, C, E]):
     async def _reload(self) -> None:
         loaded = await self.store.load(self.aggregate.aggregate_id)
         self.state = fold_loaded(self.aggregate, loaded)
-        self.revision = loaded.revision
+        self._revision = self.revision = loaded.revision
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
         self.needs_repair = True
         self._restart_pending = True  # the lease table describes the state before the reload

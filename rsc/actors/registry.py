@@ -258,10 +258,12 @@ class Registry:
             with self._marked_creating(aggregate_id):
                 topology = await self.effects.topology()
                 # Only over what was seen missing: a stream created meanwhile is not created twice.
-                await actor.ask(
+                reply = await actor.ask(
                     CreateStream(stream_prefix, count, self.clock.now_ms(), topology),
                     seen if only_new else None,
                 )
+            if only_new and not reply.events:  # it existed by then: someone else created it
+                raise PreconditionFailed(f"stream {stream_prefix!r} was created meanwhile")
         elif only_new:
             raise PreconditionFailed(f"stream {stream_prefix!r} exists")
         if actor.state is not None and not actor.state.deleted:
@@ -294,7 +296,9 @@ class Registry:
         member joining meanwhile creates the group afresh, and the stream
         learns it again.
         """
-        await self.ask_group(stream_prefix, group, DeleteGroup(self.clock.now_ms()), expect=expect)
+        await self.ask_group(
+            stream_prefix, group, DeleteGroup(self.clock.now_ms()), create=False, expect=expect
+        )
         await self.ask_stream(stream_prefix, UnregisterGroup(group), create=False)
         entry = self.actors.get(AggregateId(stream_prefix, group))
         state = entry.actor.state if entry is not None and entry.started else None
@@ -578,7 +582,12 @@ class Registry:
     async def _push_layout(self, stream_prefix: str, layout: Layout, groups: Sequence[str]) -> None:
         for group in groups:
             try:
-                await self.ask_group(stream_prefix, group, ApplyLayout(layout, self.clock.now_ms()))
+                # Never creates: a group deleted meanwhile stays deleted.
+                await self.ask_group(
+                    stream_prefix, group, ApplyLayout(layout, self.clock.now_ms()), create=False
+                )
+            except (UnknownGroup, UnknownStream):
+                continue
             except (CoordinationError, StoreError, ActorStopped) as exc:
                 log.warning(
                     "layout v%s did not reach %s/%s: %s", layout.metadata_version, stream_prefix, group, exc

@@ -58,9 +58,40 @@ def wire_field(default: Any = attrs.NOTHING, *, enforce: bool = True, **json_sch
     return attrs.field(default=default, validator=checks or None, metadata={"json_schema": json_schema})
 
 
+#: The JSON Schema keywords `wire_field` enforces; any other is refused when the field is
+#: declared, so that `/openapi.json` never states a constraint the server does not check.
+_ENFORCED = frozenset(
+    {"minimum", "maximum", "pattern", "minLength", "maxLength", "items", "minItems", "maxItems"}
+)
+
+
+def up_to(limit: int) -> str:
+    """A regular expression (no anchors) for the decimal numbers from 0 to `limit` (leading
+    zeros allowed, as many digits as `limit` has at most)."""
+    digits = str(limit)
+    shorter = [f"[0-9]{{1,{len(digits) - 1}}}"] if len(digits) > 1 else []
+    lower = [
+        f"{digits[:i]}[0-{int(d) - 1}][0-9]{{{len(digits) - i - 1}}}"
+        for i, d in enumerate(digits)
+        if d != "0"
+    ]
+    return "(?:" + "|".join([*shorter, *lower, digits]) + ")"
+
+
+#: A Redis stream id: `<ms>-<seq>`, each an unsigned 64-bit integer.
+STREAM_ID_PATTERN = f"^{up_to(2**64 - 1)}-{up_to(2**64 - 1)}$"
+
+
 def _validators(schema: Mapping[str, Any]) -> list[Any]:
+    unknown = set(schema) - _ENFORCED
+    if unknown:
+        raise TypeError(f"wire_field cannot enforce {sorted(unknown)}")
     v = attrs.validators
     checks: list[Any] = []
+    if "minItems" in schema:
+        checks.append(v.min_len(schema["minItems"]))
+    if "maxItems" in schema:
+        checks.append(v.max_len(schema["maxItems"]))
     if "minimum" in schema:
         checks.append(v.ge(schema["minimum"]))
     if "maximum" in schema:

@@ -11,6 +11,7 @@ import difflib
 import hashlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -27,7 +28,16 @@ from rsc.actors.registry import Registry
 from rsc.events import codec
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
-from rsc.events.model import TEXT_PATTERN, GroupConfig, ReshardMode, Shard, ShardState, StartFrom, wire_field
+from rsc.events.model import (
+    STREAM_ID_PATTERN,
+    TEXT_PATTERN,
+    GroupConfig,
+    ReshardMode,
+    Shard,
+    ShardState,
+    StartFrom,
+    wire_field,
+)
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, target_count
 from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, Party, blockers
 from rsc.events.wire import dead_letter_key
@@ -56,6 +66,11 @@ class PauseRequest:
     """Optional body of `POST .../pause`: why producers are paused (shown in the stream view)."""
 
     reason: str = wire_field("admin", minLength=1, maxLength=MAX_REASON, pattern=TEXT_PATTERN)
+
+
+@attrs.frozen
+class EmptyRequest:
+    """The optional body of `resume` and `migration/resume`: nothing (`{}`), and nothing else."""
 
 
 @attrs.frozen
@@ -88,7 +103,7 @@ class ReplayRequest:
     """Body of `POST .../dlq/replay`: which dead letters go back (all shards' oldest by default)."""
 
     shard: int | None = wire_field(None, minimum=0, maximum=MAX_SHARDS, nullable=True)
-    ids: tuple[str, ...] = wire_field((), maxItems=1_000, items={"pattern": r"^[0-9]{1,20}-[0-9]{1,20}$"})
+    ids: tuple[str, ...] = wire_field((), maxItems=1_000, items={"pattern": STREAM_ID_PATTERN})
     limit: int = wire_field(100, minimum=1, maximum=1_000)
 
 
@@ -251,18 +266,17 @@ def add_admin_routes(
             )
         if args.get("outcome", "ok") not in OUTCOMES:
             raise ApiError(400, "INVALID_REQUEST", f"outcome must be one of {', '.join(OUTCOMES)}")
-        try:
-            wanted = AuditFilter(
-                caller=args.get("caller"),
-                method=args.get("method"),
-                status=int(args["status"]) if "status" in args else None,
-                path_prefix=args.get("pathPrefix"),
-                outcome=args.get("outcome"),
-                request_id=args.get("requestId"),
-                limit=min(1_000, max(1, int(args.get("limit", "100")))),
-            )
-        except ValueError as exc:
-            raise ApiError(400, "INVALID_REQUEST", f"bad filter: {exc}") from exc
+        for name in AUDIT_FILTERS:
+            _one_value(name)
+        wanted = AuditFilter(
+            caller=args.get("caller"),
+            method=args.get("method"),
+            status=_int_query("status", None, 100, 599),
+            path_prefix=args.get("pathPrefix"),
+            outcome=args.get("outcome"),
+            request_id=args.get("requestId"),
+            limit=_int_query("limit", 100, 1, 1_000) or 100,
+        )
         return json_response({"records": await audit.read(wanted)})
 
 
@@ -298,7 +312,7 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.delete("/v1/admin/streams/<stream_prefix>")
     async def delete_stream(stream_prefix: str) -> Response:
-        actor = await _stream_actor(registry, stream_prefix, None)
+        actor = await _conditional_stream(registry, stream_prefix)
         expect = _check_if_match(actor.revision)
         await registry.delete_stream(stream_prefix, expect)
         g.revision = actor.revision
@@ -319,7 +333,7 @@ async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec
     actor = await _existing_stream(registry, stream_prefix)
     only_new = _check_if_none_match(actor, f"stream {stream_prefix!r}")
     if actor is None:
-        if request.headers.get("If-Match") is not None:
+        if _precondition("If-Match") is not None:
             raise ApiError(412, "PRECONDITION_FAILED", f"there is no stream {stream_prefix!r} (If-Match)")
         actor = await _stream_actor(registry, stream_prefix, spec.shard_count, only_new)
         expect = None
@@ -339,6 +353,22 @@ async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec
         await registry.change_shard_count(
             stream_prefix, spec.shard_count, spec.reshard_mode, migrations, expect=expect
         )
+
+
+def _missing_with_if_match(what: str) -> None:
+    """A resource that does not exist fails any `If-Match` (RFC 9110 13.1.1): 412, not 404."""
+    if _precondition("If-Match") is not None:
+        raise ApiError(412, "PRECONDITION_FAILED", f"there is no {what} (If-Match)")
+
+
+async def _conditional_stream(registry: Registry, stream_prefix: str) -> Any:
+    """The stream's actor for a change of an existing stream: 404 if there is none, or 412
+    if the request has an `If-Match`; nothing is created."""
+    actor = await _existing_stream(registry, stream_prefix)
+    if actor is None:
+        _missing_with_if_match(f"stream {stream_prefix!r}")
+        raise ApiError(404, "UNKNOWN_STREAM", f"stream {stream_prefix!r} does not exist")
+    return actor
 
 
 async def _existing_stream(registry: Registry, stream_prefix: str) -> Any:
@@ -383,10 +413,14 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def delete_group(stream_prefix: str, consumer_group: str) -> Response:
-        stream = await _stream_actor(registry, stream_prefix, None)
+        stream = await _conditional_stream(registry, stream_prefix)
         if consumer_group not in stream.state.groups:
+            _missing_with_if_match(f"group {consumer_group!r} of {stream_prefix!r}")
             raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
-        actor = await registry.group(stream_prefix, consumer_group)
+        actor = await _existing_group(registry, stream_prefix, consumer_group)  # never creates
+        if actor is None:
+            _missing_with_if_match(f"group {consumer_group!r} of {stream_prefix!r}")
+            raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
         expect = _check_if_match(actor.revision)
         await registry.delete_group(stream_prefix, consumer_group, expect)
         g.revision = actor.revision
@@ -400,7 +434,7 @@ async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec:
     actor = await _existing_group(registry, stream_prefix, group)
     only_new = _check_if_none_match(actor, f"group {group!r} of {stream_prefix!r}")
     if actor is None:
-        if request.headers.get("If-Match") is not None:
+        if _precondition("If-Match") is not None:
             raise ApiError(
                 412, "PRECONDITION_FAILED", f"there is no group {group!r} of {stream_prefix!r} (If-Match)"
             )
@@ -421,7 +455,8 @@ async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec:
             "change (delete the group and create it again to start elsewhere)",
             {"field": "startFrom", "stored": stored.start_from.value},
         )
-    await registry.ask_group(stream_prefix, group, ConfigureGroup(config), expect=expect)
+    # Never creates: a group deleted meanwhile is not brought back with the default config.
+    await registry.ask_group(stream_prefix, group, ConfigureGroup(config), create=False, expect=expect)
     return config
 
 
@@ -488,7 +523,7 @@ def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:
     @app.post("/v1/admin/streams/<stream_prefix>/pause")
     async def pause(stream_prefix: str) -> Response:
         body = await _optional_body(PauseRequest)
-        actor = await _stream_actor(registry, stream_prefix, None)
+        actor = await _conditional_stream(registry, stream_prefix)
         expect = _check_if_match(actor.revision)
         command = PauseProducers(body.reason, registry.clock.now_ms())
         await registry.ask_stream(stream_prefix, command, expect=expect)
@@ -496,7 +531,8 @@ def _add_pause_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.post("/v1/admin/streams/<stream_prefix>/resume")
     async def resume(stream_prefix: str) -> Response:
-        actor = await _stream_actor(registry, stream_prefix, None)
+        await _optional_body(EmptyRequest)
+        actor = await _conditional_stream(registry, stream_prefix)
         expect = _check_if_match(actor.revision)
         await registry.ask_stream(stream_prefix, ResumeProducers(registry.clock.now_ms()), expect=expect)
         return await _stream_resource(registry, stream_prefix)
@@ -507,7 +543,8 @@ def _add_migration_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.post("/v1/admin/streams/<stream_prefix>/migration/resume")
     async def resume_migration(stream_prefix: str) -> Response:
-        actor = await _stream_actor(registry, stream_prefix, None)
+        await _optional_body(EmptyRequest)
+        actor = await _conditional_stream(registry, stream_prefix)
         expect = _check_if_match(actor.revision)
         await registry.resume_migration(stream_prefix, expect)
         return await _stream_resource(registry, stream_prefix)
@@ -515,7 +552,7 @@ def _add_migration_routes(app: QuartTrio, registry: Registry) -> None:
     @app.post("/v1/admin/streams/<stream_prefix>/migration/abort")
     async def abort_migration(stream_prefix: str) -> Response:
         body = await _optional_body(AbortRequest)
-        actor = await _stream_actor(registry, stream_prefix, None)
+        actor = await _conditional_stream(registry, stream_prefix)
         expect = _check_if_match(actor.revision)
         await registry.abort_migration(stream_prefix, body.reason, expect)
         return await _stream_resource(registry, stream_prefix)
@@ -539,11 +576,8 @@ def _add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
             raise ApiError(
                 400, "INVALID_REQUEST", f"unknown query parameter(s) {unknown}; known: shard, limit"
             )
-        try:
-            wanted = int(args["shard"]) if "shard" in args else None
-            limit = min(1_000, max(1, int(args.get("limit", "100"))))
-        except ValueError as exc:
-            raise ApiError(400, "INVALID_REQUEST", "shard and limit must be integers") from exc
+        wanted = _int_query("shard", None, 0, MAX_SHARDS)
+        limit = _int_query("limit", 100, 1, 1_000) or 100
         entries: list[DeadLetter] = []
         for shard in await _dead_letter_shards(registry, stream_prefix, wanted):
             for entry_id, fields in await registry.effects.dead_letters(shard.key, limit - len(entries)):
@@ -623,9 +657,10 @@ async def _group_resource(
     stream = await _stream_actor(registry, stream_prefix, None)
     if create is None and consumer_group not in stream.state.groups:
         raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
-    actor = await registry.group(stream_prefix, consumer_group)
+    # Never creates (a read, or the answer to a write that a DELETE may have followed).
+    actor = await registry.group(stream_prefix, consumer_group, create=False)
     state = actor.state
-    assert state is not None  # registry.group creates the group
+    assert state is not None  # registry.group refuses a group that does not exist
     g.revision = actor.revision
     body = {
         "spec": GroupSpec(state.config.max_concurrency, state.config.start_from),
@@ -644,32 +679,82 @@ def _with_etag(response: Response, revision: int) -> Response:
     return response
 
 
+def _one_value(name: str) -> str | None:
+    """The query parameter `name`, given at most once (400 if repeated: which one was meant?)."""
+    values = request.args.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, "INVALID_REQUEST", f"query parameter {name!r} is given {len(values)} times")
+    return values[0] if values else None
+
+
+def _int_query(name: str, default: int | None, lowest: int, highest: int) -> int | None:
+    """The integer query parameter `name` (`default` when absent), from `lowest` to `highest`."""
+    text = _one_value(name)
+    if text is None:
+        return default
+    if not re.fullmatch(r"-?[0-9]{1,20}", text) or not lowest <= int(text) <= highest:
+        raise ApiError(
+            400, "INVALID_REQUEST", f"{name} must be an integer from {lowest} to {highest}, not {text[:40]!r}"
+        )
+    return int(text)
+
+
+#: An entity tag (RFC 9110 8.8.3): optionally weak, quoted, no quote or control inside.
+_ETAG = re.compile(r'(W/)?"([\x21\x23-\x7e]*)"')
+
+
+def _precondition(name: str) -> tuple[bool, list[tuple[bool, str]]] | None:
+    """The `If-Match` / `If-None-Match` header (every line of it, as one list, RFC 9110 5.3):
+    None if absent, else (`*`, [(weak, tag), ...]); 400 for anything else, so that a mistyped
+    precondition is never silently a write without one."""
+    lines = request.headers.getlist(name)
+    if not lines:
+        return None
+    items = [item.strip() for line in lines for item in line.split(",")]
+    items = [item for item in items if item]
+    if items == ["*"]:
+        return True, []
+    tags = []
+    for item in items:
+        found = _ETAG.fullmatch(item)
+        if found is None:
+            raise ApiError(
+                400,
+                "INVALID_REQUEST",
+                f'{name} must be * or entity tags such as "3" (the ETag of a read), not {item[:40]!r}',
+            )
+        tags.append((found.group(1) is not None, found.group(2)))
+    return False, tags
+
+
 def _check_if_none_match(actor: Any, what: str) -> bool:
     """`If-None-Match`: `*` refuses (412) a resource that exists, and the create that follows
-    is refused too if another one creates it first (True: create only); a list of revisions
-    refuses a resource at one of them."""
-    wanted = request.headers.get("If-None-Match")
+    is refused too if another one creates it first (True: create only); a list of entity tags
+    (weak comparison) refuses a resource at one of them."""
+    wanted = _precondition("If-None-Match")
     if wanted is None:
         return False
-    if wanted.strip() == "*":
+    every, tags = wanted
+    if every:
         if actor is not None:
             raise ApiError(412, "PRECONDITION_FAILED", f"{what} exists (If-None-Match: *)")
         return True
-    tags = {t.strip().removeprefix("W/").strip('"') for t in wanted.split(",")}
-    if actor is not None and str(actor.revision) in tags:
+    if actor is not None and str(actor.revision) in {tag for _, tag in tags}:
         raise ApiError(412, "PRECONDITION_FAILED", f"{what} is at revision {actor.revision} (If-None-Match)")
     return False
 
 
 def _check_if_match(revision: int) -> int | None:
-    """Refuse (412) if `If-Match` names other revisions than `revision`; the revision the write
-    must still find when the actor decides it (checked there again, atomically), or None."""
-    wanted = request.headers.get("If-Match")
-    if wanted is None or wanted.strip() == "*":
+    """Refuse (412) if `If-Match` names other revisions than `revision` (strong comparison: a
+    weak tag never matches); the revision the write must still find when the actor decides it
+    (checked there again, atomically), or None."""
+    wanted = _precondition("If-Match")
+    if wanted is None or wanted[0]:
         return None
-    tags = {t.strip().removeprefix("W/").strip('"') for t in wanted.split(",")}
-    if str(revision) not in tags:
-        raise ApiError(412, "PRECONDITION_FAILED", f"the resource is at revision {revision}, not {wanted}")
+    strong = {tag for weak, tag in wanted[1] if not weak}
+    if str(revision) not in strong:
+        shown = ", ".join(("W/" if weak else "") + f'"{tag}"' for weak, tag in wanted[1])
+        raise ApiError(412, "PRECONDITION_FAILED", f"the resource is at revision {revision}, not {shown}")
     return revision
 
 

@@ -442,7 +442,10 @@ def parse_json(data: bytes | str) -> Any:
     except RecursionError:
         too_deep = True
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {exc}") from exc
+        why = str(exc)
+        if "int_max_str_digits" in why or "Exceeds the limit" in why:  # CPython's words, not JSON's
+            why = "a number has more than 4300 digits"
+        raise ApiError(400, "MALFORMED_JSON", f"the body is not valid JSON: {why}") from exc
     else:  # no deeper than it has brackets: most bodies need no walk
         brackets = text.count("[") + text.count("{")
         too_deep = brackets > MAX_JSON_DEPTH and nests_deeper(value, MAX_JSON_DEPTH)

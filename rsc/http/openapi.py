@@ -21,6 +21,7 @@ from quart_trio import QuartTrio
 from rsc import __version__
 from rsc.events.codec import camel
 from rsc.events.model import NAME_PATTERN
+from rsc.events.stream import MAX_SHARDS
 from rsc.events.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -182,8 +183,12 @@ ROUTES = (
         DeadLetterEntries,
         admin=True,
         query=(
-            {"name": "shard", "schema": {"type": "integer", "minimum": 0}},
-            {"name": "limit", "schema": {"type": "integer"}, "description": "1-1000 (clamped), default 100"},
+            {"name": "shard", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SHARDS}},
+            {
+                "name": "limit",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                "description": "1-1000, default 100",
+            },
         ),
     ),
     Route(
@@ -279,10 +284,14 @@ ROUTES = (
         query=(
             {"name": "caller", "schema": {"type": "string"}},
             {"name": "method", "schema": {"type": "string"}},
-            {"name": "status", "schema": {"type": "integer"}},
+            {"name": "status", "schema": {"type": "integer", "minimum": 100, "maximum": 599}},
             {"name": "pathPrefix", "schema": {"type": "string"}},
             {"name": "outcome", "schema": {"type": "string", "enum": ["ok", "denied", "rejected", "error"]}},
-            {"name": "limit", "schema": {"type": "integer"}, "description": "1-1000 (clamped), default 100"},
+            {
+                "name": "limit",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                "description": "1-1000, default 100",
+            },
             {"name": "requestId", "schema": {"type": "string"}, "description": "the request's X-Request-Id"},
         ),
     ),
