@@ -135,9 +135,17 @@ async def test_describe_shows_owners_members_migration_and_producers(
 
 async def test_groups_set_pause_resume_and_the_audit_trail(http: httpx.AsyncClient, prefix: str) -> None:
     await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
-    made = await rsc(http, "groups", "set", prefix, "billing", "--start-from", "latest")
+    typo = await rsc(http, "groups", "set", prefix, "billng", "--max-concurrency", "2")
+    assert (typo.exit_code, typo.output) == (
+        1,
+        f"Error: there is no group 'billng' of '{prefix}' (`rsc groups create` makes one)\n",
+    )
+    made = await rsc(http, "groups", "create", prefix, "billing", "--start-from", "latest")
     assert made.exit_code == 0, made.output
     assert made.output.splitlines()[0] == f"group billing of {prefix}: maxConcurrency 1, startFrom latest"
+    again = await rsc(http, "groups", "create", prefix, "billing")
+    assert again.exit_code == 1
+    assert "exists: `rsc groups set` changes it" in again.output
     changed = await rsc(http, "groups", "set", prefix, "billing", "--max-concurrency", "4")
     assert "maxConcurrency 4, startFrom latest" in changed.output  # the other field stays
     immutable = await rsc(http, "groups", "set", prefix, "billing", "--start-from", "earliest")
@@ -146,11 +154,13 @@ async def test_groups_set_pause_resume_and_the_audit_trail(http: httpx.AsyncClie
     for command in ("pause", "resume"):
         done = await rsc(http, "streams", command, prefix)
         assert done.exit_code == 0, done.output
-    trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}", "--limit", "10")
+    trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}", "--limit", "20")
     lines = trail.output.splitlines()
     assert [line.split()[1:4] for line in lines] == [
         ["ok", "200", "PUT"],
-        ["ok", "200", "PATCH"],
+        ["rejected", "412", "PATCH"],  # the misspelt group: nothing made
+        ["ok", "200", "PUT"],
+        ["rejected", "412", "PUT"],  # created already
         ["ok", "200", "PATCH"],
         ["rejected", "409", "PATCH"],
         ["ok", "200", "POST"],
@@ -488,3 +498,18 @@ def test_the_terraform_entry_point_says_what_to_install_without_the_extra() -> N
     )
     assert done.returncode == 2
     assert done.stderr == "terraform-provider-rsc needs the tf framework: pip install 'rsc[terraform]'\n"
+
+
+async def test_scale_of_a_misspelt_stream_is_an_error_not_a_new_stream(
+    http: httpx.AsyncClient, prefix: str
+) -> None:
+    typo = await rsc(http, "streams", "scale", f"{prefix}x", "4")
+    assert (typo.exit_code, typo.output) == (
+        1,
+        f"Error: there is no stream '{prefix}x' (`rsc streams create` makes one)\n",
+    )
+    assert (await http.get(f"/v1/streams/{prefix}x")).status_code == 404
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    scaled = await rsc(http, "streams", "scale", prefix, "3")
+    assert scaled.exit_code == 0, scaled.output
+    assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 3

@@ -374,9 +374,14 @@ def _reshard(state: StreamState, command: ChangeShardCount) -> list[StreamEvent]
     if holding is not None:
         if (command.shard_count, command.mode) == (holding.to_count, holding.mode):
             return events  # the same request again: it is running
+        then = (
+            "resume or abort it first"
+            if holding.stalled is not None
+            else "wait until it switches, or abort it"
+        )
         raise MigrationConflict(
             f"migration {holding.migration_id} ({holding.mode.value}, {holding.from_count} -> "
-            f"{holding.to_count} shards) is in phase {holding.phase.value}: resume or abort it first"
+            f"{holding.to_count} shards) is in phase {holding.phase.value}: {then}"
         )
     active = len(state.layout.active)
     if command.shard_count == active:

@@ -221,7 +221,12 @@ def streams_scale(
     patch: dict[str, Any] = {"shardCount": shards}
     if mode is not None:
         patch["reshardMode"] = mode
-    answer = admin.patch_stream(stream, patch, if_match=if_match)
+    # `If-Match: *` at least: a misspelt name is an error, not a new stream.
+    answer = _existing(
+        lambda: admin.patch_stream(stream, patch, if_match="*" if if_match is None else if_match),
+        if_match,
+        f"there is no stream {stream!r} (`rsc streams create` makes one)",
+    )
     migration = answer.body["status"].get("migration") or {}
     phase = f", migration {migration['migrationId']} {migration['phase']}" if migration else ""
     done(
@@ -264,7 +269,8 @@ def streams_migration(admin: AdminClient, output: str, stream: str, action: str,
     """Resume a stalled migration, or abort one that has not changed the layout."""
     answer = admin.migration(stream, action, reason)
     phase = (answer.body["status"].get("migration") or {}).get("phase")
-    done(admin, output, answer, f"stream {stream}: migration {action}d, phase {phase}")
+    did = {"resume": "resumed", "abort": "aborted"}[action]
+    done(admin, output, answer, f"stream {stream}: migration {did}, phase {phase}")
 
 
 # --- groups ------------------------------------------------------------------
@@ -330,11 +336,35 @@ def _members_table(view: Mapping[str, Any]) -> str:
     return table(["MEMBER", "EPOCH", "STATE", "LEASE LEFT", "ASSIGNED", "REVOKING"], rows)
 
 
+@groups.command("create")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--max-concurrency", type=click.IntRange(1, 1_024), default=1, show_default=True)
+@click.option(
+    "--start-from", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True
+)
+@connection_options
+def groups_create(
+    admin: AdminClient, output: str, stream: str, group: str, max_concurrency: int, start_from: str
+) -> None:
+    """Create a group of an existing stream (refused if it exists: use `set`)."""
+    spec = {"maxConcurrency": max_concurrency, "startFrom": start_from}
+    try:
+        answer = admin.put_group(stream, group, spec, create_only=True)
+    except AdminError as exc:
+        if exc.status == 412:
+            raise click.ClickException(
+                f"group {group!r} of {stream!r} exists: `rsc groups set` changes it"
+            ) from exc
+        raise
+    _group_done(admin, output, answer, stream, group)
+
+
 @groups.command("set")
 @click.argument("stream")
 @click.argument("group")
 @click.option("--max-concurrency", type=click.IntRange(1, 1_024), help="Workers per member.")
-@click.option("--start-from", type=click.Choice(["earliest", "latest"]), help="Only when creating the group.")
+@click.option("--start-from", type=click.Choice(["earliest", "latest"]), help="Fixed once created (409).")
 @click.option("--if-match", "if_match", type=int, help="Only if the group is at this revision.")
 @connection_options
 def groups_set(
@@ -346,16 +376,36 @@ def groups_set(
     start_from: str | None,
     if_match: int | None,
 ) -> None:
-    """Create a group or change the fields given (the others stay)."""
+    """Change the fields given of an existing group (the others stay)."""
     patch: dict[str, Any] = {}
     if max_concurrency is not None:
         patch["maxConcurrency"] = max_concurrency
     if start_from is not None:
         patch["startFrom"] = start_from
-    answer = admin.patch_group(stream, group, patch, if_match=if_match)
+    # `If-Match: *` at least: a misspelt name is an error, not a new group.
+    answer = _existing(
+        lambda: admin.patch_group(stream, group, patch, if_match="*" if if_match is None else if_match),
+        if_match,
+        f"there is no group {group!r} of {stream!r} (`rsc groups create` makes one)",
+    )
+    _group_done(admin, output, answer, stream, group)
+
+
+def _group_done(admin: AdminClient, output: str, answer: Answer, stream: str, group: str) -> None:
     spec = answer.body["spec"]
     what = f"maxConcurrency {spec['maxConcurrency']}, startFrom {spec['startFrom']}"
     done(admin, output, answer, f"group {group} of {stream}: {what}")
+
+
+def _existing(change: Callable[[], Answer], if_match: int | None, missing: str) -> Answer:
+    """`change()` sent with `If-Match` (`*` unless a revision was given): a 412 for a
+    resource that is not there is said as `missing`."""
+    try:
+        return change()
+    except AdminError as exc:
+        if exc.status == 412 and if_match is None:
+            raise click.ClickException(missing) from exc
+        raise
 
 
 @groups.command("delete")
