@@ -395,3 +395,21 @@ async def test_a_create_only_arriving_while_the_creation_s_side_effects_run_is_r
         actor = await registry.stream("orders", create=False)
         assert len(actor.state.layout.shards) == 2
         assert actor.revision == 1
+
+
+async def test_a_stream_made_by_a_first_heartbeat_is_one_info_line(
+    autojump_clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A misspelt stream name in a producer or member creates a stream (auto_create_streams):
+    the coordinator says so, once, naming it; an operator's create is not logged here."""
+    caplog.set_level("INFO", logger="rsc.registry")
+    async with registry_on() as registry:
+        await registry.stream("ordrs")  # as a heartbeat asks
+        await registry.stream("ordrs")
+        await registry.stream("orders", create=True, shard_count=2)  # as the Admin API asks
+    lines = [r.getMessage() for r in caplog.records if "for the first heartbeat" in r.getMessage()]
+    count = SETTINGS.default_shard_count
+    assert lines == [
+        f"created stream 'ordrs' with {count} shard(s) for the first heartbeat naming it "
+        "(auto_create_streams; false refuses unknown streams)"
+    ]

@@ -305,10 +305,12 @@ async def test_groups_that_do_not_consume_stall_quiesced_and_an_abort_leaves_the
     await until(stopped, 10)
     assert stalled["stalled"]["phase"] == "QUIESCED"
     view = (await http.get(f"/v1/streams/{prefix}")).json()
+    assert view["migration"]["waitingForGroups"] == {"billing": [0]}  # what it waits for, by name
     assert view["paused"] is not None
     assert [s["state"] for s in view["shards"]] == ["ACTIVE", "ACTIVE"]
     conflict = await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 3}, auth=AUTH)
     assert (conflict.status_code, conflict.json()["error"]) == (409, "MIGRATION_IN_PROGRESS")
+    assert "resume or abort it first" in conflict.json()["message"]  # stalled: resume is possible
     resume = await http.post(f"/v1/admin/streams/{prefix}/resume", auth=AUTH)
     assert (resume.status_code, resume.json()["error"]) == (409, "MIGRATION_IN_PROGRESS")
     aborted = await http.post(

@@ -186,6 +186,8 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
                 )
 
             await until(nothing_pending, 20)
+            logs = "".join((tmp_path / f"w{i}.log").read_text() for i in (1, 2))
+            assert "stops reading retired shards" in logs  # a retirement is not told as a handoff
         finally:
             stop_workers(workers)
             checker.close()

@@ -31,6 +31,10 @@ def owners(page: Any, prefix: str) -> dict[int, str]:
 
 
 def every_stream_and_the_docs(page: Any, base: str, prefix: str) -> None:
+    page.goto(f"{base}/ui?stream={prefix},{prefix}-typo")  # a name no stream has is said
+    page.wait_for_selector("#unknown-streams", timeout=10_000)
+    assert page.inner_text("#unknown-streams") == f"no stream named {prefix}-typo"
+    page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=10_000)
     page.goto(f"{base}/ui")  # every stream, this one among them
     page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=20_000)
     page.goto(f"{base}/docs")

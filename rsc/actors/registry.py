@@ -264,6 +264,13 @@ class Registry:
                 )
             if only_new and not reply.events:  # it existed by then: someone else created it
                 raise PreconditionFailed(f"stream {stream_prefix!r} was created meanwhile")
+            if create is None and reply.events:  # a first heartbeat named it: say so (a typo?)
+                log.info(
+                    "created stream %r with %d shard(s) for the first heartbeat naming it "
+                    "(auto_create_streams; false refuses unknown streams)",
+                    stream_prefix,
+                    count,
+                )
         elif only_new:
             raise PreconditionFailed(f"stream {stream_prefix!r} exists")
         if actor.state is not None and not actor.state.deleted:

@@ -22,7 +22,7 @@ from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, Coord
 from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
 from rsc.connect import first_leaf
 from rsc.events.member import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
-from rsc.events.model import ClientInfo, HeartbeatStatus, Layout
+from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, ShardState
 from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.outage import OutageLog
@@ -219,7 +219,13 @@ class Member:
         if steps.concurrency is not None:
             await self.lifecycle.concurrency(steps.concurrency)
         if steps.stop:
-            log.info("%s: revoking shards %s", self.member_id, sorted(steps.stop))
+            # A shard that retired (drained by a scale-in) is not handed to anyone: say which.
+            retired = {s.index for s in self.machine.layout.shards if s.state is ShardState.RETIRED}
+            handed = sorted(steps.stop - retired)
+            if handed:
+                log.info("%s: revoking shards %s", self.member_id, handed)
+            if steps.stop & retired:
+                log.info("%s: stops reading retired shards %s", self.member_id, sorted(steps.stop & retired))
         if self._revokes is None:  # driven by hand (`beat` outside `run`): revoke in line
             await self._revoke(steps.stop)
         else:

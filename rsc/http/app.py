@@ -35,7 +35,7 @@ from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
 from rsc.events.group import validate_heartbeat
-from rsc.events.model import SURROGATE
+from rsc.events.model import SURROGATE, MigrationPhase
 from rsc.events.respond import respond, respond_producer
 from rsc.events.wire import (
     HeartbeatRequest,
@@ -374,7 +374,10 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
         state = actor.state
         stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
         evidence = await registry.effects.drain_evidence(s.key for s in state.layout.draining)
-        view = views.stream_view(state, actor.leases, registry.clock.now_ms(), stats, evidence)
+        consumed = None
+        if state.migration is not None and state.migration.phase is MigrationPhase.QUIESCED:
+            consumed = await registry.effects.drain_evidence(s.key for s in state.layout.shards if s.readable)
+        view = views.stream_view(state, actor.leases, registry.clock.now_ms(), stats, evidence, consumed)
         return json_response(view)
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")

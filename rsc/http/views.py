@@ -118,7 +118,9 @@ class MigrationView:
     `waitingForProducers`: the producers it waits for now (not quiesced while PAUSING or
     QUIESCED, not on the current layout while SWITCHING or DRAINING); `producerVersions`:
     the layout version each live producer routes with; `drainingShards`: the DRAINING
-    shards (their evidence is in `shards[].drain`)."""
+    shards (their evidence is in `shards[].drain`); `waitingForGroups`: while QUIESCED, each
+    group that has not yet consumed and acknowledged everything, with the shards where it
+    has entries pending or undelivered (or where it is missing), as Redis shows it now."""
 
     migration_id: int
     mode: ReshardMode
@@ -138,6 +140,7 @@ class MigrationView:
     waiting_for_producers: tuple[str, ...]
     producer_versions: Mapping[str, int]
     draining_shards: tuple[int, ...]
+    waiting_for_groups: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -280,9 +283,11 @@ def stream_view(
     now_ms: int,
     stats: Mapping[str, ShardStats] | None = None,
     evidence: Mapping[str, DrainEvidence] | None = None,
+    consumed: Mapping[str, DrainEvidence] | None = None,
 ) -> StreamView:
     """The layout and producers (leases from `leases`), with Redis figures per shard when `stats`
-    is given, and the drain evidence of DRAINING shards when `evidence` is."""
+    is given, the drain evidence of DRAINING shards when `evidence` is, and what a QUIESCED
+    migration waits for when `consumed` (the evidence of every readable shard) is."""
     layout = state.layout
     stats = stats or {}
     evidence = evidence or {}
@@ -319,11 +324,28 @@ def stream_view(
         ProducersSummary(
             len(producers), sum(p.up_to_date for p in producers), sum(p.quiesced for p in producers)
         ),
-        migration_view(state, now_ms),
+        migration_view(state, now_ms, consumed),
     )
 
 
-def migration_view(state: StreamState, now_ms: int) -> MigrationView | None:
+def waiting_groups(state: StreamState, consumed: Mapping[str, DrainEvidence]) -> dict[str, tuple[int, ...]]:
+    """Group -> the readable shards where it has entries pending or undelivered, or is missing."""
+    waiting: dict[str, list[int]] = {}
+    for shard in state.layout.shards:
+        seen = consumed.get(shard.key)
+        if seen is None or not shard.readable or not seen.exists:
+            continue
+        found = {g.group: g for g in seen.groups}
+        for group in sorted(state.groups):
+            g = found.get(group)
+            if g is None or g.pending or g.undelivered:
+                waiting.setdefault(group, []).append(shard.index)
+    return {group: tuple(shards) for group, shards in waiting.items()}
+
+
+def migration_view(
+    state: StreamState, now_ms: int, consumed: Mapping[str, DrainEvidence] | None = None
+) -> MigrationView | None:
     m = state.migration
     if m is None:
         return None
@@ -347,6 +369,7 @@ def migration_view(state: StreamState, now_ms: int) -> MigrationView | None:
         waiting_for_producers=tuple(waiting_for(state)),
         producer_versions={p: state.producers[p].acked_version for p in sorted(state.producers)},
         draining_shards=tuple(s.index for s in state.layout.draining),
+        waiting_for_groups=waiting_groups(state, consumed) if consumed is not None else {},
     )
 
 

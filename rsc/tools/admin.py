@@ -184,6 +184,27 @@ def describe_text(spec: Mapping[str, Any], view: Mapping[str, Any], groups: Mapp
         ]
         if m.get("waitingForProducers"):
             out.append(f"  waiting for producers: {', '.join(m['waitingForProducers'])}")
+        for group, shards in sorted((m.get("waitingForGroups") or {}).items()):
+            out.append(f"  waiting for group {group} to consume shard(s) {_cell(shards)}")
+    for s in view["shards"]:
+        drain = s.get("drain")
+        if drain is None:
+            continue
+        left = [
+            f"{g['group']} ({g['pending']} pending{', undelivered' if g['undelivered'] else ''})"
+            for g in drain["groups"]
+            if g["pending"] or g["undelivered"]
+        ]
+        why = (
+            "drained"
+            if drain["drained"]
+            else ("waiting for " + ", ".join(left) if left else "waiting for a group to exist")
+        )
+        if not drain["sealed"]:
+            why += ", not sealed yet"
+        if drain["waitingForProducers"]:
+            why += f", producers not on the layout: {', '.join(drain['waitingForProducers'])}"
+        out.append(f"  shard {s['index']} DRAINING: {why}")
     if view.get("producers"):
         rows = [(p["producerId"], p["ackedVersion"], p["upToDate"], p["quiesced"]) for p in view["producers"]]
         out += ["", table(["PRODUCER", "VERSION", "UP TO DATE", "QUIESCED"], rows)]
