@@ -380,11 +380,8 @@ def serve(
             if settings.policy.enforced or settings.certfile is not None:
                 click.echo("members and producers need a credential: see docs/operations.md, Security")
             else:  # the anonymous hint works only as it is printed: plain HTTP, no credentials
-                click.echo(
-                    f'try: curl -s -XPOST {urls[0]}/v1/heartbeat -d \'{{"protocolVersion":1,'
-                    '"streamPrefix":"demo","consumerGroup":"billing","memberId":"10.0.0.1/demo/0",'
-                    '"incarnation":"i1","memberEpoch":0}\''
-                )
+                # Read-only: a heartbeat here would create a stream in the user's deployment.
+                click.echo(f"try: curl -s {urls[0]}/v1/streams   (or open {urls[0]}/ui)")
             if settings.key_prefix:
                 namespace = check_namespace(settings.key_prefix)
                 click.echo(

@@ -446,3 +446,19 @@ async def test_a_number_too_long_for_python_is_said_in_json_words(
     assert error(answer) == (400, "MALFORMED_JSON")
     assert "more than 4300 digits" in answer.json()["message"]
     assert "sys." not in answer.text
+
+
+async def test_of_concurrent_deletes_of_a_stream_exactly_one_is_204(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    stream = f"/v1/admin/streams/{prefix}"
+    await client.put(stream, json={"shardCount": 1}, auth=AUTH)
+    statuses: list[int] = []
+
+    async def delete() -> None:
+        statuses.append((await client.delete(stream, auth=AUTH)).status_code)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(delete)
+    assert sorted(statuses) == [204] + [404] * 5, statuses

@@ -288,7 +288,10 @@ class Features:
                     int(written),
                 )
             self._state = FeatureState(int(now), int(written))
-            log.warning("feature level finalized at %d (was %d) by %s", level, state.level, by)
+            if level != state.level:
+                log.warning("feature level finalized at %d (was %d) by %s", level, state.level, by)
+            else:  # asked again for the level it has: nothing changed
+                log.info("feature level stays at %d (asked by %s)", level, by)
             return self._state
 
 

@@ -343,7 +343,11 @@ class Registry:
 
     async def delete_stream(self, stream_prefix: str, expect: int | None = None) -> None:
         """Delete a stream without groups or live producers (`NotEmpty` otherwise) and its shard keys."""
-        await self.ask_stream(stream_prefix, DeleteStream(self.clock.now_ms()), create=False, expect=expect)
+        reply = await self.ask_stream(
+            stream_prefix, DeleteStream(self.clock.now_ms()), create=False, expect=expect
+        )
+        if not reply.events:  # deleted by another request meanwhile: not this one's 204
+            raise UnknownStream(f"stream {stream_prefix!r} does not exist")
         self.layouts.pop(stream_prefix, None)
 
     def _observe_group(
