@@ -462,3 +462,21 @@ async def test_of_concurrent_deletes_of_a_stream_exactly_one_is_204(
         for _ in range(6):
             nursery.start_soon(delete)
     assert sorted(statuses) == [204] + [404] * 5, statuses
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "problem"),
+    [
+        ("/pause", {"reason": "a\nb"}, "reason does not match its pattern (see /openapi.json) @ $.reason"),
+        ("/dlq/replay", {"ids": ["x"]}, "ids does not match its pattern (see /openapi.json) @ $.ids"),
+        ("/dlq/replay", {"limit": 0}, "limit must be >= 1: 0 @ $.limit"),
+    ],
+)
+async def test_a_value_out_of_its_constraint_is_named_at_its_field(
+    client: httpx.AsyncClient, prefix: str, path: str, body: dict[str, Any], problem: str
+) -> None:
+    """Not `invalid value @ $`, and not the server's regular expression."""
+    await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 1}, auth=AUTH)
+    answer = await client.post(f"/v1/admin/streams/{prefix}{path}", json=body, auth=AUTH)
+    assert error(answer) == (400, "INVALID_REQUEST"), answer.text
+    assert answer.json()["details"] == [problem]

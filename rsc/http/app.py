@@ -525,7 +525,9 @@ def structure(data: Any, as_type: type[T]) -> T:
         value: T = codec.wire.structure(data, as_type)
     except (cattrs.BaseValidationError, ValueError, TypeError, KeyError) as exc:
         if isinstance(exc, cattrs.BaseValidationError):
-            problems = [_camel_path(p) for p in cattrs.transform_error(exc, format_exception=_problem)]
+            problems = [
+                _at_field(_camel_path(p)) for p in cattrs.transform_error(exc, format_exception=_problem)
+            ]
         else:
             problems = [str(exc)]
         raise ApiError(400, "INVALID_REQUEST", "the body does not match the schema", problems) from exc
@@ -544,14 +546,26 @@ def _problem(exc: BaseException, tp: Any) -> str:
         return "expected one of " + ", ".join(repr(m.value) for m in tp)
     if tp in _EXPECTED:
         return f"expected {_EXPECTED[tp]}"
-    if isinstance(exc, ValueError) and str(exc).startswith("'"):  # an attrs validator: the limit
-        return re.sub(r"'([a-z]+(?:_[a-z]+)+)'", lambda m: repr(codec.camel(m.group(1))), str(exc))
+    said = exc.args[0] if isinstance(exc, ValueError) and exc.args and isinstance(exc.args[0], str) else ""
+    if said.startswith("'"):  # an attrs validator: the limit (its other args: attribute, bound)
+        if " must match regex " in said:  # the regex itself helps nobody: /openapi.json has it
+            said = said.split(" must match regex ")[0] + " does not match its pattern (see /openapi.json)"
+        return re.sub(r"'([a-z]+(?:_[a-z]+)*)'", lambda m: repr(codec.camel(m.group(1))), said)
     origin = typing.get_origin(tp)
     if origin in (list, tuple, frozenset, set) or tp in (list, tuple):
         return "expected an array"
     if attrs.has(tp) or origin is dict or tp is dict:
         return "expected an object"
     return "invalid value"
+
+
+def _at_field(problem: str) -> str:
+    """A validator's problem is reported at the object (`@ $`): at the field it names instead."""
+    found = re.fullmatch(r"'([A-Za-z]+)' (.*) @ (\$[^ ]*)", problem)
+    if found is None:
+        return problem
+    name, text, where = found.groups()
+    return f"{name} {text} @ {where}.{name}"
 
 
 def _camel_path(problem: str) -> str:
