@@ -514,3 +514,18 @@ async def test_scale_of_a_misspelt_stream_is_an_error_not_a_new_stream(
     scaled = await rsc(http, "streams", "scale", prefix, "3")
     assert scaled.exit_code == 0, scaled.output
     assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 3
+
+
+async def test_groups_describe_lists_every_shard_the_group_reads_owned_or_not(
+    http: httpx.AsyncClient, prefix: str
+) -> None:
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    await http.put(f"/v1/admin/streams/{prefix}/groups/billing", json={"maxConcurrency": 2}, auth=AUTH)
+    empty = await rsc(http, "groups", "describe", prefix, "billing")
+    assert empty.exit_code == 0, empty.output
+    assert re.search(r"SHARD  OWNER\n\s+0  -\n\s+1  -\n", empty.output), empty.output
+    a = await beat(http, hb(prefix, "a", 0))
+    await beat(http, hb(prefix, "a", a["memberEpoch"], ownedShards=a["assignment"]["assigned"]))
+    owned = await rsc(http, "groups", "describe", prefix, "billing")
+    assert re.search(r"SHARD  OWNER\n\s+0  a\n\s+1  a\n", owned.output), owned.output
+    assert re.search(r"\na\s+\d+  STABLE", owned.output), owned.output

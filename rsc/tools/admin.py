@@ -328,7 +328,10 @@ def groups_list(admin: AdminClient, output: str, stream: str) -> None:
 def groups_describe(admin: AdminClient, output: str, stream: str, group: str) -> None:
     """A group's members and which shard each holds."""
     view = admin.group_view(stream, group)
-    rows = sorted((int(s), m) for s, m in view["currentAssignment"].items())
+    owners = {int(s): m for s, m in view["currentAssignment"].items()}
+    readable = [s["index"] for s in admin.stream_view(stream)["shards"] if s["state"] != "RETIRED"]
+    # Every shard the group reads, an unowned one with `-` (as `streams describe` shows them).
+    rows = [(i, owners.get(i)) for i in sorted({*readable, *owners})]
 
     def text() -> str:
         config = view["config"]
