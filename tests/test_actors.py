@@ -19,7 +19,7 @@ from rsc.actors.errors import ActorStopped
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import MemoryStore
 from rsc.events import group
-from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup
+from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup, DeleteGroup
 from rsc.events.errors import IncarnationMismatch, PreconditionFailed, UnknownGroup, UnknownStream
 from rsc.events.events import GroupConfigured
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
@@ -413,3 +413,43 @@ async def test_a_stream_made_by_a_first_heartbeat_is_one_info_line(
         f"created stream 'ordrs' with {count} shard(s) for the first heartbeat naming it "
         "(auto_create_streams; false refuses unknown streams)"
     ]
+
+
+class _SlowConsumerGroups(MemoryEffects):
+    """A group's creation (its Redis consumer groups) takes a while."""
+
+    async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
+        await trio.sleep(1)
+        await super().ensure_consumer_groups(shard_keys, group, start_id)
+
+
+async def test_a_layout_change_during_a_group_s_creation_reaches_the_group(autojump_clock: Clock) -> None:
+    """The creation carries the layout read before the change; the change's push found the group
+    not there yet (pushes never create) and was dropped: the group read the old shards for good."""
+    async with registry_on(effects=_SlowConsumerGroups()) as registry:
+        await registry.stream("orders", create=True, shard_count=6)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(registry.group, "orders", "billing")
+            await trio.sleep(0.5)  # the group's creation is under way
+            nursery.start_soon(registry.change_shard_count, "orders", 8)
+        await trio.sleep(5)  # the pushes run
+        stream = await registry.stream("orders", create=False)
+        group_actor = await registry.group("orders", "billing", create=False)
+        assert stream.state.layout.metadata_version == 2
+        assert group_actor.state.layout == stream.state.layout
+
+
+async def test_a_group_delete_that_stopped_half_way_is_finished_by_the_next(autojump_clock: Clock) -> None:
+    """The group recorded its deletion, the stream's write did not happen (a failure, a term
+    that ended): a DELETE again finishes it, and the stream can then be deleted."""
+    async with registry_on() as registry:
+        await registry.stream("orders", create=True, shard_count=1)
+        await registry.group("orders", "billing")
+        await registry.ask_group("orders", "billing", DeleteGroup(0), create=False)  # the first write only
+        assert "billing" in (await registry.stream("orders", create=False)).state.groups
+        await registry.delete_group("orders", "billing")
+        assert "billing" not in (await registry.stream("orders", create=False)).state.groups
+        await registry.delete_stream("orders")
+        await registry.stream("other", create=True, shard_count=1)
+        with pytest.raises(UnknownGroup):
+            await registry.delete_group("other", "billing")  # nothing there: still refused

@@ -127,6 +127,8 @@ class Registry:
         #: Aggregates being created now: a caller that finds one missing meanwhile (a read, an
         #: `If-Match` check) must not stop its actor, or the creation fails half-way.
         self._creating: Counter[AggregateId] = Counter()
+        #: Set when the creations of an aggregate in flight have all ended (`_marked_creating`).
+        self._created: dict[AggregateId, trio.Event] = {}
         #: The layout of each stream as last seen this term (the drain watcher looks at every
         #: stream once a term, and each layout change lands here), so that a stream no actor
         #: runs for is still known (metrics).
@@ -273,8 +275,8 @@ class Registry:
                 )
         elif only_new:
             raise PreconditionFailed(f"stream {stream_prefix!r} exists")
-        if actor.state is not None and not actor.state.deleted:
-            self.layouts[stream_prefix] = actor.state.layout
+        if actor.state is not None and not actor.state.deleted and self._current(aggregate_id, actor):
+            self.layouts[stream_prefix] = actor.state.layout  # (not from an actor a term stopped)
         return actor  # type: ignore[no-any-return]
 
     async def _create_group(
@@ -303,9 +305,16 @@ class Registry:
         member joining meanwhile creates the group afresh, and the stream
         learns it again.
         """
-        await self.ask_group(
-            stream_prefix, group, DeleteGroup(self.clock.now_ms()), create=False, expect=expect
-        )
+        try:
+            await self.ask_group(
+                stream_prefix, group, DeleteGroup(self.clock.now_ms()), create=False, expect=expect
+            )
+        except UnknownGroup:
+            # Deleted already, but the stream may still list it: a delete that stopped between
+            # its two writes (a failed write, a term that ended) is finished here.
+            stream = await self.stream(stream_prefix, create=False)
+            if stream.state is None or group not in stream.state.groups:
+                raise
         await self.ask_stream(stream_prefix, UnregisterGroup(group), create=False)
         entry = self.actors.get(AggregateId(stream_prefix, group))
         state = entry.actor.state if entry is not None and entry.started else None
@@ -409,12 +418,14 @@ class Registry:
     @contextlib.contextmanager
     def _marked_creating(self, aggregate_id: AggregateId) -> Iterator[None]:
         self._creating[aggregate_id] += 1
+        self._created.setdefault(aggregate_id, trio.Event())
         try:
             yield
         finally:
             self._creating[aggregate_id] -= 1
             if not self._creating[aggregate_id]:
                 del self._creating[aggregate_id]
+                self._created.pop(aggregate_id).set()
 
     def _stop_missing(self, aggregate_id: AggregateId) -> None:
         """Stop the actor of an aggregate found not to exist, unless someone is creating it."""
@@ -512,6 +523,8 @@ class Registry:
                 prefixes = await self.stream_prefixes()
             except StoreError:
                 continue
+            for gone in set(self.layouts) - set(prefixes):  # deleted (even by a failed answer)
+                self.layouts.pop(gone, None)
             still: set[str] = set()
             standby = False
             for prefix in prefixes:
@@ -537,6 +550,7 @@ class Registry:
         """Retire what may be retired and move a QUIESCED migration on; whether the stream
         needs looking at again. Its actor is started for it only with `load` (else only one
         running already is looked at)."""
+        generation = self.generation  # what is learnt after a term ended is not recorded
         entry = self.actors.get(AggregateId(stream_prefix))
         if entry is not None and entry.started and entry.error is None:
             actor = entry.actor
@@ -548,7 +562,8 @@ class Registry:
         if state is None or state.deleted:
             self.layouts.pop(stream_prefix, None)
             return False
-        self.layouts[stream_prefix] = state.layout
+        if generation == self.generation:
+            self.layouts[stream_prefix] = state.layout
         draining = False
         if state.layout.draining:
             draining = await self._retire_drained(stream_prefix, state)
@@ -564,7 +579,7 @@ class Registry:
             await self.ask_stream(stream_prefix, advance)
         # A stalled migration is looked at too: its actor stays up, its state in the metrics.
         after = actor.state
-        if after is not None and not after.deleted:
+        if after is not None and not after.deleted and generation == self.generation:
             self.layouts[stream_prefix] = after.layout
         running = after is not None and not after.deleted and after.migration is not None
         return draining or (running and after.migration.running)
@@ -593,16 +608,25 @@ class Registry:
     async def _push_layout(self, stream_prefix: str, layout: Layout, groups: Sequence[str]) -> None:
         for group in groups:
             try:
-                # Never creates: a group deleted meanwhile stays deleted.
-                await self.ask_group(
-                    stream_prefix, group, ApplyLayout(layout, self.clock.now_ms()), create=False
-                )
+                await self._apply_layout(stream_prefix, group, layout)
             except (UnknownGroup, UnknownStream):
-                continue
+                continue  # deleted meanwhile: it stays deleted
             except (CoordinationError, StoreError, ActorStopped) as exc:
                 log.warning(
                     "layout v%s did not reach %s/%s: %s", layout.metadata_version, stream_prefix, group, exc
                 )
+
+    async def _apply_layout(self, stream_prefix: str, group: str, layout: Layout) -> None:
+        """Give `layout` to an existing group; never creates one. A group being created now (its
+        creation carries the layout read before this one) gets it once its creation ends."""
+        try:
+            await self.ask_group(stream_prefix, group, ApplyLayout(layout, self.clock.now_ms()), create=False)
+        except (UnknownGroup, UnknownStream):
+            created = self._created.get(AggregateId(stream_prefix, group))
+            if created is None:
+                raise
+            await created.wait()
+            await self.ask_group(stream_prefix, group, ApplyLayout(layout, self.clock.now_ms()), create=False)
 
 
 @contextlib.asynccontextmanager

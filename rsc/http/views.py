@@ -336,7 +336,9 @@ def waiting_groups(state: StreamState, consumed: Mapping[str, DrainEvidence]) ->
         if seen is None or not shard.readable or not seen.exists:
             continue
         found = {g.group: g for g in seen.groups}
-        for group in sorted(state.groups):
+        # The stream's groups, and any other Redis consumer group on the key (the evidence
+        # waits for every one of them).
+        for group in sorted(set(state.groups) | set(found)):
             g = found.get(group)
             if g is None or g.pending or g.undelivered:
                 waiting.setdefault(group, []).append(shard.index)

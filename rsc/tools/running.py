@@ -28,7 +28,8 @@ def run_on_redis(
     except REDIS_MISTAKES as exc:
         raise error(str(exc)) from exc
     except BaseExceptionGroup as group:
-        fatal, _ = group.split(REDIS_MISTAKES)
-        if fatal is None:
+        fatal, rest = group.split(REDIS_MISTAKES)
+        others = rest.split(trio.Cancelled)[1] if rest is not None else None
+        if fatal is None or others is not None:  # something else went wrong too: shown whole
             raise
         raise error(str(first_leaf(fatal))) from group
