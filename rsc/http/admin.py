@@ -333,8 +333,7 @@ async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec
     actor = await _existing_stream(registry, stream_prefix)
     only_new = _check_if_none_match(actor, f"stream {stream_prefix!r}")
     if actor is None:
-        if _precondition("If-Match") is not None:
-            raise ApiError(412, "PRECONDITION_FAILED", f"there is no stream {stream_prefix!r} (If-Match)")
+        _missing_with_if_match(f"stream {stream_prefix!r}")
         actor = await _stream_actor(registry, stream_prefix, spec.shard_count, only_new)
         expect = None
     else:
@@ -437,10 +436,7 @@ async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec:
     actor = await _existing_group(registry, stream_prefix, group)
     only_new = _check_if_none_match(actor, f"group {group!r} of {stream_prefix!r}")
     if actor is None:
-        if _precondition("If-Match") is not None:
-            raise ApiError(
-                412, "PRECONDITION_FAILED", f"there is no group {group!r} of {stream_prefix!r} (If-Match)"
-            )
+        _missing_with_if_match(f"group {group!r} of {stream_prefix!r}")
         # A group reads a stream that exists: a misspelt stream name is a 404, not a new stream.
         await _stream_actor(registry, stream_prefix, None)
         # A member's join may create the group first (with the default config): then

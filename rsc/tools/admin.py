@@ -218,12 +218,10 @@ def describe_text(spec: Mapping[str, Any], view: Mapping[str, Any], groups: Mapp
 @connection_options
 def streams_create(admin: AdminClient, output: str, stream: str, shards: int, mode: str) -> None:
     """Create a stream (refused if it exists: use `scale`)."""
-    try:
-        answer = admin.put_stream(stream, {"shardCount": shards, "reshardMode": mode}, create_only=True)
-    except AdminError as exc:
-        if exc.status == 412:
-            raise click.ClickException(f"stream {stream!r} exists: `rsc streams scale` changes it") from exc
-        raise
+    answer = _said_412(
+        lambda: admin.put_stream(stream, {"shardCount": shards, "reshardMode": mode}, create_only=True),
+        f"stream {stream!r} exists: `rsc streams scale` changes it",
+    )
     done(admin, output, answer, f"stream {stream}: {shards} shard(s), reshardMode {mode}")
 
 
@@ -243,10 +241,9 @@ def streams_scale(
     if mode is not None:
         patch["reshardMode"] = mode
     # `If-Match: *` at least: a misspelt name is an error, not a new stream.
-    answer = _existing(
+    answer = _said_412(
         lambda: admin.patch_stream(stream, patch, if_match="*" if if_match is None else if_match),
-        if_match,
-        f"there is no stream {stream!r} (`rsc streams create` makes one)",
+        f"there is no stream {stream!r} (`rsc streams create` makes one)" if if_match is None else None,
     )
     migration = answer.body["status"].get("migration") or {}
     phase = f", migration {migration['migrationId']} {migration['phase']}" if migration else ""
@@ -373,14 +370,10 @@ def groups_create(
 ) -> None:
     """Create a group of an existing stream (refused if it exists: use `set`)."""
     spec = {"maxConcurrency": max_concurrency, "startFrom": start_from}
-    try:
-        answer = admin.put_group(stream, group, spec, create_only=True)
-    except AdminError as exc:
-        if exc.status == 412:
-            raise click.ClickException(
-                f"group {group!r} of {stream!r} exists: `rsc groups set` changes it"
-            ) from exc
-        raise
+    answer = _said_412(
+        lambda: admin.put_group(stream, group, spec, create_only=True),
+        f"group {group!r} of {stream!r} exists: `rsc groups set` changes it",
+    )
     _group_done(admin, output, answer, stream, group)
 
 
@@ -407,10 +400,11 @@ def groups_set(
     if start_from is not None:
         patch["startFrom"] = start_from
     # `If-Match: *` at least: a misspelt name is an error, not a new group.
-    answer = _existing(
+    answer = _said_412(
         lambda: admin.patch_group(stream, group, patch, if_match="*" if if_match is None else if_match),
-        if_match,
-        f"there is no group {group!r} of {stream!r} (`rsc groups create` makes one)",
+        f"there is no group {group!r} of {stream!r} (`rsc groups create` makes one)"
+        if if_match is None
+        else None,
     )
     _group_done(admin, output, answer, stream, group)
 
@@ -421,14 +415,14 @@ def _group_done(admin: AdminClient, output: str, answer: Answer, stream: str, gr
     done(admin, output, answer, f"group {group} of {stream}: {what}")
 
 
-def _existing(change: Callable[[], Answer], if_match: int | None, missing: str) -> Answer:
-    """`change()` sent with `If-Match` (`*` unless a revision was given): a 412 for a
-    resource that is not there is said as `missing`."""
+def _said_412(change: Callable[[], Answer], meaning: str | None) -> Answer:
+    """`change()`, with its precondition's 412 said as `meaning` (the create-only or must-exist
+    header the command sent); None: the 412 as the server said it (a revision given by hand)."""
     try:
         return change()
     except AdminError as exc:
-        if exc.status == 412 and if_match is None:
-            raise click.ClickException(missing) from exc
+        if exc.status == 412 and meaning is not None:
+            raise click.ClickException(meaning) from exc
         raise
 
 
