@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # Reinstalled when the dependencies or the version change (the package metadata holds the version).
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py | cksum | cut -d' ' -f1)
 
-.PHONY: setup run clean-demo test lint bench clean
+.PHONY: setup run clean-demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml rsc/__init__.py
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ clean-demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+# The inner loop (about two minutes): everything but the tests marked slow in tests/conftest.py.
+test-fast: setup
+	$(BIN)/pytest -m "not slow" -q --hypothesis-profile=fast
 
 lint: setup
 	$(BIN)/ruff check .

@@ -279,23 +279,32 @@ def journal_replay(stream: str, group: str | None, until: str, redis_url: str, k
 @journal.command("verify")
 @click.argument("stream", required=False)
 @click.argument("group", required=False)
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Exit 0 when Redis holds no rsc data at all (a deployment where no coordinator has run yet).",
+)
 @redis_url_option
 @key_prefix_option
-def journal_verify(stream: str | None, group: str | None, redis_url: str, key_prefix: str) -> None:
+def journal_verify(
+    stream: str | None, group: str | None, allow_empty: bool, redis_url: str, key_prefix: str
+) -> None:
     """Check that snapshots, checkpoints and journals agree (all aggregates without STREAM).
 
-    Exits 1 if any aggregate fails.
+    Exits 1 if any aggregate fails, and when Redis holds no rsc data at all (no
+    aggregate and no dataset marker: lost, or never written) unless --allow-empty.
     """
 
-    async def work(redis: Any, store: RedisStore) -> tuple[str, list[journal_tool.Verdict]]:
+    async def work(redis: Any, store: RedisStore) -> tuple[str, list[journal_tool.Verdict], bool]:
         if stream:
             targets = [_aggregate(stream, group)]
         else:
             targets = await journal_tool.every_aggregate(redis, store, store.keys)
         level = await journal_tool.feature_level(redis, store.keys)
-        return level, [await journal_tool.verify(store, target) for target in targets]
+        empty = not targets and not await redis.exists([store.keys.dataset])
+        return level, [await journal_tool.verify(store, target) for target in targets], empty
 
-    level, verdicts = _with_store(redis_url, key_prefix, work)
+    level, verdicts, empty = _with_store(redis_url, key_prefix, work)
     click.echo(level)
     for v in verdicts:
         status = "ok" if v.ok else "FAILED"
@@ -305,6 +314,17 @@ def journal_verify(stream: str | None, group: str | None, redis_url: str, key_pr
         )
         for problem in v.problems:
             click.echo(f"       - {problem}")
+    if empty:
+        # Nothing to check is not a pass: Redis that lost everything (FLUSHALL, a restart
+        # without persistence) looks exactly like this until a coordinator notices and
+        # writes back what it knows. A deployment that never ran one says --allow-empty.
+        click.echo(
+            "FAILED no rsc data in this Redis: no aggregate and no dataset marker (under this "
+            "--key-prefix). Either Redis lost everything (FLUSHALL, a restart without persistence) "
+            "and no coordinator has run since to write back what it knows, or no coordinator has "
+            "run here yet (then pass --allow-empty)."
+        )
+        sys.exit(0 if allow_empty else 1)
     if not verdicts:
         click.echo("no aggregates found")
     sys.exit(0 if all(v.ok for v in verdicts) else 1)

@@ -31,13 +31,16 @@ they come from requests and the Admin API.
     name = "billing-workers"                  # shown in logs and metrics
     token_sha256 = "..."                      # or token = "..." (at least 16 characters)
     roles = ["member"]                        # member, producer, monitor
-    streams = ["billing-*", "orders"]         # glob patterns of stream prefixes
+    streams = ["billing-*", "orders:**"]      # patterns: * one ':' level, ** any (default ["**"])
     create = false                            # may heartbeats create streams and groups?
+    pattern_syntax = "segments"               # optional: written for 0.2.0 patterns (0.1.0 refuses)
+    quota = { streams = 50 }                  # optional: lower any of the five quotas for it
     max_body_bytes = 1048576                  # RSC_MAX_BODY_BYTES
     keep_alive_timeout_ms = 5000              # RSC_KEEP_ALIVE_TIMEOUT_MS: idle connections close
     body_timeout_ms = 60000                   # RSC_BODY_TIMEOUT_MS: a body arrives (else 408)
     max_connections = 1000                    # RSC_MAX_CONNECTIONS: more are answered 503
     coordinator_lease_ttl_ms = 4000           # RSC_COORDINATOR_LEASE_TTL_MS: one active coordinator
+    coordinator_lease_replicas = 0            # RSC_COORDINATOR_LEASE_REPLICAS: replicas to ack it (WAIT)
     advertise_url = "http://10.0.0.5:8080"    # RSC_ADVERTISE_URL: what standbys tell clients
     initial_feature_level = 3                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
     quiesce_pause_timeout_ms = 30000          # RSC_QUIESCE_PAUSE_TIMEOUT_MS: PAUSING's bound
@@ -46,6 +49,22 @@ they come from requests and the Admin API.
     metrics_sample_interval_ms = 10000        # RSC_METRICS_SAMPLE_INTERVAL_MS: shard figures in /metrics
     retired_shard_retention_ms = 86400000     # RSC_RETIRED_SHARD_RETENTION_MS: unset: keep retired
                                               # shard keys until the stream is deleted
+    quota_streams = 100000                    # RSC_QUOTA_STREAMS: streams in the deployment, and
+                                              # per credential (those it created; docs: Quotas)
+    quota_shards_per_stream = 4096            # RSC_QUOTA_SHARDS_PER_STREAM
+    quota_groups_per_stream = 1000            # RSC_QUOTA_GROUPS_PER_STREAM
+    quota_members_per_group = 10000           # RSC_QUOTA_MEMBERS_PER_GROUP (live members)
+    quota_producers_per_stream = 10000        # RSC_QUOTA_PRODUCERS_PER_STREAM (live producers)
+    anonymous_quota_streams = 10000           # RSC_ANONYMOUS_QUOTA_STREAMS: what anonymous callers
+    anonymous_quota_shards_per_stream = 1024  # may create, all together (the same five quotas)
+    anonymous_quota_groups_per_stream = 100
+    anonymous_quota_members_per_group = 2000
+    anonymous_quota_producers_per_stream = 1000
+    rate_limit_party_per_interval = 10        # RSC_RATE_LIMIT_PARTY_PER_INTERVAL: heartbeats per member
+    rate_limit_party_burst = 100              # or producer id per heartbeat interval, and burst
+    rate_limit_heartbeats_per_s = 200000      # RSC_RATE_LIMIT_HEARTBEATS_PER_S per credential/address
+    rate_limit_views_per_s = 1000             # RSC_RATE_LIMIT_VIEWS_PER_S per credential/address
+    rate_limit_admin_writes_per_s = 50        # RSC_RATE_LIMIT_ADMIN_WRITES_PER_S per address (0: off)
 """
 
 from __future__ import annotations
@@ -62,8 +81,8 @@ import attrs
 
 from rsc.actors.connect import DEFAULT_REDIS_URL
 from rsc.actors.keys import check_namespace
-from rsc.connect import redacted
-from rsc.events import auth
+from rsc.connect import is_sentinel_url, parse_sentinel_url, redacted
+from rsc.events import auth, quotas
 from rsc.events.versions import MAX_FEATURE_LEVEL
 
 
@@ -108,6 +127,10 @@ class Settings:
     #: others are standbys), and the URL the active one tells standbys to name to clients
     #: (default: the address it listens on, unless that is a wildcard).
     coordinator_lease_ttl_ms: int = 4_000
+    #: Replicas that must acknowledge each lease acquisition and renewal (`WAIT`) before it
+    #: counts: 1 with a Sentinel- or Cluster-managed replica, so that a failover cannot hand
+    #: the lease to a second coordinator while the first believes it is active. 0: off.
+    coordinator_lease_replicas: int = 0
     advertise_url: str | None = None
     #: The feature level a deployment starts at when the first coordinator that knows feature
     #: levels finds none in Redis and no stream exists there yet (an upgraded 0.1.0
@@ -126,11 +149,48 @@ class Settings:
     consumer_prune_interval_ms: int = 30_000
     #: How often shard lengths, lag, pending and dead letters are read for `/metrics`.
     metrics_sample_interval_ms: int = 10_000
+    #: Quotas (`rsc.events.quotas`): the deployment's (each credential's too, unless its
+    #: `quota` table lowers them), and what anonymous callers may create all together.
+    quota_streams: int = quotas.DEFAULT_LIMITS.streams
+    quota_shards_per_stream: int = quotas.DEFAULT_LIMITS.shards_per_stream
+    quota_groups_per_stream: int = quotas.DEFAULT_LIMITS.groups_per_stream
+    quota_members_per_group: int = quotas.DEFAULT_LIMITS.members_per_group
+    quota_producers_per_stream: int = quotas.DEFAULT_LIMITS.producers_per_stream
+    anonymous_quota_streams: int = quotas.ANONYMOUS_LIMITS.streams
+    anonymous_quota_shards_per_stream: int = quotas.ANONYMOUS_LIMITS.shards_per_stream
+    anonymous_quota_groups_per_stream: int = quotas.ANONYMOUS_LIMITS.groups_per_stream
+    anonymous_quota_members_per_group: int = quotas.ANONYMOUS_LIMITS.members_per_group
+    anonymous_quota_producers_per_stream: int = quotas.ANONYMOUS_LIMITS.producers_per_stream
+    #: Rate limits (`rsc.http.ratelimit`; 0 switches one off): heartbeats per member id or
+    #: producer id per heartbeat interval (and its burst), and per caller (a credential, or an
+    #: anonymous caller's address) heartbeats, views and Admin API writes a second.
+    rate_limit_party_per_interval: int = 10
+    rate_limit_party_burst: int = 100
+    rate_limit_heartbeats_per_s: int = 200_000
+    rate_limit_views_per_s: int = 1_000
+    rate_limit_admin_writes_per_s: int = 50
 
     @property
     def redis_url_configured(self) -> bool:
         """Whether the Redis URL came from the file or the environment (not the default)."""
         return self.redis_url != DEFAULT_REDIS_URL
+
+    @property
+    def limits(self) -> quotas.Limits:
+        """The deployment's quotas (an admin's, and every credential's at most)."""
+        return quotas.Limits(**{name: getattr(self, f"quota_{name}") for name in quotas.NAMES})
+
+    def quota_for(self, caller: auth.Credential | None) -> quotas.Quota:
+        """The quotas of a request's caller (None: anonymous)."""
+        limits = self.limits
+        if caller is None:
+            anonymous = {name: getattr(self, f"anonymous_quota_{name}") for name in quotas.NAMES}
+            return quotas.Quota(quotas.ANONYMOUS, limits.lowered(anonymous), limits.streams)
+        if caller is auth.ADMIN:
+            return quotas.Quota("admin", limits, limits.streams)
+        # (A kind prefix: a credential named "admin" or "anonymous" counts apart from those.)
+        owner = f"credential:{caller.name}"
+        return quotas.Quota(owner, limits.lowered(dict(caller.quota)), limits.streams)
 
     @property
     def policy(self) -> auth.Policy:
@@ -186,6 +246,24 @@ def _coerce(name: str, value: Any) -> Any:
     return None if value is None else str(value)
 
 
+def _quota_table(value: Any) -> dict[str, int]:
+    """A credential's `quota` table: some of the five quotas, each a whole number >= 1."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"quota must be a table of some of {', '.join(quotas.NAMES)}")
+    unknown = sorted(set(value) - set(quotas.NAMES))
+    if unknown:
+        raise ConfigError(f"unknown quotas {', '.join(unknown)} (known: {', '.join(quotas.NAMES)})")
+    table = {}
+    for name, limit in value.items():
+        whole = isinstance(limit, int) and not isinstance(limit, bool)
+        if not whole and not (isinstance(limit, str) and limit.isdigit()):
+            raise ConfigError(f"quota {name} must be a whole number, not {limit!r}")
+        table[name] = int(limit)
+        if table[name] < 1:
+            raise ConfigError(f"quota {name} must be at least 1 (to create nothing, leave create false)")
+    return table
+
+
 def _credentials(value: Any) -> tuple[auth.Credential, ...]:
     """`[[credentials]]` tables, or the same list as JSON (from RSC_CREDENTIALS)."""
     if isinstance(value, str):
@@ -195,14 +273,14 @@ def _credentials(value: Any) -> tuple[auth.Credential, ...]:
             raise ConfigError(f"credentials: not a JSON list: {exc}") from exc
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         raise ConfigError("credentials must be a list of tables (name, token or token_sha256, roles, ...)")
-    known = {"name", "token", "token_sha256", "roles", "streams", "create"}
+    known = {"name", "token", "token_sha256", "roles", "streams", "create", "pattern_syntax", "quota"}
     out = []
     for item in value:
         unknown = sorted(set(item) - known)
         if unknown:
             raise ConfigError(f"credentials: unknown keys {', '.join(unknown)}")
         roles = item.get("roles", [])
-        streams = item.get("streams", ["*"])
+        streams = item.get("streams", [auth.EVERY_STREAM])
         if not isinstance(roles, list) or not isinstance(streams, list):
             raise ConfigError("credentials: roles and streams must be lists")
         try:
@@ -214,6 +292,8 @@ def _credentials(value: Any) -> tuple[auth.Credential, ...]:
                     token_sha256=item.get("token_sha256"),
                     streams=streams,
                     create=_as_bool(item.get("create", False)),
+                    pattern_syntax=item.get("pattern_syntax"),
+                    quota=_quota_table(item.get("quota", {})),
                 )
             )
         except (auth.PolicyError, ValueError) as exc:
@@ -243,8 +323,15 @@ def _as_bool(value: Any) -> bool:
 
 
 def _check_redis_url(url: str) -> None:
-    """A Redis URL that can be connected to: redis:// or rediss://, a host, a port, a database number."""
+    """A Redis URL that can be connected to: redis:// or rediss://, a host, a port, a database
+    number; or a sentinel URL (`redis+sentinel://h1:p1,h2:p2/service[/db]`)."""
     shown = redacted(url)
+    if is_sentinel_url(url):
+        try:
+            parse_sentinel_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"redis_url {shown}: {exc}") from exc
+        return
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -252,7 +339,8 @@ def _check_redis_url(url: str) -> None:
         raise ConfigError(f"redis_url {shown}: {exc}") from exc
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise ConfigError(
-            f"redis_url {shown}: expected redis://[user:password@]host[:port][/db] (or rediss://)"
+            f"redis_url {shown}: expected redis://[user:password@]host[:port][/db] (or rediss://, "
+            "or redis+sentinel://host:port[,host:port...]/service[/db])"
         )
     if port == 0:
         raise ConfigError(f"redis_url {shown}: port 0")
@@ -296,6 +384,8 @@ def validate(settings: Settings) -> None:
     if (settings.certfile is None) != (settings.keyfile is None):
         raise ConfigError("certfile and keyfile go together: give both or neither")
     _validate_high_availability(settings)
+    if not 0 <= settings.coordinator_lease_replicas <= 16:
+        raise ConfigError("coordinator_lease_replicas must be between 0 and 16")
     if not 1 <= settings.initial_feature_level <= MAX_FEATURE_LEVEL:
         raise ConfigError(f"initial_feature_level must be between 1 and {MAX_FEATURE_LEVEL}")
     for name in ("quiesce_pause_timeout_ms", "quiesce_consume_timeout_ms"):
@@ -307,6 +397,33 @@ def validate(settings: Settings) -> None:
         raise ConfigError("consumer_prune_interval_ms must not be negative (0: never)")
     if settings.retired_shard_retention_ms is not None and settings.retired_shard_retention_ms < 0:
         raise ConfigError("retired_shard_retention_ms must not be negative (unset: keep until deleted)")
+    for name in quotas.NAMES:
+        for setting in (f"quota_{name}", f"anonymous_quota_{name}"):
+            if getattr(settings, setting) < 1:
+                raise ConfigError(f"{setting} must be at least 1")
+    for name in (
+        "rate_limit_party_per_interval",
+        "rate_limit_party_burst",
+        "rate_limit_heartbeats_per_s",
+        "rate_limit_views_per_s",
+        "rate_limit_admin_writes_per_s",
+    ):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must not be negative (0: no limit)")
+    # Streams made by a heartbeat get the default count: a quota below it would refuse them all.
+    lowest = [("quota_shards_per_stream", settings.quota_shards_per_stream)]
+    lowest.append(("anonymous_quota_shards_per_stream", settings.anonymous_quota_shards_per_stream))
+    lowest += [
+        (f"the quota of credential {c.name!r}", dict(c.quota)[quotas.SHARDS_PER_STREAM])
+        for c in settings.credentials
+        if quotas.SHARDS_PER_STREAM in dict(c.quota)
+    ]
+    for what, limit in lowest:
+        if settings.default_shard_count > limit:
+            raise ConfigError(
+                f"default_shard_count ({settings.default_shard_count}) must not exceed "
+                f"{what} ({limit} shards per stream)"
+            )
 
 
 def _validate_high_availability(settings: Settings) -> None:

@@ -163,7 +163,10 @@ async def verify(store: Store, aggregate_id: AggregateId) -> Verdict:
     # raised): it keeps no field it does not know (a client's `featureLevel`), so compare
     # without those, whatever the schema is now.
     same = _same_for_baseline
-    expected_revision = entries[0].revision if entries[0].is_checkpoint else 1
+    # A checkpoint carries the revision of the state it holds (written after that revision's
+    # event, which trimming removes; or, written back after a loss, a revision of its own):
+    # a journal that starts with one goes on at the next revision.
+    expected_revision = entries[0].revision + 1 if entries[0].is_checkpoint else 1
     for entry in entries:
         if entry.is_checkpoint:
             snapshot = aggregate.state_from_json(entry.data)

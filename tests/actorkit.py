@@ -15,9 +15,10 @@ from rsc.actors.store import MemoryStore, Store
 from rsc.events.member import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo, Timing
 from rsc.events.respond import respond
+from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatResponse
 
-CLIENT = ClientInfo("actorkit", "1")
+CLIENT = ClientInfo("actorkit", "1", MAX_FEATURE_LEVEL)  # the shipped member machine: reports stalls
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
 SETTINGS = RegistrySettings(
     timing=TIMING,
@@ -76,7 +77,12 @@ class Member:
             machine.revoked(machine.revoking)
         request = machine.request(now_ms / 1000)
         command = request.to_command(now_ms)
-        reply = await self.registry.ask_group(self.stream, self.group, command)
+        reply = await self.registry.ask_group(
+            self.stream,
+            self.group,
+            command,
+            seen_version=request.metadata_version if request.member_epoch > 0 else 0,  # as rsc.http
+        )
         response = respond(reply.state, command, reply.events)
         machine.receive(request, response, now_ms / 1000)
         return response

@@ -9,12 +9,71 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis as redis_py
 import trio
+from hypothesis import settings
 from redis.cluster import RedisCluster
 
 from rsc import journal
 from rsc.actors.connect import RedisClient, open_redis
 from rsc.actors.redis_store import RedisStore
 from tests import redis_servers
+
+#: Modules whose tests run real processes, several servers or long scenarios: `make test`
+#: runs them, `make test-fast` (`-m "not slow"`, the inner loop) leaves them out.
+SLOW_MODULES = frozenset(
+    {
+        "test_auth_end_to_end",
+        "test_producers_http",
+        "test_sync_producer",
+        "test_security",
+        "test_redis_calls",
+        "test_scale_out",
+        "test_store_contract",
+        "test_http_robustness",
+        "test_admin_strict",
+        "test_poller_wakeup",
+        "test_actors_redis",
+        "test_client_http",
+        "test_cluster_failover",
+        "test_docs_examples",
+        "test_examples",
+        "test_failover",
+        "test_key_prefix",
+        "test_operator_cli",
+        "test_outage",
+        "test_poller_faults",
+        "test_producer_faults",
+        "test_quiesce",
+        "test_redis_data_loss",
+        "test_redis_faults",
+        "test_reshard",
+        "test_schemathesis",
+        "test_sentinel",
+        "test_serve_process",
+        "test_terraform",
+        "test_tls",
+        "test_ui",
+        "test_worker",
+    }
+)
+
+
+# `make test-fast` runs property tests with fewer examples (`--hypothesis-profile=fast`).
+settings.register_profile("fast", max_examples=10)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.stem
+        if module in SLOW_MODULES or item.path.parent.name in ("chaos", "compat"):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What exists once every test module is imported (modules, hypothesis strategies) lives
+    for the session: frozen out of the collector's sight, the collection after each test
+    scans only what tests made (several times faster; it runs after every test)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

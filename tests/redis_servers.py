@@ -93,11 +93,12 @@ def server_pid(url: str) -> int:
 
 
 @contextlib.contextmanager
-def cluster(primaries: int = 3) -> Iterator[str]:
-    """Yield the URL of one node of a private Redis Cluster with `primaries` primaries."""
+def cluster(primaries: int = 3, replicas: int = 0) -> Iterator[str]:
+    """Yield the URL of one node of a private Redis Cluster with `primaries` primaries (and
+    `replicas` replicas of each)."""
     with tempfile.TemporaryDirectory(prefix="rsc-cluster-") as workdir:
         ports: list[int] = []
-        while len(ports) < primaries:
+        while len(ports) < primaries * (1 + replicas):
             port = free_port(cluster_bus=True)
             if port not in ports:
                 ports.append(port)
@@ -111,7 +112,15 @@ def cluster(primaries: int = 3) -> Iterator[str]:
                 )
             nodes = [f"127.0.0.1:{p}" for p in ports]
             subprocess.run(
-                [REDIS_CLI, "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+                [
+                    REDIS_CLI,
+                    "--cluster",
+                    "create",
+                    *nodes,
+                    "--cluster-replicas",
+                    str(replicas),
+                    "--cluster-yes",
+                ],
                 check=True,
                 capture_output=True,
             )
@@ -146,8 +155,10 @@ class DurableServer:
     for good. Used as a context manager, it is started on entry and closed on exit.
     """
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, *, persistent: bool = True) -> None:
         self.workdir = workdir
+        #: False: no AOF and no RDB, so a restart starts empty (production Redis without persistence).
+        self.persistent = persistent
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
@@ -168,7 +179,11 @@ class DurableServer:
         assert self.process is None or self.process.poll() is not None, "already running"
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)]
+        if self.persistent:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        args += ["--dir", str(self.workdir)]
         with (self.workdir / "redis.log").open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -196,3 +211,149 @@ class DurableServer:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)  # a stopped server could not act on SIGTERM
         self.stop()
+
+
+SENTINEL_SERVICE = "main"
+
+
+class SentinelSet:
+    """A primary, one replica and three sentinels, all local (`redis-server F --sentinel`), that
+    fail over in about a second: what a Sentinel deployment looks like to a client."""
+
+    def __init__(self, workdir: Path, service: str = SENTINEL_SERVICE) -> None:
+        self.workdir = workdir
+        self.service = service
+        self.data_ports = [free_port(), free_port()]
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.service}"
+
+    def __enter__(self) -> SentinelSet:
+        primary, replica = self.data_ports
+        for port in self.data_ports:
+            (self.workdir / str(port)).mkdir(parents=True, exist_ok=True)
+        self.processes.append(_start(primary, self.workdir / str(primary)))
+        self.processes.append(
+            _start(replica, self.workdir / str(replica), "--replicaof", "127.0.0.1", str(primary))
+        )
+        for port in self.sentinel_ports:
+            config = self.workdir / f"sentinel-{port}.conf"
+            config.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+                f"sentinel monitor {self.service} 127.0.0.1 {primary} 2\n"
+                f"sentinel down-after-milliseconds {self.service} 1000\n"
+                f"sentinel failover-timeout {self.service} 4000\n"
+                f"sentinel parallel-syncs {self.service} 1\n"
+            )
+            self.processes.append(
+                subprocess.Popen(
+                    [REDIS_SERVER, str(config), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            _wait_ping(port)
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGCONT)  # a test may have stopped one
+        _stop(self.processes)
+
+    def process(self, port: int) -> subprocess.Popen[bytes]:
+        """The redis-server process of data node `port`."""
+        return self.processes[self.data_ports.index(port)]
+
+    def restart(self, port: int) -> None:
+        """Start data node `port` again (after a kill), empty, as a replica of today's primary:
+        what an operator does with a failed primary once a replica took its place."""
+        index = self.data_ports.index(port)
+        with contextlib.suppress(ProcessLookupError):
+            self.processes[index].kill()
+        self.processes[index].wait()
+        primary = self.primary_port()
+        self.processes[index] = _start(
+            port, self.workdir / str(port), "--replicaof", "127.0.0.1", str(primary)
+        )
+
+    def wait_primary(self, port: int, timeout: float = 30.0) -> None:
+        """Until every sentinel names `port` the primary and it says it is one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.named_primaries() == {port}:
+                with contextlib.suppress(redis.ConnectionError), redis.Redis(port=port) as node:
+                    if node.execute_command("ROLE")[0] in (b"master", "master"):
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"the sentinels did not promote {port}")
+
+    def named_primaries(self) -> set[int]:
+        """The ports the sentinels name as the primary (one when they agree)."""
+        named = set()
+        for sentinel_port in self.sentinel_ports:
+            with redis.Redis(port=sentinel_port, decode_responses=True) as sentinel:
+                answer = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                named.add(int(answer[1]))
+        return named
+
+    def primary_port(self) -> int:
+        """The port of the primary, as the first sentinel names it."""
+        with redis.Redis(port=self.sentinel_ports[0], decode_responses=True) as sentinel:
+            _, port = sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+            return int(port)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Until every sentinel knows the replica, in sync, and the other sentinels."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self._ready(port) for port in self.sentinel_ports):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the sentinels did not get ready")
+
+    def _ready(self, port: int) -> bool:
+        with redis.Redis(port=port, decode_responses=True) as sentinel:
+            replicas = sentinel.execute_command("SENTINEL", "REPLICAS", self.service)
+            others = sentinel.execute_command("SENTINEL", "SENTINELS", self.service)
+        linked = [r for r in replicas if _pairs(r).get("master-link-status") == "ok"]
+        return bool(linked) and len(others) == len(self.sentinel_ports) - 1
+
+    def failover(self, timeout: float = 30.0) -> int:
+        """`SENTINEL FAILOVER` (the replica, in sync, becomes the primary): the new primary's port
+        once every sentinel names it and it says it is the primary."""
+        old = self.primary_port()
+        self.wait_ready()
+        with redis.Redis(port=self.sentinel_ports[0]) as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ports = self.named_primaries()
+            if len(ports) == 1 and (new := ports.pop()) != old and self._switched(old, new):
+                return new
+            time.sleep(0.1)
+        raise RuntimeError("the failover did not complete")
+
+    @staticmethod
+    def _switched(old: int, new: int) -> bool:
+        """`new` is the primary and `old` its replica again (until then `old` still accepts
+        writes, which the resync drops: Redis' asynchronous replication, not ours to test)."""
+        with redis.Redis(port=new, decode_responses=True) as node:
+            if node.execute_command("ROLE")[0] != "master":
+                return False
+        with redis.Redis(port=old, decode_responses=True) as node:
+            role = node.execute_command("ROLE")
+        return role[0] == "slave" and int(role[2]) == new and role[3] == "connected"
+
+
+def _pairs(flat: object) -> dict[str, str]:
+    """A sentinel's flat [name, value, ...] reply (redis-py may have made it a dict already)."""
+    if isinstance(flat, dict):
+        return {str(k): str(v) for k, v in flat.items()}
+    items = list(flat)  # type: ignore[call-overload]
+    return {str(items[i]): str(items[i + 1]) for i in range(0, len(items) - 1, 2)}

@@ -136,8 +136,8 @@ class ReplyRecorder:
         self.registry = registry
         self.original = registry.ask_group
 
-        async def recording(stream: str, name: str, command: object) -> object:
-            reply = await self.original(stream, name, command)  # type: ignore[arg-type]
+        async def recording(stream: str, name: str, command: object, **options: Any) -> object:
+            reply = await self.original(stream, name, command, **options)  # type: ignore[arg-type]
             sink.extend(aggregate_json(e) for e in reply.events if e.durable)
             return reply
 

@@ -237,10 +237,14 @@ async def test_a_put_racing_a_join_that_creates_the_group_still_applies_its_spec
 async def test_a_heartbeat_that_is_not_a_join_never_creates_a_group_or_stream(
     client: httpx.AsyncClient, prefix: str
 ) -> None:
+    # (A member that knows no layout: one that knows a layout makes a stream Redis lost
+    # rebuilt, test_a_member_that_knows_a_layout_rebuilds_what_redis_lost.)
     for epoch in (5, -1):
-        response = await client.post("/v1/heartbeat", json=hb(prefix, "stranger", epoch))
+        response = await client.post("/v1/heartbeat", json=hb(prefix, "stranger", epoch, metadataVersion=0))
         assert error(response) == (404, "UNKNOWN_STREAM"), response.text
-    batch = {"heartbeats": [hb(prefix, "stranger", 3)]}
+    left = await client.post("/v1/heartbeat", json=hb(prefix, "stranger", -1, metadataVersion=4))
+    assert error(left) == (404, "UNKNOWN_STREAM"), left.text  # a leave rebuilds nothing
+    batch = {"heartbeats": [hb(prefix, "stranger", 3, metadataVersion=0)]}
     answer = (await client.post("/v1/heartbeats", json=batch)).json()["responses"][0]
     assert answer["error"] == "UNKNOWN_STREAM"
     assert (await client.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).status_code == 404
@@ -248,7 +252,7 @@ async def test_a_heartbeat_that_is_not_a_join_never_creates_a_group_or_stream(
     assert (
         await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 1}, auth=AUTH)
     ).status_code == 200
-    response = await client.post("/v1/heartbeat", json=hb(prefix, "stranger", 5))
+    response = await client.post("/v1/heartbeat", json=hb(prefix, "stranger", 5, metadataVersion=0))
     assert error(response) == (404, "UNKNOWN_GROUP"), response.text
     assert (await client.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).status_code == 404
     joined = await beat(client, hb(prefix, "a", 0))  # a join still creates both (the default policy)
@@ -480,3 +484,22 @@ async def test_a_value_out_of_its_constraint_is_named_at_its_field(
     answer = await client.post(f"/v1/admin/streams/{prefix}{path}", json=body, auth=AUTH)
     assert error(answer) == (400, "INVALID_REQUEST"), answer.text
     assert answer.json()["details"] == [problem]
+
+
+async def test_a_member_that_knows_a_layout_rebuilds_what_redis_lost(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    """A member already in its group (epoch > 0) that was told layout version 4 speaks of a
+    stream and group that existed: Redis holds nothing of them, so Redis lost them. They are
+    rebuilt, the stream above the version it knew (an ordinary layout change for everyone);
+    the member is not a member of the rebuilt group and rejoins."""
+    answer = await beat(client, hb(prefix, "a", 7, metadataVersion=4))
+    assert answer["status"] == "UNKNOWN_MEMBER"
+    routing = (await client.get(f"/v1/streams/{prefix}/routing")).json()
+    assert routing["metadataVersion"] == 5
+    assert (await client.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).status_code == 200
+    rejoined = await beat(client, hb(prefix, "a", 0, metadataVersion=4))
+    assert rejoined["memberEpoch"] >= 1
+    assert rejoined["layout"]["metadataVersion"] == 5
+    ready = (await client.get("/readyz")).json()
+    assert ready["dataLoss"]["counts"]["rebuilt"] >= 2, ready  # the stream, then the group

@@ -90,9 +90,13 @@ class Partitionable:
         if self.fail:
             raise StoreUnavailable("Redis is down (test)")
 
-    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int, floor: int = 0) -> Acquired | Held:
         await self._gate()
-        return await self.inner.acquire(holder, url, ttl_ms)
+        return await self.inner.acquire(holder, url, ttl_ms, floor)
+
+    async def retake(self, holder: str, url: str | None, ttl_ms: int, floor: int) -> int | None:
+        await self._gate()
+        return await self.inner.retake(holder, url, ttl_ms, floor)
 
     async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
         await self._gate()

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 
 import attrs
@@ -161,3 +162,15 @@ def test_a_checkpoint_a_baseline_writer_made_is_compared_without_the_fields_it_d
     assert not journal._same(written_by_baseline, state)
     raw["groupEpoch"] += 1
     assert not journal._same_for_baseline(codec.from_json(json.dumps(raw), GroupState), state)
+
+
+def test_verify_of_a_redis_without_any_rsc_data_fails_unless_allowed(standalone_url: str) -> None:
+    """Nothing to check is not a pass: Redis that lost everything looks exactly like this until
+    a coordinator notices, so an empty Redis fails (exit 1, saying why) unless --allow-empty."""
+    where = ["--redis-url", standalone_url, "--key-prefix", f"never{uuid.uuid4().hex[:8]}"]
+    code, out = rsc("journal", "verify", *where)
+    assert code == 1, out
+    assert "no rsc data in this Redis" in out
+    assert "Redis lost everything" in out
+    code, out = rsc("journal", "verify", "--allow-empty", *where)
+    assert code == 0, out

@@ -258,6 +258,45 @@ async def test_entries_whose_read_reply_was_lost_are_handed_out_all_the_same(
     assert handled == [first, *lost, later]  # in id order, each once
 
 
+async def test_entries_claimed_by_a_call_whose_reply_was_lost_do_not_stay_pending(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    """A reclaim (or any claim) that Redis executed but whose reply never arrived left entries
+    pending under this consumer below what it has read: no read brings them back. The
+    reclaimer hands out this consumer's own entries idle for `reclaim_idle_ms` that it does not
+    hold itself. Simulated by claiming for the poller's consumer name from outside."""
+    handled: list[str] = []
+    slow = trio.Event()
+
+    async def handle(message: Message) -> None:
+        if message.fields.get("slow") == "1":
+            await slow.wait()  # held by its handler meanwhile: never handed out twice
+        handled.append(message.id)
+
+    own(sync_redis, shard_key, "w0")
+    settings = attrs.evolve(FAST_POLL, reclaim_idle_ms=300)
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", handle, settings)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset({0}), layout(shard_key))
+        await wait_for(lambda: poller.shards[0].claimed_backlog)  # its takeover's claim is done
+        with sync_redis.pipeline(transaction=True) as pipe:  # read by a member that died with it
+            pipe.xadd(shard_key, {"n": "0"})
+            pipe.xreadgroup("billing", "gone-member", {shard_key: ">"})
+            lost, _ = pipe.execute()
+        later = sync_redis.xadd(shard_key, {"n": "1", "slow": "1"})
+        await wait_for(lambda: poller.shards[0].last_read == later)  # w0 read past `lost`
+        # The reclaim of `lost` ran in Redis, its reply was lost: pending under w0, below its last read.
+        sync_redis.xclaim(shard_key, "billing", "w0", 0, [lost], justid=True)
+        await trio.sleep(1.0)  # `later`, held by its handler past reclaim_idle_ms, is not handed out again
+        slow.set()  # (one shard's entries are handled one at a time: `lost` waited behind it)
+        await wait_for(lambda: lost in handled, 10)
+        await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()
+    assert sorted(handled) == sorted([lost, later])  # each once
+
+
 async def test_fewer_workers_let_the_calls_in_flight_finish(
     standalone_url: str, sync_redis: redis.Redis, prefix: str
 ) -> None:

@@ -261,7 +261,12 @@ async def test_a_woken_member_whose_shard_moved_reads_nothing(
         await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == 1)
         own(checker, key, "another")  # the coordinator moved the shard; this member does not know yet
         checker.xadd(key, {"n": "1"})
-        await wait_for(lambda: 0 not in poller.shards)  # woken, its fenced read was refused: dropped
+        # Woken, its fenced read was refused: kept, reported to the coordinator (which tells the
+        # member to stop it), never read meanwhile.
+        await wait_for(lambda: poller.stalled_shards() == {0})
+        await trio.sleep(1.5)  # tried again meanwhile: refused each time
+        assert 0 in poller.shards
+        await poller.lost(frozenset({0}))  # what the member does once its heartbeat says so
         await wait_for(lambda: blocked_reads(nodes) == [])
         nursery.cancel_scope.cancel()
     assert handled == []
@@ -378,14 +383,15 @@ async def test_shards_read_together_are_refused_one_by_one(
     standalone_url: str, sync_redis: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The shards of a standalone Redis are read (and acknowledged) in one call, each checked
-    on its own: a shard that moved is dropped and one whose read fails is retried later, while
-    the others go on."""
+    on its own: a shard that moved is kept unread and reported (its member is told to stop it)
+    and one whose consumer group is gone is reported and retried until it is back, while the
+    others go on."""
     handled: list[str] = []
 
     async def handle(message: Message) -> None:
         handled.append(message.fields["n"])
 
-    caplog.set_level(logging.ERROR, "rsc.client.poller")
+    caplog.set_level(logging.WARNING, "rsc.client.poller")
     keys = shard_keys(prefix, 3, sync_redis)
     async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
         settings = attrs.evolve(
@@ -400,11 +406,12 @@ async def test_shards_read_together_are_refused_one_by_one(
         sync_redis.xgroup_destroy(keys[2], "billing")  # its reads fail (NOGROUP) until it is back
         for n, key in enumerate(keys):
             sync_redis.xadd(key, {"n": str(n)})
-        await wait_for(lambda: handled == ["0"] and 1 not in poller.shards)
+        await wait_for(lambda: handled == ["0"] and poller.stalled_shards() == {1, 2})
         assert any("NOGROUP" in r.getMessage() for r in caplog.records)
         sync_redis.xgroup_create(keys[2], "billing", "0")
         await wait_for(lambda: handled == ["0", "2"])
         await wait_for(lambda: all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys))
+        assert poller.stalled_shards() == {1}  # read again: no longer reported
         nursery.cancel_scope.cancel()
     assert sync_redis.xinfo_groups(keys[1])[0]["lag"] == 1  # left for its new owner
 
@@ -422,3 +429,46 @@ def test_a_wake_up_blocks_for_less_than_its_clients_command_timeout() -> None:
 
 async def _ignore(message: Message) -> None:
     return None
+
+
+async def test_a_missed_wake_up_is_a_stall_found_reported_and_read_again(
+    standalone_url: str, sync_redis: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The net under any stall of the reading path (issue 26, 1d; a chaos run once ended with
+    entries unread on a shard its member held): here the wake-up reads are gone, so entries
+    appended to caught-up shards would wait for ever. The stall check finds entries past what
+    was read with no read for `stall_after_s`, says so, reports the shard to the coordinator
+    (`stalled_shards`) and reads it again; the report ends with the read."""
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+
+    settings = attrs.evolve(ONLY_WAKEUPS, reclaim_every_s=0.2, stall_after_s=0.5)
+    keys = shard_keys(prefix, 2, sync_redis)
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, settings)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset(range(2)), layout(keys))
+        await wait_for(lambda: caught_up(poller))
+        for watch in poller._watches.values():
+            watch.scope.cancel()  # no wake-up will come
+        await trio.sleep(0.1)
+        reported: list[frozenset[int]] = []
+        stall = poller._stall
+
+        def stalled(shard: Any, why: str) -> None:
+            stall(shard, why)
+            reported.append(poller.stalled_shards())  # what the next heartbeat says
+
+        poller._stall = stalled  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, "rsc.client.poller"):
+            entry = sync_redis.xadd(keys[1], {"n": "1"})
+            await wait_for(lambda: bool(handled), 10)
+        assert handled == [entry]
+        assert reported == [frozenset({1})]
+        assert poller.stalls == 1
+        assert any("shard 1 stalled: entries past" in r.getMessage() for r in caplog.records)
+        await wait_for(lambda: not poller.stalled_shards())  # the read succeeded: no more report
+        nursery.cancel_scope.cancel()

@@ -120,10 +120,26 @@ async def test_pause_honours_if_match_and_needs_credentials(client: httpx.AsyncC
 
 
 async def test_a_producer_ahead_of_the_store_is_told_to_sync(client: httpx.AsyncClient, prefix: str) -> None:
+    await produce(client, pb(prefix, "api-0", 0))  # the stream exists, at version 1
     r = await produce(client, pb(prefix, "api-1", 9))
     assert r["status"] == "SYNC_METADATA"
     assert r["layout"]["metadataVersion"] == 1
-    assert (await stream_view(client, prefix))["producers"][0]["ackedVersion"] == 0
+    view = await stream_view(client, prefix)
+    assert {p["producerId"]: p["ackedVersion"] for p in view["producers"]}["api-1"] == 0
+
+
+async def test_a_producer_that_knows_a_stream_redis_lost_rebuilds_it(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    """Redis holds nothing of the stream while a producer routes by its version 9: Redis lost
+    it (no coordinator remembers it). It is rebuilt above what the producer knows, so the
+    producer (of any client version) takes it as an ordinary layout change."""
+    r = await produce(client, pb(prefix, "api-1", 9))
+    assert r["status"] == "OK"
+    assert r["layout"]["metadataVersion"] == 10
+    r = await produce(client, pb(prefix, "api-1", 10))
+    assert r["status"] == "OK"
+    assert r.get("layout") is None  # up to date
 
 
 @pytest.mark.parametrize(
@@ -160,3 +176,14 @@ async def test_without_auto_creation_an_unknown_stream_is_404(standalone_url: st
     async with serve_on(settings) as client:
         response = await client.post("/v1/producers/heartbeat", json=pb(prefix, "api-1", 0))
     assert (response.status_code, response.json()["error"]) == (404, "UNKNOWN_STREAM")
+
+
+async def test_a_claim_at_the_counters_limit_is_not_rebuilt_above_it(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    """A version at 2^53-1 cannot be rebuilt above: the stream is made as new (version 1) and
+    the producer told to sync, instead of a stream no heartbeat could ever name again."""
+    r = await produce(client, pb(prefix, "api-1", 2**53 - 1))
+    assert r["status"] == "SYNC_METADATA"
+    assert r["layout"]["metadataVersion"] == 1
+    assert (await produce(client, pb(prefix, "api-1", 1)))["status"] == "OK"

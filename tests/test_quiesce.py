@@ -32,7 +32,7 @@ from rsc.events.wire import ProducerHeartbeatRequest
 from tests import redis_servers
 from tests.httpkit import FAST, serve_on
 from tests.test_reshard import checker_for
-from tests.test_worker import group_view, start_worker, stop_workers, until
+from tests.test_worker import group_view, result_lines, start_worker, stop_workers, until
 
 AUTH = ("admin", "s3cret")
 KEYS = 12
@@ -91,7 +91,7 @@ def handled_in_order(results: Path) -> tuple[dict[str, list[int]], int]:
     order: dict[str, list[int]] = {}
     seen: set[tuple[str, str]] = set()  # (shard key, entry id): ids are unique per key only
     repeats = 0
-    for line in results.read_text().splitlines():
+    for line in result_lines(results):
         shard, entry_id, _, bkey, seq = line.split()
         if (shard, entry_id) in seen:
             repeats += 1
@@ -184,7 +184,7 @@ async def test_quiesce_mode_keeps_per_key_order_across_a_scale_out_and_a_scale_i
             assert total > 300
 
             def missing() -> list[tuple[str, int]]:
-                order, _ = handled_in_order(results) if results.exists() else ({}, 0)
+                order, _ = handled_in_order(results)
                 return sorted((k, n) for k, seqs in acked.items() for n in set(seqs) - set(order.get(k, ())))
 
             async def everything_handled() -> bool:

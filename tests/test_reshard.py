@@ -27,7 +27,15 @@ from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.events.routing import Router
 from rsc.events.wire import seal_key
 from tests.httpkit import FAST, beat, hb, serve_on
-from tests.test_worker import group_view, handled_entries, spread, start_worker, stop_workers, until
+from tests.test_worker import (
+    group_view,
+    handled_entries,
+    result_lines,
+    spread,
+    start_worker,
+    stop_workers,
+    until,
+)
 
 AUTH = ("admin", "s3cret")
 KEYS = 16
@@ -160,8 +168,7 @@ async def test_scale_in_to_zero_and_out_again_loses_nothing(  # noqa: PLR0915 (o
 
             def handlings() -> list[tuple[str, str]]:
                 """(key, sequence number) of each handling, repeats included."""
-                text = results.read_text() if results.exists() else ""
-                return [(p[3], p[4]) for line in text.splitlines() if len(p := line.split()) == 5]
+                return [(p[3], p[4]) for line in result_lines(results) if len(p := line.split()) == 5]
 
             async def everything_handled() -> bool:
                 return acked <= set(handlings())
@@ -296,7 +303,7 @@ async def test_with_no_consumer_draining_shards_wait_then_retire_from_redis_evid
     worker = start_worker(str(admin.base_url), standalone_url, prefix, "10.0.0.9", 1, results_file=results)
     try:
         await until(lambda: all_retired_but_active(admin, prefix), 30)
-        handled = handled_entries(results.read_text().splitlines())
+        handled = handled_entries(result_lines(results))
         assert {(key, e) for key in keys for e, _ in checker.xrange(key)} <= handled
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -360,7 +367,7 @@ async def test_members_killed_during_a_scale_in_lose_nothing(
             await until(lambda: all_retired_but_active(admin, prefix), 60)
 
             async def all_handled() -> bool:
-                return published <= handled_entries(results.read_text().splitlines())
+                return published <= handled_entries(result_lines(results))
 
             await until(all_handled, 30)
         finally:
@@ -412,7 +419,7 @@ async def test_retired_shard_keys_are_deleted_after_the_configured_retention(
                 return not any(checker.exists(k, seal_key(k)) for k in retired)
 
             await until(gone, 10)
-            handled = handled_entries(results.read_text().splitlines())
+            handled = handled_entries(result_lines(results))
             assert len(handled) == 30  # everything was handled before the keys went
             assert checker.exists(keys[0])
         finally:

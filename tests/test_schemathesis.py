@@ -44,6 +44,9 @@ def server(standalone_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "RSC_REDIS_URL": standalone_url,
         "RSC_ADMIN_PASSWORD": "s3cret",
         "RSC_ADMIN_AUTH_MAX_FAILURES": "1000000",  # its negative cases send wrong credentials by design
+        # It checks shapes, not limits: its cases come faster than any caller's rate limit.
+        "RSC_RATE_LIMIT_ADMIN_WRITES_PER_S": "0",
+        "RSC_RATE_LIMIT_VIEWS_PER_S": "0",
         "RSC_HEARTBEAT_INTERVAL_MS": "100",
         "RSC_MEMBER_LEASE_TTL_MS": "10000",
     }

@@ -16,6 +16,7 @@ import trio
 
 from rsc.config import Settings
 from rsc.events.auth import credential
+from rsc.events.placement import shard_key
 from rsc.http.audit import AUDIT_KEY
 from rsc.http.serve import Exposed, serve
 from tests.httpkit import FAST, hb, serve_on
@@ -447,6 +448,32 @@ async def test_group_creation_by_heartbeat_can_be_off(standalone_url: str, prefi
         put = await client.put(f"/v1/admin/streams/{prefix}/groups/billing", json={}, auth=ADMIN)
         assert put.is_success
         assert (await client.post("/v1/heartbeat", json=hb(prefix, "a", 0))).status_code == 200
+
+
+async def test_where_heartbeats_may_not_create_only_evidence_in_redis_rebuilds_a_lost_stream(
+    standalone_url: str, prefix: str
+) -> None:
+    """With group creation by heartbeat off, a member that claims a layout version (epoch > 0)
+    rebuilds nothing on its word alone; shard keys of that stream in Redis (what producers
+    routing by a lost layout recreate) are the evidence that Redis lost it."""
+    settings = attrs.evolve(FAST, redis_url=standalone_url, admin_password="s3cret", auto_create_groups=False)
+    async with serve_on(settings) as client:
+        claim = hb(prefix, "a", 3, metadataVersion=4)
+        refused = await client.post("/v1/heartbeat", json=claim)
+        assert (refused.status_code, refused.json()["error"]) == (404, "UNKNOWN_STREAM")
+        assert (await client.get(f"/v1/streams/{prefix}")).status_code == 404
+        other = f"{prefix}x"
+        with redis_py.Redis.from_url(standalone_url) as redis:
+            for index in (0, 2):  # index 1 got no entry since the loss
+                redis.xadd(shard_key(other, index), {"v": "1"})
+        rebuilt = await client.post("/v1/heartbeat", json=hb(other, "a", 3, metadataVersion=4))
+        assert rebuilt.status_code == 200, rebuilt.text
+        assert rebuilt.json()["status"] == "UNKNOWN_MEMBER"  # it rejoins the recreated group
+        routing = (await client.get(f"/v1/streams/{other}/routing")).json()
+        assert routing["metadataVersion"] == 5
+        assert [s["key"] for s in routing["shards"]] == [shard_key(other, i) for i in range(3)]
+        group = (await client.get(f"/v1/admin/streams/{other}/groups/billing", auth=ADMIN)).json()
+        assert group["spec"]["startFrom"] == "earliest"  # never `$`: all in it came after the loss
 
 
 async def test_a_unix_socket_is_local(standalone_url: str, prefix: str, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ and another leaving within seconds. `/docs` renders Swagger UI over `/openapi.js
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import trio
 from playwright.sync_api import sync_playwright
 
+from rsc.actors.dataset import DATA_LOSS, ROLLBACK
 from tests.httpkit import FAST, hb, serve_on
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -42,9 +44,26 @@ def every_stream_and_the_docs(page: Any, base: str, prefix: str) -> None:
     assert page.locator(".opblock").count() > 20  # every route, from /openapi.json
 
 
+@pytest.fixture
+def no_data_loss() -> Iterator[None]:
+    """What this process noticed Redis lose is forgotten before and after (it is global)."""
+    DATA_LOSS.reset()
+    yield
+    DATA_LOSS.reset()
+
+
+def data_loss_is_shown(page: Any, prefix: str, tmp_path: Path) -> None:
+    """What Redis lost is said on the page (from /readyz), newest first; nothing before."""
+    assert page.locator("#redis").is_hidden()
+    trio.from_thread.run_sync(DATA_LOSS.noticed, ROLLBACK, f"test: an older copy of {prefix}")
+    page.wait_for_selector('#data-loss [data-loss-kind="rollback"]', timeout=5_000)
+    assert f"test: an older copy of {prefix}" in page.inner_text("#redis")
+    page.screenshot(path=str(tmp_path / "ui-data-loss.png"), full_page=True)
+
+
 @pytest.mark.timeout(120)
 async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
-    standalone_url: str, prefix: str, tmp_path: Path
+    standalone_url: str, prefix: str, tmp_path: Path, no_data_loss: None
 ) -> None:
     settings = attrs.evolve(FAST, redis_url=standalone_url, member_lease_ttl_ms=60_000)
     async with serve_on(settings) as http:
@@ -108,6 +127,7 @@ async def test_the_dashboard_shows_owners_and_follows_a_join_and_a_leave(
                 assert members == ["b"]
                 page.screenshot(path=str(tmp_path / "ui.png"), full_page=True)
 
+                data_loss_is_shown(page, prefix, tmp_path)
                 every_stream_and_the_docs(page, base, prefix)
                 browser.close()
 

@@ -87,6 +87,16 @@ def spread(client: Any, keys: Sequence[str], count: int) -> set[tuple[str, str]]
     return {(key, client.xadd(key, {"n": str(n)})) for n in range(count) for key in [keys[n % len(keys)]]}
 
 
+def result_lines(results: Path) -> list[str]:
+    """The complete lines of a results file the workers append to while the test reads it:
+    a read can catch a line half written, so whatever follows the last newline is left for
+    the next read (a half line parsed as a whole one loses fields or invents an entry)."""
+    if not results.exists():
+        return []
+    text = results.read_text()
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
 def handled_entries(lines: Iterable[str]) -> set[tuple[str, str]]:
     """(shard key, entry id) of each result line: entry ids are unique per shard key only,
     so two shards can hold the same id and an id alone would hide a lost entry."""
@@ -280,7 +290,7 @@ async def test_a_worker_survives_a_redis_restart_and_a_10_s_outage_and_loses_not
                         )
 
                 def handled() -> set[tuple[str, str]]:
-                    return handled_entries(results.read_text().splitlines()) if results.exists() else set()
+                    return handled_entries(result_lines(results))
 
                 async def all_handled_and_acknowledged() -> bool:
                     if not published <= handled():
@@ -430,7 +440,7 @@ async def test_departed_members_consumers_are_pruned_once_nothing_is_pending_und
 
 
 async def _handled_all(results: Path, published: set[tuple[str, str]]) -> bool:
-    return results.exists() and published <= handled_entries(results.read_text().splitlines())
+    return published <= handled_entries(result_lines(results))
 
 
 async def _pending(checker: Any, keys: Sequence[str]) -> int:
@@ -482,6 +492,7 @@ async def test_a_worker_serves_its_own_metrics(standalone_url: str, prefix: str,
             assert sorted(float(v) for v in owned) == [2.0, 2.0]
             assert sum(float(v) for v in _series(text, "rsc_worker_failed_total", prefix)) == 5
             assert sum(float(v) for v in _series(text, "rsc_worker_retried_total", prefix)) == 4
+            assert [float(v) for v in _series(text, "rsc_worker_stalls_total", prefix)] == [0.0, 0.0]
             lags = re.findall(r'rsc_worker_shard_lag\{[^}]*shard="(\d+)"[^}]*\} (\S+)', text)
             pending = re.findall(r'rsc_worker_shard_pending\{[^}]*shard="(\d+)"[^}]*\} (\S+)', text)
             assert sorted(int(s) for s, _ in lags) == [0, 1, 2, 3]  # each owned shard, once

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 
-import redis
 import trio
 
 from rsc.client.app import App
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
+from rsc.connect import sync_redis
 
 # RSC_TEST_NO_SELF_FENCE=1 switches self-fencing off, to show the owner token alone stopping a late member.
 SELF_FENCE = os.environ.get("RSC_TEST_NO_SELF_FENCE") != "1"
@@ -25,9 +25,7 @@ app = App(
         heartbeat_interval_ms=200, lease_ttl_ms=2_000, safety_margin=0.2 if SELF_FENCE else -1000.0
     )
 )
-results = redis.Redis.from_url(
-    os.environ.get("RSC_REDIS_URL", "redis://127.0.0.1:6379"), decode_responses=True
-)
+results = sync_redis(os.environ.get("RSC_REDIS_URL", "redis://127.0.0.1:6379"), decode_responses=True)
 KEY = os.environ.get("RSC_TEST_RESULTS", "rsc-test:results")
 RESULTS_FILE = os.environ.get("RSC_TEST_RESULTS_FILE")
 DELAY = float(os.environ.get("RSC_TEST_DELAY", "0.002"))

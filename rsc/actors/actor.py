@@ -29,6 +29,7 @@ The rules it keeps:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -37,6 +38,7 @@ import attrs
 import trio
 
 from rsc.actors.clock import Clock
+from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, StoreUnavailable
 from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import AggregateId
@@ -85,8 +87,12 @@ class Aggregate(Protocol[S, C, E]):
         """Perform the side effects of `events` (idempotent)."""
         ...
 
-    async def repair(self, state: S) -> None:
-        """Perform every side effect `state` implies (idempotent), after recovery or failure."""
+    async def repair(self, state: S, after_loss: bool = False) -> None:
+        """Perform every side effect `state` implies (idempotent), after recovery or failure.
+
+        `after_loss`: Redis lost data (shard keys, consumer groups, owner tokens may be gone):
+        a consumer group recreated now starts at `0`, never at `$` (what a producer appended
+        since the loss was acknowledged to it)."""
         ...
 
 
@@ -132,6 +138,21 @@ class _Answer(Protocol):
 
 
 _UNSET: Any = object()
+#: In the inbox: compare the stored revision with ours before the next batch (`check_store`).
+_CHECK: Any = object()
+
+
+class _NoAnswer:
+    """The answer slot of what the actor sends itself: nobody waits for it."""
+
+    def resolve(self, value: Any) -> None:
+        pass
+
+    def fail(self, error: BaseException) -> None:
+        pass
+
+
+_NO_ANSWER = _NoAnswer()
 
 
 class _Many:
@@ -203,6 +224,15 @@ class Actor(Generic[S, C, E]):
         self._send, self._receive = trio.open_memory_channel[tuple[C, _Answer]](settings.inbox_size)
         self._stopped = False
         self._in_flight: list[_Answer] = []
+        self._check_why: str | None = None
+        self.started = False
+        #: Redis lost data since the last repair: the next one recreates consumer groups at `0`.
+        self.after_loss = False
+        #: How often this actor wrote its state back after Redis lost or rolled it back.
+        self.restores = 0
+        #: (revision, state) this process held for the aggregate when its previous term ended
+        #: (`Registry.stop_all`): written back if Redis now holds less (`_reload`).
+        self.remembered: tuple[int, S] | None = None
 
     @property
     def inbox_depth(self) -> int:
@@ -254,11 +284,27 @@ class Actor(Generic[S, C, E]):
                 raise result
         return many.results
 
+    def check_store(self, why: str, repair: bool = True) -> None:
+        """Redis may have lost data (`rsc.actors.dataset`): before its next batch the actor
+        compares the stored revision with its own and, if Redis holds less, writes what it
+        knows back (`Store.restore`) and repairs every side effect as after a loss; with
+        `repair` it repairs them in any case (Redis lost data, maybe not this aggregate's but
+        its shard keys'). Does not wait; with a full inbox the check rides on the next batch."""
+        if not self.started:
+            return  # it loads afresh anyway
+        self._check_why = why
+        if repair:
+            self.after_loss = True
+            self.needs_repair = True
+        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            self._send.send_nowait((_CHECK, _NO_ANSWER))  # wakes an idle actor
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load, recover, then serve the inbox until cancelled."""
         try:
             await self._reload()
             await self._recover()
+            self.started = True
             task_status.started()
             await self._serve()
         finally:
@@ -299,9 +345,14 @@ class Actor(Generic[S, C, E]):
             await self._process(batch)
 
     async def _process(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
+        checks = [item for item in batch if item[0] is _CHECK]
+        if checks:
+            batch = [item for item in batch if item[0] is not _CHECK]
         # Left set if the actor is cancelled mid-batch, so that `_stop` fails these waiters.
-        self._in_flight = [p for _, p in batch if p is not None]
+        self._in_flight = [p for _, p in batch if p is not None and p is not _NO_ANSWER]
         try:
+            if checks and self._check_why is not None:
+                await self._check(self._check_why)
             for _ in range(MAX_CONFLICT_RETRIES):
                 if self._restart_pending:
                     batch = self._with_recovery(batch)
@@ -309,8 +360,9 @@ class Actor(Generic[S, C, E]):
                     await self._decide_and_persist(batch)
                 except ConcurrencyConflict as conflict:
                     self.conflicts += 1
-                    log.info("%s: %s; reloading", self.aggregate.aggregate_id, conflict)
-                    await self._reload()
+                    if conflict.actual >= self._revision:
+                        log.info("%s: %s; reloading", self.aggregate.aggregate_id, conflict)
+                    await self._reload()  # a lower revision is a loss: the state is written back
                 else:
                     self._in_flight = []
                     REDIS_OUTAGE.ok()
@@ -322,6 +374,39 @@ class Actor(Generic[S, C, E]):
                 pending.fail(exc)
             self._in_flight = []
             await self._reload_quietly()
+
+    async def _check(self, why: str) -> None:
+        """Compare the stored revision with ours; write ours back if Redis holds less."""
+        stored = await self.store.revision(self.aggregate.aggregate_id)
+        self._check_why = None
+        if self.state is not None and stored < self._revision:
+            await self._restore(stored, f"{why}; revision {stored} stored")
+        elif stored > self._revision:
+            await self._reload()  # another writer moved it on (not a loss): as after a conflict
+
+    async def _restore(self, stored: int, why: str) -> None:
+        """Redis holds an older revision than this actor wrote (`stored`): it lost or rolled
+        back the aggregate. Write the state this actor holds (every write it made is in it) back
+        as one checkpoint at a revision above every one written before, then repair every side
+        effect as after a loss."""
+        assert self.state is not None
+        aggregate_id = self.aggregate.aggregate_id
+        revision = self._revision + 1
+        state = self.aggregate.checkpoint_json(self.state)
+        appended = await self.store.restore(aggregate_id, stored, revision, state, why)
+        self._revision = self.revision = self.checkpoint_revision = appended.revision
+        self.restores += 1
+        self.after_loss = True
+        self.needs_repair = True
+        DATA_LOSS.restored(str(aggregate_id), stored, revision)
+        log.warning(
+            "%s: Redis lost or rolled back this aggregate (%s, this coordinator had written revision "
+            "%d): wrote its state back from memory at revision %d",
+            aggregate_id,
+            why,
+            revision - 1,
+            revision,
+        )
 
     def _with_recovery(self, batch: Sequence[tuple[C, _Answer | None]]) -> Sequence[tuple[C, _Answer | None]]:
         """After a reload, liveness starts over (leases in full) before the batch is decided again.
@@ -402,13 +487,31 @@ class Actor(Generic[S, C, E]):
 
     async def _repair(self, state: S) -> None:
         try:
-            await self.aggregate.repair(state)
-            self.needs_repair = False
+            await self.aggregate.repair(state, after_loss=self.after_loss)
+            self.needs_repair = self.after_loss = False
         except StoreError as exc:
             store_failed(log, exc, f"{self.aggregate.aggregate_id}: repair failed, will retry: {exc}")
 
     async def _reload(self) -> None:
+        """Load the aggregate afresh, unless Redis holds less than this actor wrote: revisions only
+        grow, so that is a loss (a restart without persistence, FLUSHALL, a rollback), and what
+        the actor holds is written back instead of forgotten."""
         loaded = await self.store.load(self.aggregate.aggregate_id)
+        if self.state is not None and loaded.revision < self._revision:
+            # The lease table still describes this state: leases go on as they were.
+            await self._restore(loaded.revision, f"revision {loaded.revision} stored")
+            return
+        remembered, self.remembered = self.remembered, None
+        if self.state is None and remembered is not None and loaded.revision < remembered[0]:
+            # This process wrote more in its previous term (it ended while Redis failed over,
+            # say) than Redis holds now: a loss or a rollback. What it remembers is newer than
+            # anything stored: written back, as by a running actor.
+            self._revision, self.state = remembered
+            self._restart_pending = True  # a fresh lease table: every member gets a whole lease
+            await self._restore(
+                loaded.revision, f"revision {loaded.revision} stored, {remembered[0]} in the last term"
+            )
+            return
         self.state = fold_loaded(self.aggregate, loaded)
         self._revision = self.revision = loaded.revision
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0

@@ -12,6 +12,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.effects import Effects
 from rsc.actors.errors import UnsupportedSchema
 from rsc.actors.keys import AggregateId
@@ -27,6 +28,7 @@ from rsc.events.events import (
     ShardsDraining,
     ShardsInstalled,
     ShardsReleased,
+    ShardsReportedStalled,
     ShardsRetired,
     StreamCreated,
     StreamDeleted,
@@ -147,6 +149,8 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
                 case MemberEpochAdvanced():
                     # The token carries the holder's current epoch: rewrite what it holds.
                     touched.update(s for s, m in after.owners.items() if m == event.member_id)
+                case ShardsReportedStalled():
+                    await self._heal(after, event)
         held = {keys[s]: t for s in touched if (t := token_of(after, s)) is not None}
         gone = {
             keys[s]: t for s in touched if s not in after.owners and (t := token_of(before, s)) is not None
@@ -156,7 +160,24 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         if held:
             await self.effects.set_owners(after.group, held)
 
-    async def repair(self, state: GroupState) -> None:
+    async def _heal(self, state: GroupState, event: ShardsReportedStalled) -> None:
+        """A member cannot read shards installed to it: recreate what Redis lost of them (the
+        key and consumer group at `0`, never `$`: all a recreated key holds was appended since
+        the loss; the owner token). Idempotent: a report of a shard that was fine changes
+        nothing."""
+        keys = {s.index: s.key for s in state.layout.shards}
+        shards = sorted(s for s in event.shards if state.owners.get(s) == event.member_id and s in keys)
+        if not shards:
+            return
+        DATA_LOSS.shard(
+            f"{self.aggregate_id}: member {event.member_id} cannot read shard(s) {shards} (key, "
+            "consumer group or owner token gone, or its reads stalled: its log says which)"
+        )
+        await self.effects.ensure_consumer_groups([keys[s] for s in shards], state.group, "0")
+        tokens = {keys[s]: t for s in shards if (t := token_of(state, s)) is not None}
+        await self.effects.set_owners(state.group, tokens)
+
+    async def repair(self, state: GroupState, after_loss: bool = False) -> None:
         if state.deleted:
             shard_keys = [s.key for s in state.layout.shards]
             await self.effects.destroy_consumer_groups(shard_keys, state.group)
@@ -165,7 +186,14 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         readable = sorted(state.layout.readable_indexes)
         initial = [keys[i] for i in readable if i in state.initial_shards]
         later = [keys[i] for i in readable if i not in state.initial_shards]
-        await self.effects.ensure_consumer_groups(initial, state.group, start_id(state.config.start_from))
+        # After a loss a consumer group made now is one Redis lost: what is in its key was
+        # appended since (and acknowledged to a producer), or survived; never skip it with `$`.
+        # So is one missing from a group that has had a change since its creation (a member, a
+        # layout): the creation's side effects ran before that (evicted, or lost while no
+        # coordinator ran). Only a creation whose side effects may not have run starts at
+        # `startFrom`.
+        first = "0" if after_loss or state.group_epoch > 0 else start_id(state.config.start_from)
+        await self.effects.ensure_consumer_groups(initial, state.group, first)
         await self.effects.ensure_consumer_groups(later, state.group, "0")
         await self.effects.sync_owners(state.group, keys.values(), expected_tokens(state))
 
@@ -252,7 +280,7 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
         ):
             self.on_layout(after.stream_prefix, after.layout, sorted(after.groups))
 
-    async def repair(self, state: StreamState) -> None:
+    async def repair(self, state: StreamState, after_loss: bool = False) -> None:
         if state.deleted:
             await self.effects.delete_streams(s.key for s in state.layout.shards)
             await self.effects.unregister_stream(state.stream_prefix)

@@ -18,7 +18,8 @@ after a pause does not rewrite owner tokens after its deadline.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -141,7 +142,7 @@ local function fenced(key, mine)
   if mine == '' then return false end
   local stored = tonumber(redis.call('HGET', key, '__fence') or '0')
   local writer = tonumber(mine)
-  if writer < stored then return true end
+  if writer < stored then return stored end
   if writer > stored then redis.call('HSET', key, '__fence', writer) end
   return false
 end
@@ -149,21 +150,24 @@ end
 
 # Set a group's owner token. ARGV: group, token JSON, coordinator token.
 SET_OWNER = f"""{_FENCE}
-if fenced(KEYS[1], ARGV[3]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
+local above = fenced(KEYS[1], ARGV[3])
+if above then return redis.error_reply('FENCED owner token of ' .. KEYS[1] .. ' fence ' .. above) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
 
 # Delete a group's owner token whoever it names. ARGV: group, coordinator token.
 DELETE_OWNER = f"""{_FENCE}
-if fenced(KEYS[1], ARGV[2]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
+local above = fenced(KEYS[1], ARGV[2])
+if above then return redis.error_reply('FENCED owner token of ' .. KEYS[1] .. ' fence ' .. above) end
 return redis.call('HDEL', KEYS[1], ARGV[1])
 """
 
 # Delete the owner token of a group only if it still names the same member incarnation.
 # ARGV: group, member id, incarnation, coordinator token.
 CLEAR_OWNER = f"""{_FENCE}
-if fenced(KEYS[1], ARGV[4]) then return redis.error_reply('FENCED owner token of ' .. KEYS[1]) end
+local above = fenced(KEYS[1], ARGV[4])
+if above then return redis.error_reply('FENCED owner token of ' .. KEYS[1] .. ' fence ' .. above) end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current then return 0 end
 local token = cjson.decode(current)
@@ -231,7 +235,21 @@ class ShardStats:
 class Effects(Protocol):
     async def register_stream(self, stream_prefix: str) -> None: ...
 
-    async def unregister_stream(self, stream_prefix: str) -> None: ...
+    async def unregister_stream(self, stream_prefix: str) -> None:
+        """Forget the stream, and release the quota of whoever created it."""
+        ...
+
+    async def stream_count(self) -> int:
+        """How many streams exist (the registry's set)."""
+        ...
+
+    async def created_count(self, owner: str) -> int:
+        """How many existing streams `owner` created (its `streams` quota's use)."""
+        ...
+
+    async def record_created(self, owner: str, stream_prefix: str) -> None:
+        """`owner` created `stream_prefix` (counted until the stream is deleted)."""
+        ...
 
     async def delete_streams(self, shard_keys: Iterable[str]) -> None:
         """Delete shard keys with everything kept next to them (owner tokens)."""
@@ -294,6 +312,11 @@ class Effects(Protocol):
 
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None: ...
 
+    async def find_shard_keys(self, stream_prefix: str) -> dict[int, str]:
+        """The shard keys of `stream_prefix` Redis holds (index -> key), found by their names
+        (`SCAN`, on every primary): what is left of a stream whose aggregate Redis lost."""
+        ...
+
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         """Write `tokens` (shard key -> token) for `group`."""
         ...
@@ -313,6 +336,25 @@ class Effects(Protocol):
         ...
 
 
+@attrs.frozen
+class ShardKeyPattern:
+    """Shard key names of one stream (`rsc.events.placement.shard_key`):
+    `<namespace><prefix>:{<prefix>:<index>[:<attempt>]}`."""
+
+    glob: str
+    regex: re.Pattern[str]
+
+    def index_of(self, key: str) -> int | None:
+        found = self.regex.fullmatch(key)
+        return int(found.group(1)) if found else None
+
+
+def shard_key_pattern(stream_prefix: str, namespace: str) -> ShardKeyPattern:
+    escaped = re.sub(r"([*?\[\]\\])", r"\\\1", f"{namespace}{stream_prefix}:{{{stream_prefix}:")
+    regex = re.compile(re.escape(f"{namespace}{stream_prefix}:{{{stream_prefix}:") + r"(\d+)(?::\d+)?\}")
+    return ShardKeyPattern(escaped + "*}", regex)
+
+
 def token_text(token: OwnerToken) -> str:
     return codec.to_json(token)
 
@@ -328,6 +370,8 @@ class RedisEffects:
         self.keys = keys
         #: Raises `Fenced` when this coordinator holds no active term (None: always write).
         self.fence_token = fence_token
+        #: Told of an owner-token fence above our token (`rsc.actors.redis_store.FenceFloor`).
+        self.on_fenced: Callable[[int], Awaitable[bool]] | None = None
         self._ensure_stream = redis.register_script(ENSURE_STREAM)
         self._clear_owner = redis.register_script(CLEAR_OWNER)
         self._set_owner = redis.register_script(SET_OWNER)
@@ -345,6 +389,27 @@ class RedisEffects:
     async def unregister_stream(self, stream_prefix: str) -> None:
         self._in_term()
         await _guard(self.redis.srem(self.keys.streams, [stream_prefix]))
+        with redis_errors("releasing a stream quota"):
+            owner = await self.redis.hget(self.keys.creators, stream_prefix)
+            if owner is not None:
+                await self.redis.srem(self.keys.created(owner), [stream_prefix])
+                await self.redis.hdel(self.keys.creators, [stream_prefix])
+
+    async def stream_count(self) -> int:
+        with redis_errors("counting streams"):
+            return int(await self.redis.scard(self.keys.streams))
+
+    async def created_count(self, owner: str) -> int:
+        with redis_errors("counting a stream quota"):
+            return int(await self.redis.scard(self.keys.created(owner)))
+
+    async def record_created(self, owner: str, stream_prefix: str) -> None:
+        self._in_term()
+        with redis_errors("recording a stream quota"):
+            # One slot ({coordinator}): both or neither.
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.sadd(self.keys.created(owner), [stream_prefix])
+                pipe.hset(self.keys.creators, {stream_prefix: owner})
 
     def _in_term(self) -> None:
         if self.fence_token is not None:
@@ -500,6 +565,16 @@ class RedisEffects:
                 for key in chunk:
                     self._ensure_group(keys=[key], args=[group, start_id], client=pipe)
 
+    async def find_shard_keys(self, stream_prefix: str) -> dict[int, str]:
+        pattern = shard_key_pattern(stream_prefix, self.keys.namespace)
+        found: dict[int, str] = {}
+        with redis_errors("looking for shard keys"):
+            async for key in self.redis.scan_iter(match=pattern.glob, count=1_000, type_="stream"):
+                index = pattern.index_of(str(key))
+                if index is not None:
+                    found.setdefault(index, str(key))
+        return found
+
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         fence = self._token_arg()
         async with self._pipeline() as pipe:
@@ -542,7 +617,11 @@ class RedisEffects:
                     yield pipe
         except coredis.exceptions.ResponseError as exc:
             if "FENCED" in str(exc):
-                raise Fenced(f"a newer coordinator term wrote there: {exc}") from exc
+                found = re.search(r" fence (\d+)", str(exc))
+                fence = int(found.group(1)) if found else None
+                if fence is not None and self.on_fenced is not None:
+                    await self.on_fenced(fence)  # Redis lost the token counter: the next try passes
+                raise Fenced(f"a newer coordinator term wrote there: {exc}", fence) from exc
             raise
 
 
@@ -607,6 +686,9 @@ class MemoryEffects:
         self.evidence: dict[str, DrainEvidence] = {}
         #: Retired keys and the time to live they were given.
         self.expiring: dict[str, int] = {}
+        #: Streams by who created them, and who created each (`record_created`).
+        self.created: dict[str, set[str]] = {}
+        self.creators: dict[str, str] = {}
 
     async def seal(self, shard_keys: Iterable[str], version: int) -> None:
         for key in shard_keys:
@@ -620,6 +702,19 @@ class MemoryEffects:
 
     async def unregister_stream(self, stream_prefix: str) -> None:
         self.registered.discard(stream_prefix)
+        owner = self.creators.pop(stream_prefix, None)
+        if owner is not None:
+            self.created[owner].discard(stream_prefix)
+
+    async def stream_count(self) -> int:
+        return len(self.registered)
+
+    async def created_count(self, owner: str) -> int:
+        return len(self.created.get(owner, ()))
+
+    async def record_created(self, owner: str, stream_prefix: str) -> None:
+        self.created.setdefault(owner, set()).add(stream_prefix)
+        self.creators[stream_prefix] = owner
 
     async def delete_streams(self, shard_keys: Iterable[str]) -> None:
         gone = set(shard_keys)
@@ -669,6 +764,10 @@ class MemoryEffects:
         for key in shard_keys:
             self.shard_keys.add(key)
             self.consumer_groups.setdefault((key, group), start_id)
+
+    async def find_shard_keys(self, stream_prefix: str) -> dict[int, str]:
+        pattern = shard_key_pattern(stream_prefix, "")
+        return {i: k for k in sorted(self.shard_keys) if (i := pattern.index_of(k)) is not None}
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         for key, token in tokens.items():

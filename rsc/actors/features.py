@@ -114,6 +114,9 @@ def unsupported(level: int) -> UnsupportedFeatureLevel:
 class FeatureSource(Protocol):
     """The deployment's feature level, as a store and the HTTP layer use it."""
 
+    #: Redis lost the deployment's record with its past: one initialized now starts at 1.
+    history_found: bool
+
     @property
     def level(self) -> int: ...
 
@@ -138,6 +141,7 @@ class StaticFeatures:
 
     def __init__(self, level: int = MAX_FEATURE_LEVEL, written: int = BASELINE_FEATURE_LEVEL) -> None:
         self.state = FeatureState(level, written)
+        self.history_found = False
 
     @property
     def level(self) -> int:
@@ -193,6 +197,10 @@ class Features:
         self._state: FeatureState | None = None
         self._loaded_in: int | None = None
         self._lock = trio.Lock()
+        #: The deployment has a past that Redis lost (a stream rebuilt from what the fleet
+        #: reports): a record initialized now starts at the baseline, as for an upgrade, not at
+        #: `initial_level` (which would lock N-1 coordinators and their journal readers out).
+        self.history_found = False
         self._init = redis.register_script(INIT)
         self._mark = redis.register_script(MARK_WRITTEN)
         self._finalize = redis.register_script(FINALIZE)
@@ -213,13 +221,19 @@ class Features:
 
     async def load(self) -> FeatureState:
         with redis_errors("reading the feature level"):
-            start = self.initial_level
-            if not await self.redis.exists([self.keys.features]) and await self.redis.exists(
-                [self.keys.streams]
+            start, start_written = self.initial_level, BASELINE_FEATURE_LEVEL
+            if self._state is not None:
+                # This process knew the record (read at start-up or since): gone now, Redis lost
+                # it; written back as known, never re-initialized at the newest level.
+                start, start_written = self._state.level, self._state.written
+            elif not await self.redis.exists([self.keys.features]) and (
+                self.history_found or await self.redis.exists([self.keys.streams])
             ):
-                start = BASELINE_FEATURE_LEVEL  # streams made by 0.1.0: an upgrade starts at 1
+                # Streams made by 0.1.0 (an upgrade), or a deployment whose record Redis lost
+                # (rebuilt from the fleet, which may hold N-1 parts): start at 1.
+                start = BASELINE_FEATURE_LEVEL
             level, written = await self._init(
-                keys=[self.keys.features], args=[start, BASELINE_FEATURE_LEVEL, _now_ms()]
+                keys=[self.keys.features], args=[start, start_written, _now_ms()]
             )
         state = FeatureState(int(level), int(written or BASELINE_FEATURE_LEVEL))
         if state.level > MAX_FEATURE_LEVEL:
@@ -228,6 +242,26 @@ class Features:
             log.info("feature level %d (was %d)", state.level, self._state.level)
         self._state = state
         return state
+
+    def known(self, state: FeatureState) -> None:
+        """The record as read without initializing it (start-up): remembered, so that a record
+        Redis loses before this process's first write is written back at this level."""
+        if self._state is None:
+            self._state = state
+
+    async def restore(self) -> None:
+        """Redis lost data: write the level back as this coordinator knows it (the record is
+        gone too after a FLUSHALL: re-initializing it at the newest level would lock an N-1
+        standby out). Nothing is written if the record exists or the level was never read."""
+        known = self._state
+        if known is None:
+            return
+        with redis_errors("restoring the feature level"):
+            level, written = await self._init(
+                keys=[self.keys.features], args=[known.level, known.written, _now_ms()]
+            )
+        if (int(level), int(written or BASELINE_FEATURE_LEVEL)) == (known.level, known.written):
+            log.info("feature level %d (written %d) restored after a loss", known.level, known.written)
 
     async def peek(self) -> FeatureState | None:
         with redis_errors("reading the feature level"):

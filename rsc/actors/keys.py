@@ -73,6 +73,20 @@ class KeySpace:
         return f"{self.root}:{{coordinator}}:coordinators"
 
     @property
+    def dataset(self) -> str:
+        """The dataset marker (hash `id`, `seq`): gone or older means Redis lost data."""
+        return f"{self.root}:{{coordinator}}:dataset"
+
+    def created(self, owner: str) -> str:
+        """The set of the streams `owner` (a credential, `anonymous`, `admin`) created that exist."""
+        return f"{self.root}:{{coordinator}}:created:{owner}"
+
+    @property
+    def creators(self) -> str:
+        """Hash: stream prefix -> who created it (to release its quota when it is deleted)."""
+        return f"{self.root}:{{coordinator}}:creators"
+
+    @property
     def audit(self) -> str:
         return f"{self.root}:audit"
 

@@ -8,6 +8,12 @@ The rules this module keeps:
 * Every acquisition takes a new token from `INCR rsc:v1:{coordinator}:token`:
   tokens only grow and every term has its own. The token fences the journal
   (`rsc.actors.store`): a deposed coordinator's appends are refused.
+* Tokens keep growing when Redis loses or rolls back the counter (a restart
+  without persistence, FLUSHALL, a lagging replica promoted, an older RDB):
+  each process remembers the highest token it has seen (its own, the
+  holder's in a lease it read, a fence found on an aggregate) and an
+  acquisition starts above it, as a ZooKeeper leader starts its epoch above
+  the highest it has seen.
 * A term is *active* until its deadline: the send time of the last
   successful renewal (or of the acquisition) + ttl - safety margin, on
   trio's clock. Redis keeps the key until ttl after it *received* that
@@ -18,24 +24,30 @@ The rules this module keeps:
   so a process resumed after a pause (SIGSTOP, a frozen VM, a long GC)
   finds its term over before any of its tasks acts on it.
 * The holder renews every ttl/3 and retries a failed renewal soon, until
-  the deadline. When the deadline passes, or a renewal finds the lease
-  gone, the term ends: `run` calls `on_term_end` (stop every actor) and goes
-  back to standby, trying to acquire again.
+  the deadline. When the deadline passes, or a renewal finds another holder
+  in the lease, the term ends: `run` calls `on_term_end` (stop every actor)
+  and goes back to standby, trying to acquire again. A renewal that finds
+  the lease gone, or naming this holder with an older token, finds Redis
+  lost data: nobody else holds it, so the holder takes it back at once with a
+  new token (one script: whoever comes first wins) and the term goes on, its
+  actors keeping what they know to correct the store (`on_lease_lost`).
 * A standby tries again when the lease it saw would expire (at most every
   ttl/4), so a takeover after a crash comes within about one ttl.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import attrs
+import coredis
 import trio
 
 from rsc.actors.connect import redis_errors
@@ -78,8 +90,14 @@ class Held:
 class LeaseBackend(Protocol):
     """Where the lease lives: Redis (`RedisLease`), or memory for tests (`MemoryLease`)."""
 
-    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
-        """Take the lease with a new token, unless another holder has it (then `Held`)."""
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int, floor: int = 0) -> Acquired | Held:
+        """Take the lease with a new token above `floor`, unless another holder has it (then `Held`)."""
+        ...
+
+    async def retake(self, holder: str, url: str | None, ttl_ms: int, floor: int) -> int | None:
+        """Take the lease back with a new token above `floor` if nobody else holds it: it is
+        gone, or it names `holder` with another token (Redis lost or rolled back data). None
+        when another holder has it."""
         ...
 
     async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
@@ -95,13 +113,19 @@ class LeaseBackend(Protocol):
         ...
 
 
-# KEYS: lease, token counter; ARGV: holder, url ('' for none), ttl ms
+# KEYS: lease, token counter; ARGV: holder, url ('' for none), ttl ms, floor (the highest
+# token this process has seen: after Redis lost or rolled back the counter, tokens go on above it)
 ACQUIRE = """
 local current = redis.call('GET', KEYS[1])
 if current and cjson.decode(current).holder ~= ARGV[1] then
   return {'held', current, redis.call('PTTL', KEYS[1])}
 end
 local token = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[4] or '0')
+if token <= floor then
+  token = floor + 1
+  redis.call('SET', KEYS[2], token)
+end
 redis.call('SET', KEYS[1], cjson.encode({holder = ARGV[1], token = token, url = ARGV[2]}), 'PX', ARGV[3])
 return {'acquired', token}
 """
@@ -134,25 +158,61 @@ def lease_holder(raw: str) -> LeaseHolder:
 
 
 class RedisLease:
-    """The lease on Redis (standalone or cluster: both keys share the `{coordinator}` tag)."""
+    """The lease on Redis (standalone or cluster: both keys share the `{coordinator}` tag).
 
-    def __init__(self, redis: Any, keys: KeySpace = DEFAULT_KEYS) -> None:
+    With `replicas` (`coordinator_lease_replicas`), an acquisition or renewal counts only once
+    that many replicas have it (`WAIT`, within `wait_ms`): a replica promoted after a failover
+    then holds a lease at least as new as the one the active coordinator counts on, so no
+    other coordinator takes it over while that one believes it is active (no split brain).
+    Not acknowledged in time: `StoreUnavailable`, as Redis away (the coordinator stays active
+    only until the last acknowledged renewal's lease ends)."""
+
+    def __init__(
+        self, redis: Any, keys: KeySpace = DEFAULT_KEYS, replicas: int = 0, wait_ms: int = 500
+    ) -> None:
         self.redis = redis
         self.keys = keys
+        self.replicas = replicas
+        self.wait_ms = wait_ms
         self._acquire = redis.register_script(ACQUIRE)
         self._renew = redis.register_script(RENEW)
         self._release = redis.register_script(RELEASE)
 
-    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
+    @contextlib.contextmanager
+    def _replicated(self, what: str) -> Iterator[None]:
+        if not self.replicas:
+            yield
+            return
+        try:
+            with self.redis.ensure_replication(self.replicas, self.wait_ms):
+                yield
+        except coredis.exceptions.ReplicationError as exc:
+            raise StoreUnavailable(
+                f"{what}: fewer than {self.replicas} replica(s) acknowledged it within {self.wait_ms} ms "
+                "(coordinator_lease_replicas)"
+            ) from exc
+
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int, floor: int = 0) -> Acquired | Held:
         keys = [self.keys.coordinator_lease, self.keys.coordinator_token]
-        with redis_errors("acquiring the coordinator lease"):
-            result = await self._acquire(keys=keys, args=[holder, url or "", ttl_ms])
+        with (
+            self._replicated("acquiring the coordinator lease"),
+            redis_errors("acquiring the coordinator lease"),
+        ):
+            result = await self._acquire(keys=keys, args=[holder, url or "", ttl_ms, floor])
         if result[0] == "acquired":
             return Acquired(int(result[1]))
         return Held(lease_holder(result[1]), max(0, int(result[2])) / 1000)
 
+    async def retake(self, holder: str, url: str | None, ttl_ms: int, floor: int) -> int | None:
+        # The lease is gone or names this holder: ACQUIRE takes it (another holder: `Held`).
+        outcome = await self.acquire(holder, url, ttl_ms, floor)
+        return outcome.token if isinstance(outcome, Acquired) else None
+
     async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
-        with redis_errors("renewing the coordinator lease"):
+        with (
+            self._replicated("renewing the coordinator lease"),
+            redis_errors("renewing the coordinator lease"),
+        ):
             result = await self._renew(
                 keys=[self.keys.coordinator_lease], args=[holder, token, url or "", ttl_ms]
             )
@@ -181,15 +241,24 @@ class MemoryLease:
             self.lease = None
         return self.lease
 
-    async def acquire(self, holder: str, url: str | None, ttl_ms: int) -> Acquired | Held:
+    async def acquire(self, holder: str, url: str | None, ttl_ms: int, floor: int = 0) -> Acquired | Held:
         await trio.lowlevel.checkpoint()
         live = self._live()
         if live is not None and live.holder != holder:
             return Held(live, self.expires_at - trio.current_time())
-        self.counter += 1
+        self.counter = max(self.counter + 1, floor + 1)
         self.lease = LeaseHolder(holder, self.counter, url)
         self.expires_at = trio.current_time() + ttl_ms / 1000
         return Acquired(self.counter)
+
+    async def retake(self, holder: str, url: str | None, ttl_ms: int, floor: int) -> int | None:
+        outcome = await self.acquire(holder, url, ttl_ms, floor)
+        return outcome.token if isinstance(outcome, Acquired) else None
+
+    def lose_everything(self) -> None:
+        """What a Redis restart without persistence (or FLUSHALL) does to these keys."""
+        self.lease = None
+        self.counter = 0
 
     async def renew(self, holder: str, token: int, url: str | None, ttl_ms: int) -> bool:
         await trio.lowlevel.checkpoint()
@@ -250,6 +319,16 @@ class Leadership:
         self.terms = 0
         self._term: Term | None = None
         self._last_token: int | None = None
+        #: The highest fencing token this process has seen (its own, a holder's in the lease, a
+        #: fence found on an aggregate): after Redis lost or rolled back the counter, new tokens
+        #: start above it, so no token is handed out twice while one process remembers it.
+        self.highest_seen = 0
+        #: Told (synchronously) when the lease was found gone or rolled back while this process
+        #: held it: Redis lost data (`rsc.actors.dataset`).
+        self.on_lease_lost: Callable[[str], None] = lambda why: None
+        #: Told when the lease is seen held by another coordinator (this process's memory of
+        #: its earlier terms is then stale: `Registry.forget_terms`).
+        self.on_other_holder: Callable[[], None] = lambda: None
         #: Why the last look at the lease failed (Redis unreachable), or None when it worked.
         self.unreachable: str | None = None
 
@@ -346,7 +425,9 @@ class Leadership:
         """Try to acquire once: the new term, or how long to wait before trying again."""
         sent = trio.current_time()
         try:
-            outcome = await self.backend.acquire(self.holder_id, self.advertise_url, self.ttl_ms)
+            outcome = await self.backend.acquire(
+                self.holder_id, self.advertise_url, self.ttl_ms, self.highest_seen
+            )
         except StoreUnavailable as exc:
             store_failed(log, exc, f"standby: cannot reach the coordinator lease: {exc}")
             self.unreachable = str(exc)
@@ -354,17 +435,75 @@ class Leadership:
         self.unreachable = None
         REDIS_OUTAGE.ok()
         if isinstance(outcome, Held):
+            if outcome.by.holder != self.holder_id:
+                self.on_other_holder()
+            self.highest_seen = max(self.highest_seen, outcome.by.token)
             if outcome.by.url != self.active_url:
                 log.info("standby: %s (%s) is active", outcome.by.holder, outcome.by.url or "no url")
             self.active_url = outcome.by.url
             return min(outcome.remaining_s + 0.005, self.ttl_s / LOOKS_PER_TTL)
         term = Term(outcome.token, sent, sent + self.ttl_s - self.margin_s)
+        self.highest_seen = max(self.highest_seen, term.token)
         self._term = term
         self._last_token = term.token
         self.active_url = self.advertise_url
         self.terms += 1
         log.info("active: took the coordinator lease with token %d", term.token)
         return term
+
+    async def advance(self, floor: int) -> bool:
+        """Move this term's token above `floor` (a fence found on an aggregate that is higher than
+        our token while we hold the lease: Redis lost or rolled back the token counter, not a
+        newer term, which would hold the lease). False when no longer active."""
+        self.highest_seen = max(self.highest_seen, floor)
+        term = self.term
+        if term is None:
+            return False
+        if term.token > floor:
+            return True
+        try:
+            token = await self.backend.retake(self.holder_id, self.advertise_url, self.ttl_ms, floor)
+        except StoreUnavailable:
+            return False
+        if token is None or self.term is not term:
+            return False
+        log.warning(
+            "a fence (token %d) above this term's token %d, with the lease still ours: Redis lost or "
+            "rolled back the token counter; this term goes on with token %d",
+            floor,
+            term.token,
+            token,
+        )
+        self._set_token(term, token)
+        self.on_lease_lost(f"the fencing-token counter went back below token {floor}")
+        return True
+
+    def _set_token(self, term: Term, token: int) -> None:
+        term.token = token
+        self._last_token = token
+        self.highest_seen = max(self.highest_seen, token)
+
+    async def _retake(self, term: Term) -> bool:
+        """The renewal found the lease gone or not as this term left it. If nobody else holds it,
+        Redis lost or rolled it back (a restart without persistence, FLUSHALL, a failover to a
+        replica that missed the last writes): take it back at once, with a token above every one
+        seen, and go on (the actors keep what they know and correct the store)."""
+        floor = max(self.highest_seen, term.token)
+        try:
+            token = await self.backend.retake(self.holder_id, self.advertise_url, self.ttl_ms, floor)
+        except StoreUnavailable:
+            return False
+        if token is None:
+            return False
+        log.warning(
+            "the coordinator lease (token %d) was gone or rolled back while held, and nobody else "
+            "holds it: Redis lost data; took it back with token %d",
+            term.token,
+            token,
+        )
+        self._set_token(term, token)
+        self.on_lease_lost("the coordinator lease was gone or rolled back while held")
+        return True
 
     async def _hold(self, term: Term) -> None:
         """Renew until the lease is lost or the deadline passes; then return."""
@@ -385,7 +524,7 @@ class Leadership:
                     continue
                 self.unreachable = None
                 REDIS_OUTAGE.ok()
-                if not kept:
+                if not kept and not await self._retake(term):
                     log.warning("standby: the coordinator lease (token %d) was lost", term.token)
                     return
                 term.deadline = sent + self.ttl_s - self.margin_s

@@ -23,7 +23,7 @@ refused with an error naming it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rsc import __version__
@@ -99,6 +99,38 @@ return {'ok', fence}
 """
 
 
+# Write a whole state back after Redis lost or rolled back the aggregate (`Store.restore`).
+# KEYS: snapshot, journal, checkpoints; ARGV: expected revision, new revision, schema version,
+# fence token, state, reason
+RESTORE = """
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local token = tonumber(ARGV[4])
+if fence > token then
+  return {'fenced', fence}
+end
+local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
+if current ~= tonumber(ARGV[1]) then
+  return {'conflict', current}
+end
+local id = redis.call('XADD', KEYS[2], '*', 'kind', 'Checkpoint', 'rev', ARGV[2], 'data', ARGV[5],
+                      'restored', ARGV[6])
+redis.call('XTRIM', KEYS[2], 'MINID', id)
+redis.call('DEL', KEYS[3])
+redis.call('RPUSH', KEYS[3], id .. ' ' .. ARGV[2])
+redis.call('HSET', KEYS[1], 'state', ARGV[5], 'stateRevision', ARGV[2], 'stateId', id,
+           'revision', ARGV[2], 'lastId', id, 'schemaVersion', ARGV[3])
+if token > fence then
+  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
+end
+return {'ok', ARGV[2], id}
+"""
+
+#: Told of a fence above this coordinator's token (the highest fence); True when the term's
+#: token was moved above it (the lease is ours: Redis lost the token counter), so trying again
+#: may pass.
+FenceFloor = Callable[[int], Awaitable[bool]]
+
+
 class RedisStore:
     """The `Store` port on Redis (standalone or cluster) through coredis."""
 
@@ -119,10 +151,22 @@ class RedisStore:
         self.features: FeatureSource = features or Features(redis, term=fence_token, keys=keys)
         self._append = redis.register_script(APPEND)
         self._raise_fence = redis.register_script(RAISE_FENCE)
+        self._restore = redis.register_script(RESTORE)
+        #: Asked when a fence is above our token (see `FenceFloor`); None: that is `Fenced`.
+        self.on_fenced: FenceFloor | None = None
+
+    async def _fenced_again(self, exc: Fenced) -> bool:
+        """Whether to try once more after `exc` (our token was moved above its fence)."""
+        return exc.fence is not None and self.on_fenced is not None and await self.on_fenced(exc.fence)
 
     async def load(self, aggregate: AggregateId) -> Loaded:
         if self.fence_token is not None:
-            await self._fence(aggregate, self.fence_token())
+            try:
+                await self._fence(aggregate, self.fence_token())
+            except Fenced as exc:
+                if not await self._fenced_again(exc):
+                    raise
+                await self._fence(aggregate, self.fence_token())
         with redis_errors(f"loading {aggregate}"):
             snapshot = await self.redis.hgetall(self.keys.snapshot(aggregate))
             if "revision" not in snapshot:
@@ -159,7 +203,33 @@ class RedisStore:
         with redis_errors(f"appending to {aggregate}"):
             result = await self._append(keys=keys, args=args)
         if result[0] == "fenced":
-            raise _fenced(aggregate, int(result[1]), token)
+            fenced = _fenced(aggregate, int(result[1]), token)
+            if await self._fenced_again(fenced):
+                return await self.append(aggregate, expected_revision, events, checkpoint)
+            raise fenced
+        if result[0] == "conflict":
+            raise ConcurrencyConflict(expected_revision, int(result[1]))
+        return Appended(int(result[1]), str(result[2]))
+
+    async def revision(self, aggregate: AggregateId) -> int:
+        with redis_errors(f"checking {aggregate}"):
+            raw = await self.redis.hget(self.keys.snapshot(aggregate), "revision")
+        return int(raw or 0)
+
+    async def restore(
+        self, aggregate: AggregateId, expected_revision: int, revision: int, state: str, reason: str
+    ) -> Appended:
+        token = self.fence_token() if self.fence_token is not None else 0
+        schema = await self.features.schema_for_write()
+        keys = [self.keys.snapshot(aggregate), self.keys.journal(aggregate), self.keys.checkpoints(aggregate)]
+        args = [expected_revision, revision, schema, token, state, reason]
+        with redis_errors(f"restoring {aggregate}"):
+            result = await self._restore(keys=keys, args=args)
+        if result[0] == "fenced":
+            fenced = _fenced(aggregate, int(result[1]), token)
+            if await self._fenced_again(fenced):
+                return await self.restore(aggregate, expected_revision, revision, state, reason)
+            raise fenced
         if result[0] == "conflict":
             raise ConcurrencyConflict(expected_revision, int(result[1]))
         return Appended(int(result[1]), str(result[2]))
@@ -197,4 +267,7 @@ def check_schema(aggregate: AggregateId, schema: int) -> None:
 def _entry(raw: Any) -> JournalEntry:
     fields = raw.field_values
     version = int(fields.get("v", 1))
-    return JournalEntry(str(raw.identifier), fields["kind"], int(fields["rev"]), fields["data"], version)
+    restored = str(fields.get("restored", ""))
+    return JournalEntry(
+        str(raw.identifier), fields["kind"], int(fields["rev"]), fields["data"], version, restored
+    )

@@ -24,10 +24,12 @@ import trio
 from rsc.actors.actor import Actor, ActorSettings, Reply
 from rsc.actors.aggregates import GroupAggregate, GroupObserver, StreamAggregate
 from rsc.actors.clock import Clock
+from rsc.actors.dataset import DATA_LOSS, EVERYTHING, LEASE, REBUILT, ROLLBACK, sweep
 from rsc.actors.effects import Effects
 from rsc.actors.errors import ActorStopped, Fenced, StoreError
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Store
+from rsc.events import quotas
 from rsc.events.commands import (
     AbortMigration,
     AdvanceMigration,
@@ -39,30 +41,47 @@ from rsc.events.commands import (
     DeleteStream,
     GroupCommand,
     RegisterGroup,
+    RemoveMember,
     ResumeMigration,
     RetireShards,
     StreamCommand,
     UnregisterGroup,
 )
-from rsc.events.errors import CoordinationError, PreconditionFailed, UnknownGroup, UnknownStream
+from rsc.events.errors import (
+    CoordinationError,
+    PreconditionFailed,
+    QuotaExceeded,
+    UnknownGroup,
+    UnknownStream,
+)
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
 from rsc.events.model import (
+    MAX_COUNTER,
     DrainCheck,
     GroupConfig,
     Layout,
     MigrationBounds,
     MigrationPhase,
     ReshardMode,
+    StartFrom,
     Timing,
     check_name,
 )
+from rsc.events.placement import shard_key
+from rsc.events.quotas import Quota
 from rsc.events.stream import StreamState, moving, retirable
 
 log = logging.getLogger("rsc.registry")
 
 GroupActor = Actor[GroupState, GroupCommand, GroupEvent]
 StreamActor = Actor[StreamState, StreamCommand, StreamEvent]
+#: How long a stream whose shard keys were looked for (a SCAN) and not found is not looked at
+#: again: a member that keeps heartbeating about a stream Redis never held costs one SCAN so often.
+EVIDENCE_RETRY_MS = 10_000
+#: At most so many of those SCANs a minute, one at a time, for all names together.
+EVIDENCE_SCANS_PER_MINUTE = 12
+MAX_EVIDENCE_ENTRIES = 10_000
 ASK_ATTEMPTS = 3
 
 
@@ -81,6 +100,10 @@ class RegistrySettings:
     retired_retention_ms: int | None = None
     #: How often departed members' Redis consumers are pruned (`prune_consumers`; 0: never).
     consumer_prune_s: float = 30.0
+    #: Partial-loss sweep: this many running actors compare their stored revision (one HGET
+    #: each) every `sweep_every_s` (0: never; `rsc serve` sweeps 20 a second).
+    sweep_per_round: int = 0
+    sweep_every_s: float = 1.0
 
 
 @attrs.define
@@ -133,6 +156,20 @@ class Registry:
         #: stream once a term, and each layout change lands here), so that a stream no actor
         #: runs for is still known (metrics).
         self.layouts: dict[str, Layout] = {}
+        #: (revision, state) of each aggregate an actor held when a term of this process ended:
+        #: a later term writes it back if Redis then holds less (a failover to a lagging
+        #: replica ends the term and rolls the store back).
+        self.memory: dict[AggregateId, tuple[int, Any]] = {}
+        #: When each group last had its 0.1.0 members fenced after a loss (`check_all`).
+        self._blind_fenced_at: dict[AggregateId, int] = {}
+        #: Streams rebuilt this term after Redis lost them: groups made on them start at `0`.
+        self.rebuilt: set[str] = set()
+        #: Streams whose shard keys were looked for and not found, until when not to look again.
+        self._no_keys_until: dict[str, int] = {}
+        self._scans: list[int] = []
+        self._scanning = trio.Lock()
+        #: Stream creations that count against quotas (`_counting`).
+        self._creating_stream = trio.Lock()
 
     # --- asking ---------------------------------------------------------
 
@@ -143,12 +180,23 @@ class Registry:
         command: GroupCommand,
         create: bool = True,
         expect: int | None = None,
+        seen_version: int = 0,
+        rebuild: bool = True,
+        quota: Quota | None = None,
     ) -> Reply[GroupState, GroupEvent]:
         """Send `command` to the group's actor (started, and created if needed and `create`);
-        `expect`: only at that revision (`PreconditionFailed`)."""
+        `expect`: only at that revision (`PreconditionFailed`); `seen_version`, `quota`: see
+        `group`."""
         for attempt in range(ASK_ATTEMPTS):
             try:
-                actor = await self.group(stream_prefix, group, create=create)
+                actor = await self.group(
+                    stream_prefix,
+                    group,
+                    create=create,
+                    seen_version=seen_version,
+                    rebuild=rebuild,
+                    quota=quota,
+                )
                 return await actor.ask(command, expect)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -156,12 +204,26 @@ class Registry:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def ask_group_many(
-        self, stream_prefix: str, group: str, commands: Sequence[GroupCommand], create: bool = True
+        self,
+        stream_prefix: str,
+        group: str,
+        commands: Sequence[GroupCommand],
+        create: bool = True,
+        seen_version: int = 0,
+        rebuild: bool = True,
+        quota: Quota | None = None,
     ) -> list[Reply[GroupState, GroupEvent] | CoordinationError]:
         """Send `commands` to the group's actor together (one wake-up for all their answers)."""
         for attempt in range(ASK_ATTEMPTS):
             try:
-                actor = await self.group(stream_prefix, group, create=create)
+                actor = await self.group(
+                    stream_prefix,
+                    group,
+                    create=create,
+                    seen_version=seen_version,
+                    rebuild=rebuild,
+                    quota=quota,
+                )
                 return await actor.ask_many(commands)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -174,10 +236,14 @@ class Registry:
         command: StreamCommand,
         create: bool | None = None,
         expect: int | None = None,
+        seen_version: int = 0,
+        quota: Quota | None = None,
     ) -> Reply[StreamState, StreamEvent]:
         for attempt in range(ASK_ATTEMPTS):
             try:
-                actor = await self.stream(stream_prefix, create=create)
+                actor = await self.stream(
+                    stream_prefix, create=create, seen_version=seen_version, quota=quota
+                )
                 return await actor.ask(command, expect)
             except ActorStopped:
                 if attempt == ASK_ATTEMPTS - 1:
@@ -193,12 +259,22 @@ class Registry:
         config: GroupConfig | None = None,
         create: bool = True,
         only_new: bool = False,
+        seen_version: int = 0,
+        rebuild: bool = True,
+        quota: Quota | None = None,
     ) -> GroupActor:
         """The group's actor, started; the group is created on first use (with `config`).
 
         Without `create`, a group that does not exist (nor its stream) is refused with
         `UnknownGroup` (`UnknownStream`) and no actor is left running for it. With `only_new`,
         a group that exists (or that someone else creates first) is `PreconditionFailed`.
+
+        `seen_version`: the highest layout version the asking member (one already in the group,
+        not a join) has been told (0: none). Such a member speaks of a group that existed; if
+        Redis holds nothing of it (not even its deletion), Redis lost it: it is recreated (its
+        consumer groups at `0`, never `$`) even without `create`, and the member rejoins. Where
+        heartbeats may not create groups (`rebuild` false: `auto_create_groups` off), only a
+        group whose stream was lost too (rebuilt this term) is recreated so.
         """
         check_name(stream_prefix, "streamPrefix")
         check_name(group, "consumerGroup")
@@ -206,21 +282,47 @@ class Registry:
         actor, fresh = await self._get(
             aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects, self._observe_group))
         )
+        lost = actor.state is None and 0 < seen_version < MAX_COUNTER
+        if lost and not rebuild:  # heartbeats may not create groups: only with its stream lost too
+            with contextlib.suppress(UnknownStream):
+                await self.stream(stream_prefix, create=False, seen_version=seen_version)
+            lost = stream_prefix in self.rebuilt
+        if lost:
+            create = True
+            config = attrs.evolve(config or GroupConfig(), start_from=StartFrom.EARLIEST)
         if actor.state is None or actor.state.deleted:
             if not create:
                 self._stop_missing(aggregate_id)
                 await self.stream(stream_prefix, create=False)  # UnknownStream first, if so
                 raise UnknownGroup(f"group {group!r} of stream {stream_prefix!r} does not exist")
             if not self._current(aggregate_id, actor):  # stopped meanwhile as missing: again
-                return await self.group(stream_prefix, group, config, create, only_new)
-            with self._marked_creating(aggregate_id):
-                async with self._creating_group:
-                    if actor.state is None or actor.state.deleted:  # else created meanwhile
-                        await self._create_group(actor, stream_prefix, group, config or GroupConfig())
-                    elif only_new:
-                        raise PreconditionFailed(
-                            f"group {group!r} of {stream_prefix!r} was created meanwhile"
-                        )
+                return await self.group(stream_prefix, group, config, create, only_new, quota=quota)
+            try:
+                with self._marked_creating(aggregate_id):
+                    async with self._creating_group:
+                        if actor.state is None or actor.state.deleted:  # else created meanwhile
+                            await self._create_group(
+                                actor,
+                                stream_prefix,
+                                group,
+                                config or GroupConfig(),
+                                seen_version,
+                                quota,
+                            )
+                            if lost:
+                                DATA_LOSS.noticed(
+                                    REBUILT,
+                                    f"group {group!r} of stream {stream_prefix!r}: nothing of it in Redis "
+                                    f"while a member knows layout version {seen_version}; recreated, its "
+                                    "consumer groups at 0 (its members rejoin)",
+                                )
+                        elif only_new:
+                            raise PreconditionFailed(
+                                f"group {group!r} of {stream_prefix!r} was created meanwhile"
+                            )
+            except (QuotaExceeded, UnknownStream):
+                self._stop_missing(aggregate_id)  # refused names leave nothing in memory either
+                raise
         elif only_new:
             raise PreconditionFailed(f"group {group!r} of {stream_prefix!r} exists")
         elif fresh:
@@ -233,11 +335,22 @@ class Registry:
         create: bool | None = None,
         shard_count: int | None = None,
         only_new: bool = False,
+        seen_version: int = 0,
+        quota: Quota | None = None,
     ) -> StreamActor:
         """The stream's actor, started; created (with `shard_count`, else the default) if allowed.
 
         `create` overrides the configured auto-creation; raises `UnknownStream`. With `only_new`,
         a stream that exists (or that someone else creates first) is `PreconditionFailed`.
+
+        `seen_version`: the highest layout version the asking member (not a join) or producer
+        has been told. If Redis holds nothing of the stream (not even its deletion) while a
+        party knows a layout, Redis lost it: it is rebuilt (`_rebuild`). Where auto-creation is
+        off, only with evidence in Redis: shard keys of that stream (`_leaves_keys`).
+
+        `quota`: the asking caller's limits; a stream created for it counts against its
+        `streams` quota and the deployment's, and its shard count against `shards_per_stream`
+        (`QuotaExceeded`, nothing created); a rebuilt one too (a reported version proves nothing).
         """
         check_name(stream_prefix, "streamPrefix")
         aggregate_id = AggregateId(stream_prefix)
@@ -249,24 +362,59 @@ class Registry:
                 )
             ),
         )
+        # (A version at the counters' limit cannot be rebuilt above: created as new instead.)
+        lost = actor.state is None and 0 < seen_version < MAX_COUNTER and not only_new
+        if lost and not (self.settings.auto_create_streams if create is None else create):
+            lost = await self._leaves_keys(stream_prefix)  # where heartbeats may not create: evidence
+        elif actor.state is None and not lost and create is None and self.settings.auto_create_streams:
+            # A heartbeat creates a stream Redis holds nothing of, but shard keys of that name
+            # exist: Redis lost it while no coordinator ran, and a join came before any party
+            # that knows a layout. Rebuilt from those keys (not made anew beside them).
+            lost = not only_new and await self._leaves_keys(stream_prefix)
         if actor.state is None or actor.state.deleted:
-            if not (self.settings.auto_create_streams if create is None else create):
+            if not lost and not (self.settings.auto_create_streams if create is None else create):
                 self._stop_missing(aggregate_id)  # nothing to keep in memory for a name that does not exist
                 raise UnknownStream(f"stream {stream_prefix!r} does not exist")
             if not self._current(aggregate_id, actor):  # stopped meanwhile as missing: again
-                return await self.stream(stream_prefix, create, shard_count, only_new)
+                return await self.stream(stream_prefix, create, shard_count, only_new, seen_version, quota)
             count = self.settings.default_shard_count if shard_count is None else shard_count
             seen = actor.revision
-            with self._marked_creating(aggregate_id):
-                topology = await self.effects.topology()
-                # Only over what was seen missing: a stream created meanwhile is not created twice.
-                reply = await actor.ask(
-                    CreateStream(stream_prefix, count, self.clock.now_ms(), topology),
-                    seen if only_new else None,
+            # A rebuild counts too: the version a client reports is no proof that Redis lost
+            # anything, so a made-up one must not create streams past the quotas.
+            counted = quota
+            # Marked while it waits its turn too: a look that finds it missing meanwhile must not
+            # stop the actor this creation will use.
+            try:
+                with self._marked_creating(aggregate_id):
+                    async with self._counting(counted):
+                        if counted is not None and (actor.state is None or actor.state.deleted):
+                            await self._admit_stream(counted, stream_prefix, count)
+                        reply, found_keys = await self._create_stream(
+                            actor, stream_prefix, count, lost, seen_version, seen, only_new
+                        )
+                        if counted is not None and reply.events:
+                            await self.effects.record_created(counted.owner, stream_prefix)
+            except QuotaExceeded:
+                self._stop_missing(aggregate_id)  # refused names leave nothing in memory either
+                raise
+            if lost and reply.events:
+                self.rebuilt.add(stream_prefix)
+                layout = reply.state.layout
+                DATA_LOSS.noticed(
+                    REBUILT,
+                    f"stream {stream_prefix!r}: nothing of it in Redis while "
+                    + (
+                        f"its members or producers know layout version {seen_version}"
+                        if seen_version
+                        else "shard keys of it are there"
+                    )
+                    + f"; rebuilt at version {layout.metadata_version} "
+                    f"with {len(layout.shards)} shard(s) "
+                    + ("found in Redis" if found_keys else "(none found: the default count)"),
                 )
             if only_new and not reply.events:  # it existed by then: someone else created it
                 raise PreconditionFailed(f"stream {stream_prefix!r} was created meanwhile")
-            if create is None and reply.events:  # a first heartbeat named it: say so (a typo?)
+            if create is None and reply.events and not lost:  # a first heartbeat named it: say so
                 log.info(
                     "created stream %r with %d shard(s) for the first heartbeat naming it "
                     "(auto_create_streams; false refuses unknown streams)",
@@ -279,14 +427,128 @@ class Registry:
             self.layouts[stream_prefix] = actor.state.layout  # (not from an actor a term stopped)
         return actor  # type: ignore[no-any-return]
 
+    async def _create_stream(
+        self,
+        actor: StreamActor,
+        stream_prefix: str,
+        count: int,
+        lost: bool,
+        seen_version: int,
+        seen: int,
+        only_new: bool,
+    ) -> tuple[Reply[StreamState, StreamEvent], bool]:
+        """Create (or rebuild) the stream; the reply, and whether a rebuild found shard keys."""
+        aggregate_id = AggregateId(stream_prefix)
+        with self._marked_creating(aggregate_id):
+            topology = await self.effects.topology()
+            command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology)
+            if lost:
+                self.store.features.history_found = True  # a record made now starts at 1
+                command = await self._rebuild(command, seen_version)
+            # Only over what was seen missing: a stream created meanwhile is not created twice.
+            return await actor.ask(command, seen if only_new else None), bool(command.found_keys)
+
+    @contextlib.asynccontextmanager
+    async def _counting(self, quota: Quota | None) -> AsyncIterator[None]:
+        """Stream creations that count against quotas, one at a time: a check and the creation
+        it admits are not interleaved with another's, so no quota is ever exceeded."""
+        if quota is None:
+            yield
+            return
+        async with self._creating_stream:
+            yield
+
+    async def _admit_stream(self, quota: Quota, stream_prefix: str, count: int) -> None:
+        """Refuse (`QuotaExceeded`) a stream `quota`'s caller may not create."""
+        limits = quota.limits
+        if count > limits.shards_per_stream:
+            raise QuotaExceeded(
+                f"stream {stream_prefix!r} would have {count} shards; the quota "
+                f"{quotas.SHARDS_PER_STREAM} allows {limits.shards_per_stream}",
+                quotas.SHARDS_PER_STREAM,
+                limits.shards_per_stream,
+            )
+        if await self.effects.stream_count() >= quota.total_streams:
+            raise QuotaExceeded(
+                f"the deployment has {quota.total_streams} streams, as many as its quota "
+                f"{quotas.STREAMS} allows; delete one or raise quota_streams",
+                quotas.STREAMS,
+                quota.total_streams,
+            )
+        if await self.effects.created_count(quota.owner) >= limits.streams:
+            raise QuotaExceeded(
+                f"{quota.owner!r} created {limits.streams} stream(s) that still exist, as many as "
+                f"its quota {quotas.STREAMS} allows; delete one, or give it a higher quota",
+                quotas.STREAMS,
+                limits.streams,
+            )
+
     async def _create_group(
-        self, actor: GroupActor, stream_prefix: str, group: str, config: GroupConfig
+        self,
+        actor: GroupActor,
+        stream_prefix: str,
+        group: str,
+        config: GroupConfig,
+        seen_version: int = 0,
+        quota: Quota | None = None,
     ) -> None:
-        stream = await self.stream(stream_prefix)
+        stream = await self.stream(stream_prefix, seen_version=seen_version, quota=quota)
+        if quota is not None and stream.state is not None:
+            limit = quota.limits.groups_per_stream
+            if len(stream.state.groups) >= limit:
+                raise QuotaExceeded(
+                    f"stream {stream_prefix!r} has {limit} groups, as many as the quota "
+                    f"{quotas.GROUPS_PER_STREAM} allows",
+                    quotas.GROUPS_PER_STREAM,
+                    limit,
+                )
+        if stream_prefix in self.rebuilt:  # all its keys hold was appended since the loss
+            config = attrs.evolve(config, start_from=StartFrom.EARLIEST)
         reply = await stream.ask(RegisterGroup(group, config.start_from))
         layout = reply.state.layout
         command = CreateGroup(stream_prefix, group, layout, self.settings.timing, config, self.clock.now_ms())
         await actor.ask(command)
+
+    async def _leaves_keys(self, stream_prefix: str) -> bool:
+        """Whether Redis holds shard keys of `stream_prefix` (`_scan`)."""
+        return bool(await self._scan(stream_prefix))
+
+    async def _scan(self, stream_prefix: str) -> dict[int, str]:
+        """The shard keys of `stream_prefix` Redis holds (a SCAN of every primary), or none
+        found. A name found without any is not looked at again for `EVIDENCE_RETRY_MS`, and
+        there is one SCAN at a time, at most `EVIDENCE_SCANS_PER_MINUTE` for all names
+        together: heartbeats naming ever new streams cannot make Redis scan in a loop."""
+        now = self.clock.now_ms()
+        if self._no_keys_until.get(stream_prefix, 0) > now:
+            return {}
+        self._scans = [t for t in self._scans if t > now - 60_000]
+        if len(self._scans) >= EVIDENCE_SCANS_PER_MINUTE or self._scanning.locked():
+            return {}
+        self._scans.append(now)
+        async with self._scanning:
+            found = await self.effects.find_shard_keys(stream_prefix)
+        if found:
+            self._no_keys_until.pop(stream_prefix, None)
+            return found
+        if len(self._no_keys_until) >= MAX_EVIDENCE_ENTRIES:
+            self._no_keys_until.clear()
+        self._no_keys_until[stream_prefix] = now + EVIDENCE_RETRY_MS
+        return {}
+
+    async def _rebuild(self, command: CreateStream, seen_version: int) -> CreateStream:
+        """A lost stream: its first layout is above the version the fleet reported (so that
+        members and producers take it as a layout change), with the shard keys Redis still
+        holds, or that producers routing by the lost layout have appended to since (found by
+        name), plus any index between them; the default count when none is found."""
+        found = dict(await self._scan(command.stream_prefix))
+        if found:  # the namespace is the part of a found key before its name
+            some = found[min(found)]
+            namespace = some[: some.index(f"{command.stream_prefix}:{{")]
+            for index in range(min(found), max(found) + 1):
+                found.setdefault(index, shard_key(command.stream_prefix, index, namespace=namespace))
+        return attrs.evolve(
+            command, metadata_version=seen_version + 1, found_keys=tuple(sorted(found.items()))
+        )
 
     async def _pull_layout(self, actor: GroupActor, stream_prefix: str, group: str) -> None:
         """A group actor starting over an existing group: make sure the stream knows it, then catch up."""
@@ -369,7 +631,9 @@ class Registry:
                 log.exception("group observer %r failed", observer)
 
     def _actor(self, aggregate: Any) -> Actor[Any, Any, Any]:
-        return Actor(aggregate, self.store, self.clock, self.settings.actor)
+        actor: Actor[Any, Any, Any] = Actor(aggregate, self.store, self.clock, self.settings.actor)
+        actor.remembered = self.memory.pop(aggregate.aggregate_id, None)
+        return actor
 
     async def _get(
         self, aggregate_id: AggregateId, make: Callable[[], Actor[Any, Any, Any]]
@@ -388,6 +652,8 @@ class Registry:
             entry.error = exc
             if self.actors.get(aggregate_id) is entry:
                 del self.actors[aggregate_id]
+            if entry.actor.remembered is not None:  # not written back yet: for the next try
+                self.memory.setdefault(aggregate_id, entry.actor.remembered)
             raise
         finally:
             entry.ready.set()
@@ -446,13 +712,79 @@ class Registry:
         answered with `ActorStopped`.
         """
         entries = list(self.actors.values())
+        for entry in entries:  # remembered: written back if Redis holds less in a later term
+            actor = entry.actor
+            if actor.started and actor.state is not None:
+                self.memory[actor.aggregate.aggregate_id] = (actor._revision, actor.state)
+            elif actor.remembered is not None:  # still starting: what it was given is kept
+                self.memory.setdefault(actor.aggregate.aggregate_id, actor.remembered)
         self.actors.clear()
         self.generation += 1
         self.layouts.clear()
+        self.rebuilt.clear()
+        self._no_keys_until.clear()
         for entry in entries:
             entry.scope.cancel()
         if entries:
             log.info("stopped %d actor(s)", len(entries))
+
+    def forget_terms(self) -> None:
+        """Another coordinator held the lease since this process's last term: what this
+        process remembers of that term is older than what the other may have written (and
+        Redis may then have lost), so it is forgotten rather than written back later."""
+        if self.memory:
+            log.info("forgetting what %d aggregate(s) held in this process's last term", len(self.memory))
+            self.memory.clear()
+
+    def check_all(self, kind: str, why: str) -> None:
+        """Redis lost data (`rsc.actors.dataset`): every running actor compares its stored
+        revision with its own, writes what it knows back where Redis holds less, and repairs
+        every side effect as after a loss (shard keys, consumer groups at `0`, owner tokens)."""
+        owner_tokens_lost = kind in (EVERYTHING, ROLLBACK, LEASE)  # not a restart that kept the data
+        now = self.clock.now_ms()
+        for aggregate_id, entry in list(self.actors.items()):
+            entry.actor.check_store(why)
+            group = isinstance(entry.actor.aggregate, GroupAggregate) and entry.started
+            # Once per loss: the notices of one loss (lease, marker) come within a second.
+            last = self._blind_fenced_at.get(aggregate_id, -(10**15))
+            if owner_tokens_lost and group and now - last >= self.settings.timing.lease_ttl_ms:
+                self._blind_fenced_at[aggregate_id] = now
+                self.nursery.start_soon(self._fence_blind_members, entry.actor)
+
+    async def _fence_blind_members(self, actor: GroupActor) -> None:
+        """After a loss, members of 0.1.0 (client feature level 1) holding shards are fenced:
+        their poller drops a shard whose owner token Redis lost and never says so (no
+        `stalledShards`), so the shard would stay unread while the group believes it read.
+        Fenced (`REMOVED`: a reason they know), they rejoin at once and read afresh; newer
+        members report what they cannot read and keep their shards."""
+        state = actor.state
+        if state is None or state.deleted:
+            return
+        blind = sorted(
+            m.member_id for m in state.members.values() if m.client.feature_level < 2 and m.installed
+        )
+        for member_id in blind:
+            log.warning(
+                "%s: fencing member %s after Redis lost data: its client (%s %s) cannot report "
+                "shards it no longer reads; it rejoins and reads them afresh",
+                actor.aggregate.aggregate_id,
+                member_id,
+                state.members[member_id].client.name,
+                state.members[member_id].client.version,
+            )
+            with contextlib.suppress(CoordinationError, ActorStopped, StoreError):
+                await actor.ask(RemoveMember(member_id, self.clock.now_ms()))
+
+    def running(self) -> list[Actor[Any, Any, Any]]:
+        """The actors started and running now."""
+        return [e.actor for e in self.actors.values() if e.started]
+
+    async def sweep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Partial loss: `sweep_per_round` running actors compare their stored revision each
+        `sweep_every_s`, in rotation (a bounded number of Redis commands a second)."""
+        task_status.started()
+        if self.settings.sweep_per_round > 0:
+            await sweep(self.running, self.settings.sweep_per_round, self.settings.sweep_every_s)
 
     async def reap_idle(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Stop actors nobody asked anything for `idle_after_s`, forever."""
@@ -639,6 +971,7 @@ async def open_registry(
         await nursery.start(registry.reap_idle)
         await nursery.start(registry.watch_drains)
         await nursery.start(registry.prune_consumers)
+        await nursery.start(registry.sweep)
         try:
             yield registry
         finally:

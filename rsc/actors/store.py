@@ -55,6 +55,8 @@ class JournalEntry:
     data: str
     #: The version of the event's data (journal schema 2 names it; schema 1 entries are 1).
     version: int = 1
+    #: On a checkpoint written back after Redis lost data (`Store.restore`): why ('' otherwise).
+    restored: str = ""
 
     @property
     def is_checkpoint(self) -> bool:
@@ -110,6 +112,20 @@ class Store(Protocol):
         self, aggregate: AggregateId, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[JournalEntry]:
         """Journal entries between two ids (inclusive, `-`/`+` for the ends), oldest first."""
+        ...
+
+    async def revision(self, aggregate: AggregateId) -> int:
+        """The stored revision (0: nothing stored), read without loading or fencing."""
+        ...
+
+    async def restore(
+        self, aggregate: AggregateId, expected_revision: int, revision: int, state: str, reason: str
+    ) -> Appended:
+        """Write `state` back after Redis lost or rolled back the aggregate: if the stored
+        revision is still `expected_revision` (what a load just found), the journal becomes
+        one checkpoint at `revision` (above every revision written before the loss, so no
+        revision, hence no ETag, is reused), marked `restored` with `reason`, and the
+        snapshot holds it. Fenced and conflicting like `append`."""
         ...
 
 
@@ -226,6 +242,44 @@ class MemoryStore:
             and (end == "+" or _id_key(e.entry_id) <= _id_key(end))
         ]
         return entries[:count] if count is not None else entries
+
+    async def revision(self, aggregate: AggregateId) -> int:
+        agg = self.aggregates.get(aggregate)
+        return 0 if agg is None else agg.revision
+
+    async def restore(
+        self, aggregate: AggregateId, expected_revision: int, revision: int, state: str, reason: str
+    ) -> Appended:
+        token = self._token()
+        agg = self.aggregates.setdefault(aggregate, _MemoryAggregate())
+        self._raise_fence(aggregate, agg, token)
+        if agg.revision != expected_revision:
+            raise ConcurrencyConflict(expected_revision, agg.revision)
+        entry = JournalEntry(self._next_id(), CHECKPOINT, revision, state, restored=reason)
+        agg.entries = [entry]
+        agg.checkpoints = [entry]
+        agg.revision = revision
+        return Appended(revision, entry.entry_id)
+
+    def lose(self, aggregates: Iterable[AggregateId] | None = None) -> None:
+        """Forget aggregates (all when None), as Redis does on a restart without persistence."""
+        for aggregate in list(self.aggregates) if aggregates is None else aggregates:
+            self.aggregates.pop(aggregate, None)
+
+    def snapshot(self) -> dict[AggregateId, _MemoryAggregate]:
+        """A copy of everything stored, to roll back to (`roll_back`), as an older RDB does."""
+        return self.snapshot_of(self.aggregates)
+
+    def roll_back(self, copy: dict[AggregateId, _MemoryAggregate]) -> None:
+        self.aggregates.clear()
+        self.aggregates.update(self.snapshot_of(copy))
+
+    @staticmethod
+    def snapshot_of(copy: dict[AggregateId, _MemoryAggregate]) -> dict[AggregateId, _MemoryAggregate]:
+        return {
+            a: _MemoryAggregate(list(g.entries), g.revision, list(g.checkpoints), g.fence)
+            for a, g in copy.items()
+        }
 
     def _next_id(self) -> str:
         return f"{next(self._ids)}-0"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -131,16 +132,21 @@ class AdminClient:
             headers["If-None-Match"] = "*"
         if body is not None:
             headers["Content-Type"] = content_type
-        try:
-            response = self.http.request(
-                method,
-                path,
-                json=body,
-                headers=headers,
-                params={k: v for k, v in (params or {}).items() if v is not None},
-            )
-        except httpx.HTTPError as exc:
-            raise AdminError(0, "UNREACHABLE", f"no answer from {self.url}: {exc}") from exc
+        for attempt in range(RATE_LIMITED_ATTEMPTS):
+            try:
+                response = self.http.request(
+                    method,
+                    path,
+                    json=body,
+                    headers=headers,
+                    params={k: v for k, v in (params or {}).items() if v is not None},
+                )
+            except httpx.HTTPError as exc:
+                raise AdminError(0, "UNREACHABLE", f"no answer from {self.url}: {exc}") from exc
+            wait = _rate_limited(response)
+            if wait is None or attempt == RATE_LIMITED_ATTEMPTS - 1:
+                break
+            time.sleep(wait)  # a long `rsc apply` goes on at the rate the coordinator allows
         request_id = response.headers.get("X-Request-Id", "")
         if response.status_code >= 400:
             try:
@@ -274,3 +280,20 @@ class AdminClient:
 def _seg(name: str) -> str:
     """A path segment (names are checked by the server; this only keeps the URL well formed)."""
     return quote(name, safe="")
+
+
+#: How often a request answered 429 RATE_LIMITED is sent again (after the wait it was told).
+RATE_LIMITED_ATTEMPTS = 20
+
+
+def _rate_limited(response: httpx.Response) -> float | None:
+    """The wait a 429 RATE_LIMITED answer asks for (None for any other answer)."""
+    if response.status_code != 429:
+        return None
+    try:
+        error = response.json()
+        if error.get("error") != "RATE_LIMITED":
+            return None
+        return min(5.0, max(0.01, float(error["details"]["retryAfterS"])))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None

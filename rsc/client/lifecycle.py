@@ -15,6 +15,10 @@ the coordinator anything that depends on it:
   clock: the send time of the last successful heartbeat plus the lease, minus the safety
   margin); `-inf` once it was fenced or left. Start no work after `until` unless it is
   renewed: after a pause (SIGSTOP, a blocked event loop) the shards may have moved.
+* `stalled_shards()` (optional; none when absent): shards it owns but cannot read because
+  their key, consumer group or owner token is gone (Redis lost data). The runtime reports
+  them in each heartbeat and the coordinator recreates what is missing; the lifecycle keeps
+  them and retries, it never recreates them itself.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ class NoLifecycle:
 
     def drain_progress(self) -> Sequence[DrainProgress]:
         return ()
+
+    def stalled_shards(self) -> frozenset[int]:
+        return frozenset()
 
     def renewed(self, until: float) -> None:
         return None

@@ -158,9 +158,15 @@ class Member:
     async def wait_left(self) -> None:
         await self._left.wait()
 
+    def _stalled(self) -> frozenset[int]:
+        """Shards the lifecycle cannot read for want of a key, group or owner token (a lifecycle
+        without `stalled_shards`, as one written before it existed, reports none)."""
+        stalled = getattr(self.lifecycle, "stalled_shards", None)
+        return frozenset(stalled()) if stalled is not None else frozenset()
+
     def request(self) -> HeartbeatRequest:
         """The heartbeat this member would send now (nothing is sent or marked sent)."""
-        return self.machine.preview(tuple(self.lifecycle.drain_progress()))
+        return self.machine.preview(tuple(self.lifecycle.drain_progress()), self._stalled())
 
     async def beat(self) -> None:
         """One heartbeat exchange, its steps performed.
@@ -170,7 +176,9 @@ class Member:
         stop every shard.
         """
         machine = self.machine
-        request = machine.request(trio.current_time(), tuple(self.lifecycle.drain_progress()))
+        request = machine.request(
+            trio.current_time(), tuple(self.lifecycle.drain_progress()), self._stalled()
+        )
         response = None
         why = "no answer in time"
         unintelligible = False

@@ -48,6 +48,11 @@ class _PollerCollector:
         dead = CounterMetricFamily(
             "rsc_worker_dead_lettered", "Entries moved to the dead-letter stream", labels=labels
         )
+        stalls = CounterMetricFamily(
+            "rsc_worker_stalls",
+            "Shards found with entries waiting and no read for stall_after_s (read again, reported)",
+            labels=labels,
+        )
         owned = GaugeMetricFamily("rsc_worker_owned_shards", "Shards the member reads now", labels=labels)
         per_shard = [*labels, "shard"]
         lag = GaugeMetricFamily(
@@ -67,6 +72,7 @@ class _PollerCollector:
             failed.add_metric(values, poller.failed)
             retried.add_metric(values, poller.retried)
             dead.add_metric(values, poller.dead_lettered)
+            stalls.add_metric(values, poller.stalls)
             owned.add_metric(values, len(member.owned))
             for shard, (waiting, behind) in sorted(poller.lag.items()):
                 if shard not in member.owned:
@@ -74,4 +80,4 @@ class _PollerCollector:
                 pending.add_metric([*values, str(shard)], waiting)
                 if behind is not None:
                     lag.add_metric([*values, str(shard)], behind)
-        yield from (handled, failed, retried, dead, owned, lag, pending)
+        yield from (handled, failed, retried, dead, stalls, owned, lag, pending)

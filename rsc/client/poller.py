@@ -179,7 +179,10 @@ local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[4], ARGV[5], ARGV[7], 
 return {r[1], entries(r[2])}
 """
 )
-# Entries idle under *other* consumer names (this consumer's own are retried locally).
+# Entries idle for `min idle ms`, under other consumer names (a member gone) and under this
+# consumer's own (claimed to it by a call whose reply was lost, e.g. a reclaim's: below what it
+# has read, no read brings them back); the caller drops those it holds itself (queued, being
+# handled, retried later, to acknowledge). Claiming its own resets their idle time.
 # KEYS: shard, owners; ARGV: group, member, incarnation, consumer, min idle ms, count
 # The owner token is checked once there is something to claim: a round with nothing idle (an
 # idle member's every round) costs one command besides the script.
@@ -188,9 +191,7 @@ RECLAIM = (
     + """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[5], '-', '+', ARGV[6])
 local ids = {}
-for _, p in ipairs(pending) do
-  if p[2] ~= ARGV[4] then ids[#ids + 1] = p[1] end
-end
+for _, p in ipairs(pending) do ids[#ids + 1] = p[1] end
 if #ids == 0 then return {} end
 """
     + _CHECK
@@ -301,6 +302,11 @@ class PollerSettings:
     #: How often to claim entries idle for `reclaim_idle_ms` under other consumer names.
     reclaim_every_s: float = 5.0
     reclaim_idle_ms: int = 30_000
+    #: A shard it owns whose key holds entries past what it last read, unread for this long
+    #: (about a member lease) while nothing else explains it, is a stall: logged, counted,
+    #: reported to the coordinator (which re-checks its key, consumer group and owner token)
+    #: and read again. Checked every `reclaim_every_s`.
+    stall_after_s: float = 10.0
     ack_every_s: float = 0.005
     revoke_timeout_s: float = 30.0
     #: Retries of Redis calls that failed (an outage, a refusal) wait up to this long (with jitter).
@@ -336,6 +342,18 @@ class _Shard:
         #: Shards of one group are read (and acknowledged) together: all on a standalone Redis,
         #: those of one hash slot on a cluster.
         self.group = 0
+        #: Why it cannot be read now (its owner token, consumer group or key is gone: Redis lost
+        #: data), reported to the coordinator until a read succeeds; None: fine.
+        self.trouble: str | None = None
+        #: Ids whose acknowledgement is in flight (`_flush`).
+        self.acking: set[str] = set()
+        #: Ids handled and failed, to be queued again (`_retry_later`).
+        self.retrying: set[str] = set()
+        #: When a read or claim of it last succeeded (trio clock).
+        self.read_at = trio.current_time()
+        #: Since when the stall check has seen entries past its tail while it waited to be
+        #: woken (None: not seen, or read since).
+        self.behind_since: float | None = None
 
 
 class _Watch:
@@ -474,6 +492,8 @@ class Poller:
         self.observe_handler: Callable[[float], None] | None = None
         #: Handler calls cancelled because the lease ended while they ran.
         self.cut_by_lease = 0
+        #: Stalls found by the stall check (`stall_after_s`).
+        self.stalls = 0
         #: Until when the member's shards are known to be its own (trio clock; see `renewed`).
         self.lease_until = -math.inf
         self.health = health or RedisHealth(member_id, settings.redis_backoff)
@@ -551,6 +571,12 @@ class Poller:
 
     async def concurrency(self, workers: int) -> None:
         self._resize(workers)
+
+    def stalled_shards(self) -> frozenset[int]:
+        """Shards it holds but cannot read: their owner token, consumer group or key is gone
+        (Redis lost data). Reported in each heartbeat; the coordinator recreates what is
+        missing, and the reads, tried again meanwhile, go on by themselves."""
+        return frozenset(s.index for s in self.shards.values() if s.trouble is not None and not s.stopping)
 
     def drain_progress(self) -> Sequence[DrainProgress]:
         """Pending count and lag of each DRAINING shard this member reads (refreshed by the reclaimer)."""
@@ -639,6 +665,7 @@ class Poller:
             self._read_failed(shard, self.health.failed(exc))
             return
         self.health.ok()
+        self._fine(shard)
         shard.claim_cursor = cursor
         shard.claimed_backlog = cursor == "0-0"
         self._enqueue(shard, messages)
@@ -678,6 +705,7 @@ class Poller:
             if refusal:
                 await self._refused(shard, str(refusal))
                 continue
+            self._fine(shard)
             messages = [
                 Message(shard.index, shard.key, e[0], _pairs(e[1]), 1, self.member_id) for e in entries or []
             ]
@@ -704,10 +732,35 @@ class Poller:
         code = reply_code(Exception(refusal))
         if code == "FENCED":
             await self._fenced(shard, Fenced(refusal, code))
+        elif code == "NOGROUP" or "consumer group" in refusal:
+            self._stalled(shard, f"its consumer group or key is gone ({refusal})")
         else:
             self._read_failed(
                 shard, self.health.failed(RedisCommandFailed(f"shard {shard.key}: {refusal}", code))
             )
+
+    def _stalled(self, shard: _Shard, why: str) -> None:
+        """The shard cannot be read for want of what only the coordinator makes (its owner token,
+        consumer group or key: Redis lost them). Keep it, tell the coordinator (`stalled_shards`)
+        and try again soon; never recreate them here."""
+        if shard.trouble is None:
+            log.warning(
+                "%s: shard %s cannot be read: %s; asking the coordinator to recreate it (did Redis "
+                "lose data?)",
+                self.member_id,
+                shard.index,
+                why,
+            )
+        shard.trouble = why
+        self._read_failed(shard, REFUSAL_RETRY_S)
+
+    def _fine(self, shard: _Shard) -> None:
+        """A read or claim of the shard succeeded."""
+        shard.read_at = trio.current_time()
+        shard.behind_since = None
+        if shard.trouble is not None:
+            log.info("%s: shard %s is read again", self.member_id, shard.index)
+            shard.trouble = None
 
     # --- waking -------------------------------------------------------------
     #
@@ -889,6 +942,7 @@ class Poller:
             await trio.sleep(self.settings.reclaim_every_s)
             try:
                 await self._measure_drain()
+                await self._check_stalls()
             except (RedisUnavailable, RedisCommandFailed) as exc:
                 self.health.failed(exc)
             try:
@@ -902,9 +956,82 @@ class Poller:
                     except Fenced as exc:
                         await self._fenced(shard, exc)
                         continue
-                    self._enqueue(shard, [self._message(shard, e) for e in reply or [] if e[1] is not None])
+                    held = self._held(shard)
+                    self._enqueue(
+                        shard,
+                        [
+                            self._message(shard, e)
+                            for e in reply or []
+                            if e[1] is not None and str(e[0]) not in held
+                        ],
+                    )
             except (RedisUnavailable, RedisCommandFailed) as exc:
                 self.health.failed(exc)  # the next round is the retry
+
+    def _held(self, shard: _Shard) -> set[str]:
+        """The ids of `shard` this member holds itself: queued, being handled, to be retried
+        later or acknowledged."""
+        held = {m.id for m in shard.queue} | set(shard.acks) | shard.acking | shard.retrying
+        if shard.handling is not None:
+            held.add(shard.handling.id)
+        return held
+
+    async def _check_stalls(self) -> None:
+        """The net under any stall of the reading path (a wake-up missed, a read never sent):
+        a shard it owns, with entries waiting past what it read and no read for
+        `stall_after_s`, is logged, counted, reported (`stalled_shards`: the coordinator
+        re-checks its key, consumer group and owner token) and read again. Shards waiting for
+        a wake-up are checked only once no read of them succeeded for `stall_after_s`, with
+        one XREAD (no block) per group of shards: an idle member costs one command per
+        `reclaim_every_s` (per hash slot on a cluster)."""
+        now = trio.current_time()
+        late = now - self.settings.stall_after_s
+        if not self._lease_valid() or self.health.since is not None:
+            return  # not reading on purpose: no lease, or Redis is away (an outage, reported)
+        if self.settings.prefetch - self.buffered < min(self.settings.batch, self.settings.prefetch):
+            return  # the reader waits for room in the queue (slow handlers): no stall of its own
+        for watch in list(self._watches.values()):
+            waiting = {
+                s.key: s
+                for s in watch.shards.values()
+                if s.tail is not None and not s.stopping and s.trouble is None and s.read_at < late
+            }
+            if waiting:
+                with redis_call(f"XREAD {', '.join(waiting)}"):
+                    reply = await self.redis.xread({k: s.tail for k, s in waiting.items()}, count=1)
+                behind = set(reply or {})
+                for key, shard in waiting.items():
+                    if key not in behind or shard.tail is None:
+                        shard.behind_since = None
+                    elif shard.behind_since is None:
+                        shard.behind_since = now  # may be an append a wake-up is taking now
+                    elif shard.behind_since <= late:
+                        self._stall(
+                            shard, f"entries past {shard.tail} unread for {now - shard.behind_since:.0f} s"
+                        )
+        if self.buffered:
+            return  # the reader may wait for room in the queue: slow handlers are no stall
+        for shard in list(self.shards.values()):
+            to_read = shard.tail is None and not shard.stopping and shard.trouble is None
+            if to_read and not shard.busy and max(shard.read_at, shard.retry_at) < late:
+                self._stall(shard, f"to be read and not read for {now - shard.read_at:.0f} s")
+
+    def _stall(self, shard: _Shard, why: str) -> None:
+        log.warning(
+            "%s: shard %s stalled: %s; reading it again and asking the coordinator to check its "
+            "key, consumer group and owner token",
+            self.member_id,
+            shard.index,
+            why,
+        )
+        self.stalls += 1
+        shard.trouble = f"stalled: {why}"  # reported until a read succeeds (`_fine`)
+        shard.behind_since = None
+        shard.tail = None
+        shard.retry_at = -math.inf
+        self._poke()
+        if shard.watch is not None:
+            shard.watch.touch()
 
     async def _measure_drain(self) -> None:
         """XINFO GROUPS of the DRAINING shards (drain reports), and of every owned shard when
@@ -956,9 +1083,17 @@ class Poller:
             self._wake.set()
 
     async def _fenced(self, shard: _Shard, exc: Fenced) -> None:
+        """A fenced script refused the shard: its owner token is gone or names another member.
+
+        The scripts refuse every read and acknowledgement meanwhile, so nothing is done on a
+        shard that is not ours; but only the coordinator knows whose it is. It moved (or this
+        member is fenced): the next heartbeat says so and the member stops it. The token was
+        lost or rolled back by Redis (a restart without persistence, an older copy): the
+        coordinator writes it again. Either way the shard stays until the member is told, is
+        reported (`stalled_shards`) and tried again; dropping it here, unknown to the member,
+        left it reported as owned and read by nobody for good."""
         if self.shards.get(shard.index) is shard and not shard.stopping:  # else revoked meanwhile
-            log.warning("%s: shard %s fenced: %s", self.member_id, shard.index, exc)
-            await self.lost(frozenset({shard.index}))
+            self._stalled(shard, str(exc))
 
     # --- handling -------------------------------------------------------
 
@@ -1083,10 +1218,14 @@ class Poller:
         self, shard: _Shard, message: Message, deliveries: int, after_s: float | None = None
     ) -> None:
         async def retry() -> None:
-            await trio.sleep(self.settings.retry_after_ms / 1000 if after_s is None else after_s)
+            try:
+                await trio.sleep(self.settings.retry_after_ms / 1000 if after_s is None else after_s)
+            finally:
+                shard.retrying.discard(message.id)
             self._enqueue(shard, [attrs.evolve(message, deliveries=deliveries, redelivered=True)])
 
         if self._nursery is not None:
+            shard.retrying.add(message.id)
             self._nursery.start_soon(retry)
 
     async def _dead_letter(self, shard: _Shard, message: Message) -> None:
@@ -1147,6 +1286,8 @@ class Poller:
             taken = True
             shards = list(shards)
             while True:
+                for shard in shards:
+                    shard.acking.clear()  # the call in flight before this one has ended
                 chunk: list[tuple[_Shard, list[str]]] = []
                 room = ACK_CHUNK
                 for shard in shards:
@@ -1156,6 +1297,8 @@ class Poller:
                         room -= len(ids)
                 if not chunk:
                     break
+                for shard, ids in chunk:
+                    shard.acking.update(ids)
                 try:
                     replies = await self._acknowledge(chunk)
                 except (RedisUnavailable, RedisCommandFailed) as exc:
@@ -1174,8 +1317,11 @@ class Poller:
                     shards.remove(shard)
                     code = reply_code(Exception(str(reply)))
                     if code == "FENCED":
-                        log.warning("%s: acks on shard %s refused: %s", self.member_id, shard.index, reply)
-                        await self._fenced(shard, Fenced(str(reply), code))
+                        # Kept: acknowledged once the coordinator writes our token again, or
+                        # dropped with the shard when the member is told it is not ours.
+                        shard.acks[:0] = ids
+                        await self._fenced(shard, Fenced(f"acknowledging: {reply}", code))
+                        taken = False
                     else:
                         shard.acks[:0] = ids
                         failed = RedisCommandFailed(f"acknowledging on {shard.key}: {reply}", code)

@@ -96,6 +96,8 @@ class Producer(RoutingView):
         #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
         #: one line when each begins and one when it ends, not a line per retry.
         self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis", clock=trio.current_time)
+        #: Layout refreshes, one at a time (those waiting use the layout the first one learnt).
+        self._refreshing = trio.Lock()
         self.coordinator_outage = OutageLog(
             log,
             f"{self.producer_id}: producer heartbeats",
@@ -212,12 +214,14 @@ class Producer(RoutingView):
     async def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""
         before = self.state.layout.metadata_version
-        try:
-            await self.heartbeat()
-        except CoordinatorUnavailable as exc:
-            self.coordinator_outage.failed(f"refreshing the layout: {exc}")
-        except CoordinatorRejected as exc:
-            log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
+        async with self._refreshing:  # one heartbeat for every publish that met the seal
+            if self.state.layout.metadata_version == before:
+                try:
+                    await self.heartbeat()
+                except CoordinatorUnavailable as exc:
+                    self.coordinator_outage.failed(f"refreshing the layout: {exc}")
+                except CoordinatorRejected as exc:
+                    log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
         if self.state.layout.metadata_version == before:
             await self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
 

@@ -200,6 +200,8 @@ class SyncProducer(RoutingView):
         #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
         #: one line when each begins and one when it ends, not a line per retry.
         self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis")
+        #: Layout refreshes, one at a time (those waiting use the layout the first one learnt).
+        self._refreshing = threading.Lock()
         self.coordinator_outage = OutageLog(
             log, f"{self.producer_id}: producer heartbeats", down="fail", up="succeed again"
         )
@@ -313,12 +315,14 @@ class SyncProducer(RoutingView):
     def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""
         before = self.state.layout.metadata_version
-        try:
-            self.heartbeat()
-        except CoordinatorUnavailable as exc:
-            self.coordinator_outage.failed(f"refreshing the layout: {exc}")
-        except CoordinatorRejected as exc:
-            log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
+        with self._refreshing:  # one heartbeat for every publish that met the seal
+            if self.state.layout.metadata_version == before:
+                try:
+                    self.heartbeat()
+                except CoordinatorUnavailable as exc:
+                    self.coordinator_outage.failed(f"refreshing the layout: {exc}")
+                except CoordinatorRejected as exc:
+                    log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
         if self.state.layout.metadata_version == before:
             self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
 

@@ -2,10 +2,16 @@
 
 The policy is data. A credential is a named bearer token (stored as its
 SHA-256, never in clear) with roles and the stream prefixes it may touch,
-given as glob patterns (`orders`, `orders-*`, `*`), the way Kafka ACLs name
-topics and groups by literal or prefix. `decide` answers one question:
+given as patterns with segment semantics (`orders`, `orders-*`, `orders:*`,
+`orders:**`): stream names are `:`-separated levels (the Redis key
+convention), `*` matches within one level, `**` across levels, `?` one
+character of a level, `[...]` one character of a class (never `:`), the
+way Kafka ACLs name topics by literal or prefix (`orders:**` is Kafka's
+PREFIXED `orders:`) and RabbitMQ topic bindings use `*` for one word. An
+absent list means every stream (`**`). `decide` answers one question:
 may this caller (a credential, the admin, or nobody) do this action on this
-stream? The HTTP layer authenticates and asks; nothing here does I/O.
+stream? `read_scope` answers the other: which streams a read path may show
+it. The HTTP layer authenticates and asks; nothing here does I/O.
 
 Roles and what they allow:
 
@@ -27,7 +33,6 @@ from loopback addresses, unless the operator said `insecure`.
 from __future__ import annotations
 
 import enum
-import fnmatch
 import functools
 import hashlib
 import hmac
@@ -70,6 +75,10 @@ CREDENTIAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 #: Stream patterns: the name characters plus the glob `*`, `?` and `[...]`.
 STREAM_PATTERN = re.compile(r"^[A-Za-z0-9._:*?\[\]!-]{1,200}$")
 MIN_TOKEN_LENGTH = 16
+#: The pattern of every stream: any characters, `:` included.
+EVERY_STREAM = "**"
+#: A `*` that is not part of a run of two or more (`**`, `***`: any characters, `:` included).
+_LONE_STAR = re.compile(r"(?<!\*)\*(?!\*)")
 
 
 class PolicyError(ValueError):
@@ -95,22 +104,79 @@ class Credential:
     name: str
     token_sha256: str
     roles: frozenset[Role]
-    streams: tuple[str, ...] = ("*",)
+    streams: tuple[str, ...] = (EVERY_STREAM,)
     create: bool = False
+    #: The credential says its patterns are written for segment semantics (`pattern_syntax =
+    #: "segments"`, a key an N-1 coordinator refuses): no warning for them at start.
+    segments_declared: bool = False
+    #: Its `quota` table: some of `rsc.events.quotas.NAMES`, each lowering the deployment's.
+    quota: tuple[tuple[str, int], ...] = ()
 
     def covers(self, stream_prefix: str | None) -> bool:
-        if stream_prefix is None or self.streams == ("*",):
+        if stream_prefix is None or self.everything:
             return True
         return _covered(stream_prefix, self.streams)
+
+    @property
+    def everything(self) -> bool:
+        """Whether the patterns cover every stream name."""
+        return EVERY_STREAM in self.streams
+
+    def narrowed(self) -> tuple[str, ...]:
+        """Its patterns that match less than they did as fnmatch globs before 0.2.0 (where `*`,
+        `?` and classes crossed `:`): `?`, `[`, or a `*` that is not part of `**`."""
+        return tuple(p for p in self.streams if "?" in p or "[" in p or _LONE_STAR.search(p))
 
 
 @functools.lru_cache(maxsize=4096)
 def _covered(stream_prefix: str, patterns: tuple[str, ...]) -> bool:
-    return any(fnmatch.fnmatchcase(stream_prefix, pattern) for pattern in patterns)
+    return any(pattern_regex(pattern).fullmatch(stream_prefix) is not None for pattern in patterns)
+
+
+@functools.lru_cache(maxsize=1024)
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """The regular expression of a stream pattern (segment semantics, see the module)."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            if pattern.startswith("**", i):
+                out.append(".*")
+                while i < n and pattern[i] == "*":
+                    i += 1
+                continue
+            out.append("[^:]*")
+        elif c == "?":
+            out.append("[^:]")
+        elif c == "[":  # a class: `[abc]` or `[!abc]`, its characters listed (no ranges)
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":  # a `]` first is one of the characters
+                j += 1
+            end = pattern.find("]", j)
+            if end < 0:  # never closed: a literal `[`
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : end]
+                negated = body.startswith("!")
+                listed = body[1:] if negated else body
+                if "-" in listed[1:-1]:  # `a-c` was a range to fnmatch: refused, never misread
+                    raise ValueError(
+                        f"[{body}]: a class lists its characters; ranges such as a-c are not read"
+                    )
+                members = "".join(re.escape(ch) for ch in listed)
+                out.append(f"[^{members}:]" if negated else f"(?!:)[{members}]")
+                i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
 
 
 #: The admin, authenticated by HTTP Basic (not a bearer credential).
-ADMIN = Credential("admin", "", frozenset({Role.ADMIN}), ("*",), create=True)
+ADMIN = Credential("admin", "", frozenset({Role.ADMIN}), (EVERY_STREAM,), create=True)
 
 
 @attrs.frozen
@@ -178,6 +244,36 @@ def _anonymous(policy: Policy, action: Action, loopback: bool) -> Verdict:
     return Verdict.ALLOW if loopback or policy.insecure else Verdict.PROTECTED_MODE
 
 
+@attrs.frozen
+class Scope:
+    """The streams a read path may show its caller: every one, or those a credential covers."""
+
+    #: None: every stream.
+    credential: Credential | None = None
+
+    @property
+    def everything(self) -> bool:
+        """Whether every stream is in scope (so are aggregates over streams, without a stream)."""
+        return self.credential is None or self.credential.everything
+
+    def sees(self, stream_prefix: str) -> bool:
+        return self.credential is None or self.credential.covers(stream_prefix)
+
+
+def read_scope(policy: Policy, caller: Credential | None, action: Action) -> Scope:
+    """What `caller`, already allowed `action` (a read: VIEW, METRICS, ROUTING: check with
+    `decide` first, as an unchecked anonymous caller gets every stream), may see of the
+    streams there are. Every stream when the action needs no credential (a credential never
+    sees less than none would) or for the admin; else the streams its patterns cover. A read
+    path leaves out whatever is not in scope: list items, metric series, names in details
+    (series without a stream label aggregate every stream's data: only for `everything`)."""
+    if caller is None or Role.ADMIN in caller.roles:
+        return Scope()
+    if _anonymous(policy, action, loopback=True) is Verdict.ALLOW:
+        return Scope()
+    return Scope(caller)
+
+
 def may_create(policy: Policy, caller: Credential | None) -> bool:
     """Whether a heartbeat of `caller` may create the stream or group it names."""
     if caller is None:
@@ -191,8 +287,10 @@ def credential(
     *,
     token: str | None = None,
     token_sha256: str | None = None,
-    streams: Iterable[str] = ("*",),
+    streams: Iterable[str] = (EVERY_STREAM,),
     create: bool = False,
+    pattern_syntax: str | None = None,
+    quota: Mapping[str, int] | None = None,
 ) -> Credential:
     """A validated credential from configuration values; raises `PolicyError`."""
     if not isinstance(name, str) or not CREDENTIAL_NAME.fullmatch(name):
@@ -222,7 +320,44 @@ def credential(
     patterns = tuple(streams)
     if not patterns or not all(isinstance(p, str) and STREAM_PATTERN.fullmatch(p) for p in patterns):
         raise PolicyError(f"credential {name!r}: streams must be non-empty glob patterns of stream names")
-    return Credential(name, digest, parsed_roles, patterns, bool(create))
+    for pattern in patterns:
+        try:
+            pattern_regex(pattern)
+        except ValueError as exc:
+            raise PolicyError(f"credential {name!r}: stream pattern {pattern!r}: {exc}") from exc
+    if pattern_syntax not in (None, SEGMENTS):
+        raise PolicyError(f"credential {name!r}: pattern_syntax must be {SEGMENTS!r} (or left out)")
+    return Credential(
+        name,
+        digest,
+        parsed_roles,
+        patterns,
+        bool(create),
+        pattern_syntax == SEGMENTS,
+        tuple(sorted((quota or {}).items())),
+    )
+
+
+#: The `pattern_syntax` a credential may declare: its patterns are written for segment semantics.
+SEGMENTS = "segments"
+
+
+def narrowing_warnings(credentials: Iterable[Credential]) -> list[str]:
+    """One line per credential whose patterns match less than before 0.2.0 (fnmatch globs, where
+    `*`, `?` and classes crossed `:`) and that does not declare `pattern_syntax = "segments"`."""
+    lines = []
+    for c in credentials:
+        narrowed = c.narrowed()
+        if narrowed and not c.segments_declared:
+            shown = ", ".join(repr(p) for p in narrowed)
+            lines.append(
+                f"credential {c.name!r}: stream pattern(s) {shown} now match within one ':' level "
+                "(before 0.2.0 '*', '?' and '[...]' crossed ':'); write '**' for any number of "
+                'levels, and add pattern_syntax = "segments" to the credential to say it is '
+                "written for this release (a 0.1.0 coordinator, which reads these patterns more "
+                "widely, then refuses the configuration)"
+            )
+    return lines
 
 
 def policy(credentials: Iterable[Credential], **flags: bool) -> Policy:

@@ -63,6 +63,10 @@ class Heartbeat:
     client: ClientInfo = ClientInfo()
     recheck: bool = False
     leaving: bool = False
+    #: Shards it cannot read: key, consumer group or owner token gone (`ShardsReportedStalled`).
+    stalled: frozenset[int] = frozenset()
+    #: A join is refused (`QuotaExceeded`) when the group has this many live members (0: no limit).
+    max_members: int = 0
 
 
 @attrs.frozen
@@ -134,6 +138,12 @@ class CreateStream:
     shard_count: int
     now_ms: int = 0
     topology: Topology | None = None
+    #: The first layout's version: 1, or above the highest the fleet reported when Redis lost
+    #: the stream (`rebuild`), so that members and producers take it as a layout change.
+    metadata_version: int = 1
+    #: Rebuilding a lost stream: the shard keys found in Redis (index -> key); the layout has
+    #: these (ACTIVE) instead of `shard_count` new ones. Empty: new shards.
+    found_keys: tuple[tuple[int, str], ...] = ()
 
 
 @attrs.frozen
@@ -228,6 +238,8 @@ class ProducerHeartbeat:
     client: ClientInfo = ClientInfo()
     #: The producer is closing: forget it now instead of at its lease's end.
     leave: bool = False
+    #: A new producer is refused (`QuotaExceeded`) when the stream has this many (0: no limit).
+    max_producers: int = 0
 
 
 @attrs.frozen

@@ -14,6 +14,8 @@ class CoordinationError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        #: Structured facts for the answer's `details` (None: none).
+        self.details: dict[str, object] | None = None
 
 
 class InvalidCommand(CoordinationError):
@@ -93,3 +95,16 @@ class PreconditionFailed(CoordinationError):
     """A write conditioned on a revision (`If-Match`) found the aggregate at another."""
 
     code = "PRECONDITION_FAILED"
+
+
+class QuotaExceeded(CoordinationError):
+    """Creating or joining would go past a quota (`rsc.events.quotas`); nothing was created.
+
+    `details` name the quota and its limit (never the use of a resource the caller may not see)."""
+
+    code = "QUOTA_EXCEEDED"
+
+    def __init__(self, message: str, quota: str, limit: int) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.details = {"quota": quota, "limit": limit}

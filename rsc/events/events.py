@@ -67,6 +67,17 @@ class MemberHeartbeated:
 
 
 @attrs.frozen
+class ShardsReportedStalled:
+    """The member cannot read these shards installed to it: their key, consumer group or owner
+    token is gone (Redis lost data, an eviction). The coordinator recreates them (an effect);
+    liveness only, like the lease: never journaled."""
+
+    durable: ClassVar[bool] = False
+    member_id: str
+    shards: frozenset[int]
+
+
+@attrs.frozen
 class MemberLeft:
     durable: ClassVar[bool] = True
     member_id: str
@@ -198,6 +209,7 @@ GroupEvent = (
     | TimersRestarted
     | GroupDeleted
     | HeartbeatRejected
+    | ShardsReportedStalled
 )
 
 # --- stream events --------------------------------------------------------

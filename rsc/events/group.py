@@ -31,7 +31,7 @@ from typing import assert_never
 
 import attrs
 
-from rsc.events import assignor
+from rsc.events import assignor, quotas
 from rsc.events.commands import (
     ApplyLayout,
     ConfigureGroup,
@@ -50,6 +50,7 @@ from rsc.events.errors import (
     IncarnationMismatch,
     InvalidCommand,
     NotEmpty,
+    QuotaExceeded,
     StaleRecheck,
 )
 from rsc.events.events import (
@@ -67,6 +68,7 @@ from rsc.events.events import (
     MemberLeft,
     ShardsInstalled,
     ShardsReleased,
+    ShardsReportedStalled,
     ShardsRevokeAcked,
     ShardsRevokeRequested,
     TargetAssignmentUpdated,
@@ -161,7 +163,7 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             if state.members:
                 raise CorruptHistory("group deleted with live members")
             return attrs.evolve(state, deleted=True, target={}, fenced={}, assignment_computed_at_ms=None)
-        case MemberHeartbeated():
+        case MemberHeartbeated() | ShardsReportedStalled():
             _member(state, event.member_id)  # liveness only: the lease table takes the deadline
             return state
         case MemberLeft():
@@ -426,6 +428,13 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
             decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, tomb.reason))
         return
     if member is None:
+        if hb.max_members and len(group.members) >= hb.max_members:
+            raise QuotaExceeded(
+                f"the group has {hb.max_members} live members, as many as this caller's quota "
+                f"{quotas.MEMBERS_PER_GROUP} allows; a member may join once another leaves",
+                quotas.MEMBERS_PER_GROUP,
+                hb.max_members,
+            )
         decision.emit(MemberJoined(hb.member_id, hb.incarnation, hb.client, hb.now_ms, group.group_epoch + 1))
     elif hb.member_epoch > 0 and not _epoch_accepted(member, hb):
         decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.STALE_EPOCH))
@@ -435,6 +444,8 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
             hb.member_id, hb.now_ms + group.timing.lease_ttl_ms, _drain_reports(group, member, hb)
         )
     )
+    if member is not None and (stalled := hb.stalled & member.installed):
+        decision.emit(ShardsReportedStalled(hb.member_id, stalled))
     if hb.leaving and member is not None and not member.leaving:
         decision.emit(MemberLeaving(hb.member_id, decision.group.group_epoch + 1))
     _refresh_target(decision, hb.now_ms)
@@ -622,6 +633,8 @@ def _validate_heartbeat(hb: Heartbeat, ids: bool) -> None:
     check_counter(hb.metadata_version, "metadataVersion")
     if (hb.owned and min(hb.owned) < 0) or (hb.revoked and min(hb.revoked) < 0):
         raise InvalidCommand("shard indexes are never negative")
+    if hb.stalled and (min(hb.stalled) < 0 or max(hb.stalled) >= MAX_SHARDS):
+        raise InvalidCommand(f"stalledShards are shard indexes from 0 to {MAX_SHARDS - 1}")
     if (hb.owned and max(hb.owned) >= MAX_SHARDS) or (hb.revoked and max(hb.revoked) >= MAX_SHARDS):
         raise InvalidCommand(f"shard indexes are below {MAX_SHARDS}")
     if len(hb.drain_progress) > MAX_SHARDS:

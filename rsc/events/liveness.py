@@ -62,6 +62,7 @@ from rsc.events.events import (
     ShardsDraining,
     ShardsInstalled,
     ShardsReleased,
+    ShardsReportedStalled,
     ShardsRetired,
     ShardsRevokeAcked,
     ShardsRevokeRequested,
@@ -148,6 +149,7 @@ class Leases(Mapping[str, int]):
                     | LayoutApplied()
                     | GroupConfigured()
                     | HeartbeatRejected()
+                    | ShardsReportedStalled()
                     | StreamCreated()
                     | ShardsAdded()
                     | ShardsDraining()

@@ -164,18 +164,23 @@ class MemberMachine:
 
     # --- outputs -----------------------------------------------------------
 
-    def request(self, now: float, drain_progress: tuple[DrainProgress, ...] = ()) -> HeartbeatRequest:
+    def request(
+        self, now: float, drain_progress: tuple[DrainProgress, ...] = (), stalled: frozenset[int] = NOTHING
+    ) -> HeartbeatRequest:
         """The heartbeat to send now (the leave once `stop` has revoked everything), marked as
         sent at `now`: its answer goes to `receive`, or its failure to `failed`."""
-        request = self.preview(drain_progress)
+        request = self.preview(drain_progress, stalled)
         if self.leaving and self._leave_since is None:
             self._leave_since = now
         self._sent = (request, now)
         self._urgent = False
         return request
 
-    def preview(self, drain_progress: tuple[DrainProgress, ...] = ()) -> HeartbeatRequest:
-        """The heartbeat it would send now, without marking anything sent."""
+    def preview(
+        self, drain_progress: tuple[DrainProgress, ...] = (), stalled: frozenset[int] = NOTHING
+    ) -> HeartbeatRequest:
+        """The heartbeat it would send now, without marking anything sent. `stalled`: shards
+        the shell cannot read (key, consumer group or owner token gone), reported while held."""
         leave = self.ready_to_leave
         wait_ms = 0
         if self.waiting and self._may_long_poll():
@@ -194,6 +199,7 @@ class MemberMachine:
             client=self.client,
             wait_ms=wait_ms,
             leaving=self.leaving and not leave,
+            stalled_shards=NOTHING if leave else stalled & self.owned,
         )
 
     @property

@@ -26,6 +26,7 @@ from typing import assert_never
 
 import attrs
 
+from rsc.events import quotas
 from rsc.events.commands import (
     AbortMigration,
     AdvanceMigration,
@@ -51,6 +52,7 @@ from rsc.events.errors import (
     MigrationConflict,
     NoMigration,
     NotEmpty,
+    QuotaExceeded,
 )
 from rsc.events.events import (
     GroupRegistered,
@@ -340,6 +342,13 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     # producer learnt of a resume still says quiesced, and is publishing again after it.
     quiesced = command.quiesced and state.paused is not None
     events: list[StreamEvent] = []
+    if known is None and command.max_producers and len(state.producers) >= command.max_producers:
+        raise QuotaExceeded(
+            f"the stream has {command.max_producers} live producers, as many as this caller's "
+            f"quota {quotas.PRODUCERS_PER_STREAM} allows; a producer may start once another stops",
+            quotas.PRODUCERS_PER_STREAM,
+            command.max_producers,
+        )
     if known is None:
         registered = ProducerRegistered(
             command.producer_id, acked, quiesced, command.lease_ttl_ms, command.client, command.now_ms
@@ -357,10 +366,18 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
     _check_count(command.shard_count)
     if state is not None and not state.deleted:
         return []  # idempotent: the stream exists, resharding is a separate command
-    indexes = range(command.shard_count)
-    keys = place(command.stream_prefix, indexes, (), command.topology)
-    shards = tuple(Shard(i, key) for i, key in zip(indexes, keys, strict=True))
-    return [StreamCreated(command.stream_prefix, Layout(1, shards), command.now_ms)]
+    check_counter(command.metadata_version, "metadataVersion")
+    if command.metadata_version < 1:
+        raise InvalidCommand("a stream's first metadataVersion is at least 1")
+    if command.found_keys:  # a lost stream rebuilt from the shard keys Redis still holds
+        shards = tuple(Shard(i, key) for i, key in sorted(command.found_keys))
+        if len({s.index for s in shards}) != len(shards) or len(shards) > MAX_SHARDS:
+            raise InvalidCommand("found shard keys must have distinct indexes, at most MAX_SHARDS")
+    else:
+        indexes = range(command.shard_count)
+        keys = place(command.stream_prefix, indexes, (), command.topology)
+        shards = tuple(Shard(i, key) for i, key in zip(indexes, keys, strict=True))
+    return [StreamCreated(command.stream_prefix, Layout(command.metadata_version, shards), command.now_ms)]
 
 
 def _reshard(state: StreamState, command: ChangeShardCount) -> list[StreamEvent]:

@@ -60,6 +60,10 @@ class HeartbeatRequest:
     wait_ms: int = wire_field(0, minimum=0, maximum=MAX_WAIT_MS)
     #: Leaving gracefully: hand the shards over to their next owners, then send epoch -1.
     leaving: bool = False
+    #: Shards it owns but cannot read: their key, consumer group or owner token is gone (Redis
+    #: lost data). The coordinator recreates them; the member never does (optional: older
+    #: coordinators ignore it, older members never send it).
+    stalled_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items=_SHARD_INDEX)
 
     def to_command(self, now_ms: int) -> Heartbeat:
         """The core command for this request, arrived at `now_ms`."""
@@ -75,6 +79,7 @@ class HeartbeatRequest:
             drain_progress=self.drain_progress,
             client=self.client,
             leaving=self.leaving,
+            stalled=self.stalled_shards,
         )
 
 

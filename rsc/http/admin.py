@@ -25,9 +25,9 @@ from rsc import __version__
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.features import FeatureLevelMoved
 from rsc.actors.registry import Registry
-from rsc.events import codec
+from rsc.events import codec, quotas
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
-from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
+from rsc.events.errors import CoordinationError, QuotaExceeded, UnknownGroup, UnknownStream
 from rsc.events.model import (
     STREAM_ID_PATTERN,
     TEXT_PATTERN,
@@ -38,6 +38,7 @@ from rsc.events.model import (
     StartFrom,
     wire_field,
 )
+from rsc.events.quotas import Quota
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, target_count
 from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, Party, blockers
 from rsc.events.wire import dead_letter_key
@@ -223,8 +224,8 @@ def add_admin_routes(
         if request.path.startswith("/v1/admin/"):
             if response.status_code == 401:
                 response.headers["WWW-Authenticate"] = admin_challenge()
-            if response.status_code == 429:
-                return response  # counted, and audited once per address and window
+            if response.status_code == 429 and getattr(g, "error_code", None) != "QUOTA_EXCEEDED":
+                return response  # throttled logins: counted, and audited once per address and window
             await _audit(audit, response)
         return response
 
@@ -282,6 +283,7 @@ def add_admin_routes(
 
 def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
     """`PUT` (the whole spec), `PATCH` (a merge patch), `GET` and `DELETE` of a stream."""
+    quota: Quota = app.extensions["rsc.admin_quota"]  # the admin's: the deployment's own
 
     @app.get("/v1/admin/streams/<stream_prefix>")
     async def get_stream(stream_prefix: str) -> Response:
@@ -290,7 +292,7 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
     @app.put("/v1/admin/streams/<stream_prefix>")
     async def put_stream(stream_prefix: str) -> Response:
         spec = strict(await json_body(), StreamSpec)
-        await _apply_stream(registry, stream_prefix, spec)
+        await _apply_stream(registry, stream_prefix, spec, quota)
         return await _stream_resource(registry, stream_prefix)
 
     @app.patch("/v1/admin/streams/<stream_prefix>")
@@ -307,7 +309,7 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
             )
         spec_now = codec.wire.unstructure(_stream_spec(current.state)) if current is not None else {}
         spec = strict(merge_patch(spec_now, patch), StreamSpec)
-        await _apply_stream(registry, stream_prefix, spec)
+        await _apply_stream(registry, stream_prefix, spec, quota)
         return await _stream_resource(registry, stream_prefix)
 
     @app.delete("/v1/admin/streams/<stream_prefix>")
@@ -319,10 +321,11 @@ def _add_stream_routes(app: QuartTrio, registry: Registry) -> None:
         return Response(b"", status=204)
 
 
-async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec) -> None:
+async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec, quota: Quota) -> None:
     """Bring the stream to `spec`: create it, or reshard it and store its mode. A missing
     stream with `If-Match` is 412 and nothing is created; otherwise the revision `If-Match`
-    names is checked atomically with the change (`PreconditionFailed`)."""
+    names is checked atomically with the change (`PreconditionFailed`). The deployment's
+    quotas hold for the admin too (`QuotaExceeded`: 429, audited as refused)."""
     level = (await registry.store.features.current()).level
     if spec.reshard_mode is ReshardMode.QUIESCE and level < MIGRATION_LEVEL:
         raise _level_required(
@@ -331,10 +334,18 @@ async def _apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec
             level,
         )
     actor = await _existing_stream(registry, stream_prefix)
+    limit = quota.limits.shards_per_stream
+    # (A stream already above a lowered quota may still change its mode, or shrink.)
+    if spec.shard_count > limit and (actor is None or spec.shard_count > target_count(actor.state)):
+        raise QuotaExceeded(
+            f"shardCount {spec.shard_count} is above the quota {quotas.SHARDS_PER_STREAM} ({limit})",
+            quotas.SHARDS_PER_STREAM,
+            limit,
+        )
     only_new = _check_if_none_match(actor, f"stream {stream_prefix!r}")
     if actor is None:
         _missing_with_if_match(f"stream {stream_prefix!r}")
-        actor = await _stream_actor(registry, stream_prefix, spec.shard_count, only_new)
+        actor = await _stream_actor(registry, stream_prefix, spec.shard_count, only_new, quota)
         expect = None
     else:
         expect = _check_if_match(actor.revision)
@@ -384,6 +395,7 @@ def _stream_spec(state: Any) -> StreamSpec:
 
 def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
     """`PUT` (the whole spec), `PATCH` (a merge patch), `GET` and `DELETE` of a group."""
+    quota: Quota = app.extensions["rsc.admin_quota"]  # the admin's: the deployment's own
 
     @app.get("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def get_group(stream_prefix: str, consumer_group: str) -> Response:
@@ -392,7 +404,7 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
     @app.put("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
     async def put_group(stream_prefix: str, consumer_group: str) -> Response:
         spec = strict(await json_body(), GroupSpec)
-        config = await _apply_group(registry, stream_prefix, consumer_group, spec)
+        config = await _apply_group(registry, stream_prefix, consumer_group, spec, quota)
         return await _group_resource(registry, stream_prefix, consumer_group, create=config)
 
     @app.patch("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
@@ -407,7 +419,7 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
             else {}
         )
         spec = strict(merge_patch(now, patch), GroupSpec)
-        config = await _apply_group(registry, stream_prefix, consumer_group, spec)
+        config = await _apply_group(registry, stream_prefix, consumer_group, spec, quota)
         return await _group_resource(registry, stream_prefix, consumer_group, create=config)
 
     @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>")
@@ -429,7 +441,9 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
         return Response(b"", status=204)
 
 
-async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec: GroupSpec) -> GroupConfig:
+async def _apply_group(
+    registry: Registry, stream_prefix: str, group: str, spec: GroupSpec, quota: Quota
+) -> GroupConfig:
     """Create the group with `spec`, or change it (`startFrom` only when creating: 409
     `IMMUTABLE_FIELD`); `If-Match` as for streams."""
     config = GroupConfig(spec.max_concurrency, spec.start_from)
@@ -441,7 +455,7 @@ async def _apply_group(registry: Registry, stream_prefix: str, group: str, spec:
         await _stream_actor(registry, stream_prefix, None)
         # A member's join may create the group first (with the default config): then
         # this is a change of the group it made, checked and applied below.
-        actor = await registry.group(stream_prefix, group, config=config, only_new=only_new)
+        actor = await registry.group(stream_prefix, group, config=config, only_new=only_new, quota=quota)
         expect = None
     else:
         expect = _check_if_match(actor.revision)
@@ -628,11 +642,19 @@ async def _optional_body(as_type: type[T]) -> T:
 
 
 async def _stream_actor(
-    registry: Registry, stream_prefix: str, shard_count: int | None, only_new: bool = False
+    registry: Registry,
+    stream_prefix: str,
+    shard_count: int | None,
+    only_new: bool = False,
+    quota: Quota | None = None,
 ) -> Any:
     try:
         return await registry.stream(
-            stream_prefix, create=shard_count is not None, shard_count=shard_count, only_new=only_new
+            stream_prefix,
+            create=shard_count is not None,
+            shard_count=shard_count,
+            only_new=only_new,
+            quota=quota,
         )
     except UnknownStream as exc:
         raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
@@ -782,9 +804,11 @@ def admin_challenge() -> str:
     return 'Basic realm="rsc admin"'
 
 
-def _outcome(status: int) -> str:
+def _outcome(status: int, code: str | None = None) -> str:
     if status < 400:
         return "ok"
+    if code == "QUOTA_EXCEEDED":  # refused for what it asked, not for how often
+        return "rejected"
     if status == 429:
         return "throttled"
     if status in (401, 403):
@@ -806,7 +830,7 @@ async def _audit(audit: AuditLog, response: Response) -> None:
         method=request.method,
         path=request.path,
         status=response.status_code,
-        outcome=_outcome(response.status_code),
+        outcome=_outcome(response.status_code, getattr(g, "error_code", None)),
         body_sha256=hashlib.sha256(body).hexdigest(),
         revision=getattr(g, "revision", None),
     )

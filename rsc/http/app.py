@@ -24,18 +24,20 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import ActorStopped, NotFinalized, StoreError, UnsupportedSchema
 from rsc.actors.features import UnsupportedFeatureLevel
 from rsc.actors.health import store_failed
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.connect import first_leaf
-from rsc.events import codec, longpoll
+from rsc.events import auth, codec, longpoll, quotas
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
-from rsc.events.errors import CoordinationError, UnknownGroup, UnknownStream
+from rsc.events.errors import CoordinationError, QuotaExceeded, UnknownGroup, UnknownStream
 from rsc.events.group import validate_heartbeat
-from rsc.events.model import SURROGATE, MigrationPhase
+from rsc.events.model import SURROGATE, MigrationPhase, check_id, check_name
+from rsc.events.rates import retry_after_header
 from rsc.events.respond import respond, respond_producer
 from rsc.events.wire import (
     HeartbeatRequest,
@@ -48,13 +50,15 @@ from rsc.http import views
 from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.errors import ApiError
 from rsc.http.longpoll import RegistryHold
-from rsc.http.metrics import Metrics
-from rsc.http.throttle import FailureThrottle
+from rsc.http.metrics import QUOTA_REFUSALS, Metrics, scoped_registry
+from rsc.http.ratelimit import ADMIN_WRITES, HEARTBEATS, PARTY, VIEWS, RateLimits
+from rsc.http.throttle import FailureThrottle, client_key
 
 log = logging.getLogger("rsc.http")
 T = TypeVar("T")
 
 _STATUS = {
+    "QUOTA_EXCEEDED": 429,  # without Retry-After: a slot frees when something is deleted or leaves
     "INVALID_REQUEST": 400,
     "UNSUPPORTED_PROTOCOL_VERSION": 400,
     "NOT_FOUND": 404,
@@ -95,13 +99,25 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     throttle = FailureThrottle(settings.admin_auth_max_failures, settings.admin_auth_window_s)
     gate = Gate(settings.policy, account, metrics.prometheus, throttle)
     app.extensions["rsc.gate"] = gate
-    _add_request_ids_and_errors(app, gate)
+    app.extensions["rsc.admin_quota"] = settings.quota_for(auth.ADMIN)
+    rates = RateLimits(
+        settings.heartbeat_interval_ms,
+        settings.rate_limit_party_per_interval,
+        settings.rate_limit_party_burst,
+        settings.rate_limit_heartbeats_per_s,
+        settings.rate_limit_views_per_s,
+        settings.rate_limit_admin_writes_per_s,
+    )
+    app.extensions["rsc.rates"] = rates
+    _add_request_ids_and_errors(app, gate, rates)
     _add_member_routes(app, registry, metrics, gate, settings)
     _add_operator_routes(app, registry, gate)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.prometheus), content_type=CONTENT_TYPE_LATEST)
+        scope = auth.read_scope(gate.policy, gate.principal(), Action.METRICS)
+        source = metrics.prometheus if scope.everything else scoped_registry(metrics.prometheus, scope)
+        return Response(generate_latest(source), content_type=CONTENT_TYPE_LATEST)
 
     return app
 
@@ -116,14 +132,21 @@ _COARSE = {
 }
 
 
-def _authorize(gate: Gate) -> None:
-    """Authorize what the path alone decides; heartbeats are authorized per stream once parsed."""
+def _authorize(gate: Gate, rates: RateLimits) -> None:
+    """Authorize what the path alone decides (heartbeats are authorized per stream once
+    parsed), and apply the per-caller rate limits of views and Admin API writes."""
     path = request.path
-    if path in PUBLIC_PATHS or path.startswith("/v1/admin/"):
-        return  # the Admin API authenticates (and audits) on its own
+    if path in PUBLIC_PATHS:
+        return
+    if path.startswith("/v1/admin/"):  # the Admin API authenticates (and audits) on its own
+        if request.method not in ("GET", "HEAD"):
+            rates.check(ADMIN_WRITES, client_key(request.remote_addr))
+        return
     action = _COARSE.get(path)
     if action is not None:
         gate.check(action)
+        if action is Action.METRICS:
+            rates.check(VIEWS, caller_key(gate.principal()))
     elif path.startswith("/v1/streams"):
         parts = path.split("/")  # '', v1, streams, <prefix>, ...
         prefix = parts[3] if len(parts) > 3 and parts[3] else None
@@ -131,16 +154,43 @@ def _authorize(gate: Gate) -> None:
             gate.check(Action.ROUTING, prefix)
         else:
             gate.check(Action.VIEW, prefix)
+        rates.check(VIEWS, caller_key(gate.principal()))
     else:
         gate.principal()  # a bad credential is refused everywhere
 
 
-def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
+def caller_key(caller: auth.Credential | None) -> str:
+    """Whose per-caller limits a request uses: its credential's, else its address's."""
+    return f"credential:{caller.name}" if caller is not None else f"address:{client_key(request.remote_addr)}"
+
+
+def member_key(caller: auth.Credential | None, body: HeartbeatRequest) -> str:
+    """A member's own rate limit: its names and incarnation, and the credential that speaks
+    for it (never the address: behind a proxy every caller shares one). With the incarnation,
+    a caller sending heartbeats under another's member id spends only its own tokens. The
+    names are checked first: a bucket key is bounded and unambiguous."""
+    check_name(body.stream_prefix, "streamPrefix")
+    check_name(body.consumer_group, "consumerGroup")
+    check_id(body.member_id, "memberId")
+    check_id(body.incarnation, "incarnation")
+    owner = caller.name if caller is not None else quotas.ANONYMOUS
+    return "\n".join((owner, body.stream_prefix, body.consumer_group, body.member_id, body.incarnation))
+
+
+def producer_key(caller: auth.Credential | None, body: ProducerHeartbeatRequest) -> str:
+    """A producer's own rate limit (see `member_key`)."""
+    check_name(body.stream_prefix, "streamPrefix")
+    check_id(body.producer_id, "producerId")
+    owner = caller.name if caller is not None else quotas.ANONYMOUS
+    return "\n".join((owner, body.stream_prefix, body.producer_id))
+
+
+def _add_request_ids_and_errors(app: QuartTrio, gate: Gate, rates: RateLimits) -> None:
     @app.before_request
     async def assign_request_id_and_authorize() -> None:  # one hook: each costs per request
         given = request.headers.get("X-Request-Id", "")
         g.request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
-        _authorize(gate)
+        _authorize(gate, rates)
 
     @app.after_request
     async def echo_request_id(response: Response) -> Response:
@@ -153,12 +203,13 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
         if isinstance(error, Refused) and error.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="rsc"'
         if error.retry_after_s is not None:
-            response.headers["Retry-After"] = f"{error.retry_after_s:.0f}"
+            response.headers["Retry-After"] = retry_after_header(error.retry_after_s)
         return response
 
     @app.errorhandler(CoordinationError)
     async def refused(error: CoordinationError) -> Response:
-        return error_response(_STATUS.get(error.code, 400), error.code, error.message)
+        g.error_code = error.code  # (the audit tells a quota refusal from throttling by it)
+        return error_response(_STATUS.get(error.code, 400), error.code, error.message, _details(error))
 
     @app.errorhandler(StoreError)
     async def unavailable(error: StoreError) -> Response:
@@ -196,6 +247,13 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate) -> None:
         )
 
 
+def _seen_version(body: HeartbeatRequest, may_create: bool) -> int:
+    """The layout version a member already in its group (not a join, not a leave) says it was
+    told: a sign, if Redis holds nothing of the group, that Redis lost it (`Registry.group`).
+    0 for a caller that may not create streams and groups: it never makes one rebuilt."""
+    return body.metadata_version if may_create and body.member_epoch > 0 else 0
+
+
 def _add_member_routes(
     app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, settings: Settings
 ) -> None:
@@ -204,6 +262,8 @@ def _add_member_routes(
     holds = RegistryHold(registry, limit=max(1, settings.max_connections // 2))
     app.extensions["rsc.holds"] = holds
     features = registry.store.features
+    rates: RateLimits = app.extensions["rsc.rates"]
+    quota_of = QuotaTable(settings)
 
     @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
@@ -212,11 +272,26 @@ def _add_member_routes(
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
             command = body.to_command(registry.clock.now_ms())
             validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
+            if body.member_epoch != -1:  # a leave is never limited
+                rates.check(HEARTBEATS, caller_key(caller))
+                rates.check(PARTY, member_key(caller, body))
+            quota = quota_of(caller)
+            if body.member_epoch == 0:
+                command = attrs.evolve(command, max_members=quota.limits.members_per_group)
             # Only a join may create a group (and its stream): a member that is not joining
             # speaks of a group it was in, so a missing group is news to it, not a request.
             create = auto_groups and gate.may_create(caller) and body.member_epoch == 0
             version = holds.version(body.stream_prefix, body.consumer_group)
-            reply = await registry.ask_group(body.stream_prefix, body.consumer_group, command, create=create)
+            seen = _seen_version(body, gate.may_create(caller))
+            reply = await registry.ask_group(
+                body.stream_prefix,
+                body.consumer_group,
+                command,
+                create=create,
+                seen_version=seen,
+                rebuild=auto_groups,
+                quota=quota,
+            )
             response = respond(reply.state, command, reply.events)
         if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
             response = await holds.hold(body, command, response, version)
@@ -229,8 +304,16 @@ def _add_member_routes(
             caller = gate.check(Action.PRODUCER_HEARTBEAT, body.stream_prefix)
             timing = registry.settings.timing
             command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
+            if not body.leave:  # a leave is never limited
+                rates.check(HEARTBEATS, caller_key(caller))
+                rates.check(PARTY, producer_key(caller, body))
+            quota = quota_of(caller)
+            command = attrs.evolve(command, max_producers=quota.limits.producers_per_stream)
             create = None if gate.may_create(caller) else False
-            reply = await registry.ask_stream(body.stream_prefix, command, create=create)
+            seen = body.metadata_version if gate.may_create(caller) else 0
+            reply = await registry.ask_stream(
+                body.stream_prefix, command, create=create, seen_version=seen, quota=quota
+            )
             response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
             return json_response(answered_in(response, body.protocol_version, features.level))
 
@@ -238,7 +321,9 @@ def _add_member_routes(
     async def heartbeats() -> Response:
         with metrics.heartbeat_seconds.labels("batch").time():
             batch = structure(await json_body(), HeartbeatBatch)
-            results, held = await _answer_batch(registry, gate, batch, max_batch_items, auto_groups, holds)
+            results, held = await _answer_batch(
+                registry, gate, batch, max_batch_items, auto_groups, holds, quota_of, rates
+            )
         if held:  # long polls: the answer goes once every held item has its own
             async with trio.open_nursery() as nursery:
                 for index, hold in held.items():
@@ -258,6 +343,13 @@ async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: 
 R = TypeVar("R", HeartbeatResponse, ProducerHeartbeatResponse)
 
 
+def _details(error: CoordinationError) -> dict[str, Any] | None:
+    """An error's `details`; a quota refusal is counted (`rsc_quota_refusals_total{quota}`)."""
+    if isinstance(error, QuotaExceeded):
+        QUOTA_REFUSALS[error.quota] += 1
+    return error.details
+
+
 def answered_in(response: R, requested: int, level: int) -> R:
     """`response` in the protocol version a request of `requested` is answered in: from version
     2 on it names that version and the deployment's feature level; a version 1 answer has
@@ -268,28 +360,28 @@ def answered_in(response: R, requested: int, level: int) -> R:
     return attrs.evolve(response, protocol_version=version, feature_level=level)
 
 
-def _batch_item(raw: Any, gate: Gate, allowed: set[str], now_ms: int) -> tuple[HeartbeatRequest, Heartbeat]:
-    """One item of a batch, parsed, authorized (once per stream) and checked."""
-    body = structure(raw, HeartbeatRequest)
-    if body.stream_prefix not in allowed:
-        gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
-        allowed.add(body.stream_prefix)
-    command = body.to_command(now_ms)
-    validate_heartbeat(command, ids=False)
-    return body, command
+class QuotaTable:
+    """Each caller's quotas, worked out once (they are asked for on every heartbeat)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.anonymous = settings.quota_for(None)
+        self.by_name = {c.name: settings.quota_for(c) for c in settings.credentials}
+
+    def __call__(self, caller: auth.Credential | None) -> quotas.Quota:
+        if caller is None:
+            return self.anonymous
+        found = self.by_name.get(caller.name) if caller is not auth.ADMIN else None
+        return found if found is not None else self.settings.quota_for(caller)
 
 
-async def _answer_batch(
-    registry: Registry,
-    gate: Gate,
-    batch: HeartbeatBatch,
-    max_batch_items: int,
-    auto_groups: bool,
-    holds: RegistryHold,
-) -> tuple[list[Any], dict[int, _Hold]]:
-    """Answer every item; the items of one group go to its actor together, in order.
+def _charge_batch(batch: HeartbeatBatch, rates: RateLimits, caller: auth.Credential | None) -> None:
+    """The caller's heartbeat limit: one token per item of the batch, a leave free."""
+    leaves = sum(1 for item in batch.heartbeats if item.get("memberEpoch") == -1)
+    rates.check(HEARTBEATS, caller_key(caller), cost=len(batch.heartbeats) - leaves)
 
-    Items that ask for a long poll and are worth holding come back apart (`holds.hold`)."""
+
+def _check_batch(batch: HeartbeatBatch, max_batch_items: int) -> None:
     if len(batch.heartbeats) > max_batch_items:
         raise ApiError(
             413,
@@ -300,20 +392,58 @@ async def _answer_batch(
         )
     if not all(isinstance(item, dict) for item in batch.heartbeats):
         raise ApiError(400, "INVALID_REQUEST", "every item of heartbeats must be a JSON object")
+
+
+def _batch_item(
+    raw: Any, gate: Gate, allowed: set[str], now_ms: int, max_members: int
+) -> tuple[HeartbeatRequest, Heartbeat]:
+    """One item of a batch, parsed, authorized (once per stream) and checked; a join carries
+    the caller's `members_per_group` quota."""
+    body = structure(raw, HeartbeatRequest)
+    if body.stream_prefix not in allowed:
+        gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+        allowed.add(body.stream_prefix)
+    command = body.to_command(now_ms)
+    validate_heartbeat(command, ids=False)
+    if body.member_epoch == 0:
+        command = attrs.evolve(command, max_members=max_members)
+    return body, command
+
+
+async def _answer_batch(
+    registry: Registry,
+    gate: Gate,
+    batch: HeartbeatBatch,
+    max_batch_items: int,
+    auto_groups: bool,
+    holds: RegistryHold,
+    quota_of: QuotaTable,
+    rates: RateLimits,
+) -> tuple[list[Any], dict[int, _Hold]]:
+    """Answer every item; the items of one group go to its actor together, in order.
+
+    Items that ask for a long poll and are worth holding come back apart (`holds.hold`)."""
+    _check_batch(batch, max_batch_items)
     results: list[Any] = [None] * len(batch.heartbeats)
     now_ms = registry.clock.now_ms()
-    create = auto_groups and gate.may_create(gate.principal())
+    caller = gate.principal()
+    _charge_batch(batch, rates, caller)
+    may_rebuild = gate.may_create(caller)  # may a member make a lost group rebuilt
+    create = auto_groups and may_rebuild
+    quota = quota_of(caller)
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
     bodies: dict[int, HeartbeatRequest] = {}
     allowed: set[str] = set()  # the streams already authorized in this batch
     for index, raw in enumerate(batch.heartbeats):
         try:
-            body, command = _batch_item(raw, gate, allowed, now_ms)
+            body, command = _batch_item(raw, gate, allowed, now_ms, quota.limits.members_per_group)
+            if body.member_epoch != -1:  # each member its own limit; a leave is never limited
+                rates.check(PARTY, member_key(caller, body))
         except ApiError as error:  # a refused caller (`Refused`) too
             results[index] = error_body(error.code, error.message, error.details)
             continue
         except CoordinationError as error:
-            results[index] = error_body(error.code, error.message)
+            results[index] = error_body(error.code, error.message, _details(error))
             continue
         by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
         bodies[index] = body
@@ -323,14 +453,22 @@ async def _answer_batch(
         version = holds.version(*key)
         try:
             joins = create and any(bodies[index].member_epoch == 0 for index, _ in items)
-            replies = await registry.ask_group_many(*key, [command for _, command in items], create=joins)
+            seen = max(_seen_version(bodies[index], may_rebuild) for index, _ in items)
+            replies = await registry.ask_group_many(
+                *key,
+                [command for _, command in items],
+                create=joins,
+                seen_version=seen,
+                rebuild=auto_groups,
+                quota=quota,
+            )
         except CoordinationError as error:
             for index, _ in items:
-                results[index] = error_body(error.code, error.message)
+                results[index] = error_body(error.code, error.message, _details(error))
             return
         for (index, command), reply in zip(items, replies, strict=True):
             if isinstance(reply, CoordinationError):
-                results[index] = error_body(reply.code, reply.message)
+                results[index] = error_body(reply.code, reply.message, _details(reply))
                 continue
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):
@@ -359,9 +497,9 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
     @app.get("/v1/streams")
     async def streams() -> Response:
         summaries = []
-        caller = gate.principal()
+        scope = auth.read_scope(gate.policy, gate.principal(), Action.VIEW)
         for prefix in await registry.stream_prefixes():
-            if gate.policy.protect_views and caller is not None and not caller.covers(prefix):
+            if not scope.sees(prefix):
                 continue  # a monitor sees the streams its credential covers
             state = (await registry.stream(prefix, create=False)).state
             if state is not None:
@@ -422,11 +560,35 @@ def _add_operator_routes(app: QuartTrio, registry: Registry, gate: Gate) -> None
     async def readyz() -> Response:
         with trio.move_on_after(READY_TIMEOUT_S):
             if await registry.effects.ping():
-                return json_response({"status": "ready"})
+                try:  # readiness is public: a credential that does not authenticate is nobody here
+                    caller = gate.principal()
+                except Refused:
+                    caller = None
+                # Names only for a caller who may see every stream through the views: /readyz
+                # is public, so nobody was checked here (read_scope alone assumes a check).
+                names = auth.decide(gate.policy, caller, Action.VIEW) is auth.Verdict.ALLOW
+                names = names and auth.read_scope(gate.policy, caller, Action.VIEW).everything
+                return json_response({"status": "ready", **readiness(registry, names)})
             return error_response(503, "NOT_READY", "Redis refuses connections or fails", {"redis": "down"})
         return error_response(
             503, "NOT_READY", f"Redis did not answer PING within {READY_TIMEOUT_S} s", {"redis": "timeout"}
         )
+
+
+def readiness(registry: Registry, names: bool = True) -> dict[str, Any]:
+    """`/readyz` details: whether every running actor has recovered (loaded and its side
+    effects repaired), and what Redis lost (a correction under way stays ready: the fleet's
+    heartbeats carry it). The loss reports name streams and keys: only with `names` (a caller
+    that may see every stream), else their kinds and times alone."""
+    running = registry.running()
+    repairing = sum(1 for actor in running if actor.needs_repair)
+    loss = DATA_LOSS.details()
+    if not names:
+        loss["recent"] = [{k: v for k, v in r.items() if k != "what"} for r in loss["recent"]]
+    return {
+        "actors": {"running": len(running), "recovered": len(running) - repairing, "repairing": repairing},
+        "dataLoss": loss,
+    }
 
 
 async def json_body() -> Any:

@@ -171,7 +171,7 @@ class Gate:
         name = caller.name if caller is not None else "anonymous"
         where = f" on stream {stream_prefix!r}" if stream_prefix is not None else ""
         raise self._refuse(
-            action, "forbidden", 403, "FORBIDDEN", f"credential {name!r} may not {action.value}{where}"
+            action, "forbidden", 403, "FORBIDDEN", f"credential {name!r} may not {_VERBS[action]}{where}"
         )
 
     def may_create(self, caller: Credential | None) -> bool:
@@ -184,6 +184,15 @@ class Gate:
 
 
 _UNSET = object()
+#: What each action is, in a refusal's words.
+_VERBS = {
+    Action.MEMBER_HEARTBEAT: "send member heartbeats",
+    Action.PRODUCER_HEARTBEAT: "send producer heartbeats",
+    Action.ROUTING: "read the routing",
+    Action.VIEW: "read the views",
+    Action.METRICS: "read the metrics",
+    Action.ADMIN: "use the Admin API",
+}
 
 
 def _from_loopback() -> bool:

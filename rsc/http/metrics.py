@@ -11,8 +11,11 @@ import trio
 from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from rsc.actors.dataset import DATA_LOSS, KINDS
 from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
+from rsc.events import quotas
+from rsc.events.auth import Scope
 from rsc.events.events import (
     GroupEvent,
     MemberFenced,
@@ -23,6 +26,7 @@ from rsc.events.events import (
 from rsc.events.group import GroupState
 from rsc.events.model import Layout, MemberState, MigrationPhase, Shard, ShardState
 from rsc.events.stream import StreamState
+from rsc.http import ratelimit
 
 log = logging.getLogger("rsc.metrics")
 #: How often shard lengths, per-group lag and pending, and dead letters are read from Redis.
@@ -88,6 +92,9 @@ class Metrics:
         self.clock = registry.clock
         self._revoked_at: dict[tuple[str, str, int], int] = {}
         self.prometheus.register(_ActorCollector(registry))
+        self.prometheus.register(_DataLossCollector())
+        self.prometheus.register(_QuotaCollector())
+        self.prometheus.register(_RateCollector())
         self.prometheus.register(_SampleCollector(self))
         registry.group_observers.append(self.observe_group)
 
@@ -199,6 +206,52 @@ class _SampleCollector:
         yield from (length, lag, pending, dead)
 
 
+#: Requests refused for a quota, by quota (`rsc.events.quotas`), in this process.
+QUOTA_REFUSALS: collections.Counter[str] = collections.Counter()
+
+
+class _QuotaCollector:
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily(
+            "rsc_quota_refusals",
+            "Requests refused with QUOTA_EXCEEDED, by quota (streams, shards_per_stream, "
+            "groups_per_stream, members_per_group, producers_per_stream)",
+            labels=["quota"],
+        )
+        for name in quotas.NAMES:
+            refused.add_metric([name], QUOTA_REFUSALS[name])
+        yield refused
+
+
+class _RateCollector:
+    def collect(self) -> Iterator[Metric]:
+        limited = CounterMetricFamily(
+            "rsc_rate_limited",
+            "Requests refused with RATE_LIMITED, by limit (party: one member or producer id; "
+            "heartbeats, views: one caller; admin-writes: one address)",
+            labels=["kind"],
+        )
+        for kind in ratelimit.KINDS:
+            limited.add_metric([kind], ratelimit.RATE_LIMITED[kind])
+        yield limited
+
+
+class _DataLossCollector:
+    """What Redis lost, as this coordinator noticed it (`rsc.actors.dataset.DATA_LOSS`)."""
+
+    def collect(self) -> Iterator[Metric]:
+        lost = CounterMetricFamily(
+            "rsc_redis_data_loss",
+            "Losses of Redis data noticed, by kind: everything (marker gone: a restart without "
+            "persistence, FLUSHALL), rollback (an older copy), lease, aggregate (written back from "
+            "memory), shard (a shard key, consumer group or owner token reported by a member)",
+            labels=["kind"],
+        )
+        for kind in KINDS:
+            lost.add_metric([kind], DATA_LOSS.counts[kind])
+        yield lost
+
+
 class _ActorCollector:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
@@ -274,3 +327,36 @@ class _ActorCollector:
                     stalled.add_metric([state.stream_prefix], float(m.stalled is not None))
         yield from (members, group_epoch, assignment_epoch, revoking, inbox, writes, conflicts, shards)
         yield from (phase, in_phase, stalled)
+
+
+#: The label that names a series' stream.
+STREAM_LABEL = "stream"
+
+
+class _Scoped:
+    """A collector of what `scope` may see of `source`: series of the streams it covers. Series
+    without a stream label aggregate every stream's data (heartbeat latency, refusals, data
+    loss) or describe the process: absent, as for a stream it may not see."""
+
+    def __init__(self, source: CollectorRegistry, scope: Scope) -> None:
+        self.source = source
+        self.scope = scope
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            kept = [
+                sample
+                for sample in family.samples
+                if STREAM_LABEL in sample.labels and self.scope.sees(sample.labels[STREAM_LABEL])
+            ]
+            if kept:
+                copy = Metric(family.name, family.documentation, family.type, family.unit)
+                copy.samples = kept
+                yield copy
+
+
+def scoped_registry(source: CollectorRegistry, scope: Scope) -> CollectorRegistry:
+    """A registry holding what `scope` may see of `source` (`rsc.events.auth.read_scope`)."""
+    scoped = CollectorRegistry(auto_describe=False)
+    scoped.register(_Scoped(source, scope))
+    return scoped

@@ -13,17 +13,20 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 import attrs
 import trio
 
+from rsc.actors import dataset
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
 from rsc.actors.connect import open_redis
+from rsc.actors.dataset import DATA_LOSS, DatasetWatch
 from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import StoreError
-from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register
+from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register, unsupported
 from rsc.actors.health import REDIS_OUTAGE
 from rsc.actors.keys import KeySpace
 from rsc.actors.leadership import Leadership, RedisLease
@@ -31,6 +34,7 @@ from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.config import ConfigError, Settings
 from rsc.connect import RedisRefused
+from rsc.events import auth
 from rsc.events.model import MigrationBounds, Timing
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.admin import AdminAccount, add_admin_routes
@@ -63,6 +67,10 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+#: Running actors that compare their stored revision each second (partial loss, `rsc.actors.dataset`).
+SWEEP_PER_ROUND = 20
+
+
 def registry_settings(settings: Settings) -> RegistrySettings:
     """The actors' settings from the coordinator's control-plane defaults."""
     timing = Timing(
@@ -80,6 +88,7 @@ def registry_settings(settings: Settings) -> RegistrySettings:
         ),
         retired_retention_ms=settings.retired_shard_retention_ms,
         consumer_prune_s=settings.consumer_prune_interval_ms / 1000,
+        sweep_per_round=SWEEP_PER_ROUND,
     )
 
 
@@ -101,17 +110,27 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
     keys = KeySpace(settings.key_prefix)
     async with open_redis(settings.redis_url, **timeouts) as redis:
         leadership = Leadership(
-            RedisLease(redis, keys), settings.coordinator_lease_ttl_ms, advertise_url=settings.advertise_url
+            RedisLease(
+                redis,
+                keys,
+                replicas=settings.coordinator_lease_replicas,
+                wait_ms=max(1, settings.coordinator_lease_ttl_ms // 6),  # well within a renewal's third
+            ),
+            settings.coordinator_lease_ttl_ms,
+            advertise_url=settings.advertise_url,
         )
         features = Features(redis, settings.initial_feature_level, term=lambda: leadership.terms, keys=keys)
         await check_feature_level(features)
         store = RedisStore(redis, fence_token=leadership.token, features=features, keys=keys)
         effects = RedisEffects(redis, fence_token=leadership.token, keys=keys)
+        store.on_fenced = effects.on_fenced = leadership.advance
         actors = registry_settings(settings)
         try:
             async with trio.open_nursery() as terms:
                 terms.start_soon(functools.partial(register, redis, leadership.holder_id, keys=keys))
                 async with open_registry(store, effects, WallClock(), actors) as registry:
+                    watch = watch_dataset(redis, keys, leadership, features, registry)
+                    terms.start_soon(watch.run)
                     await terms.start(leadership.run, registry.stop_all)
                     yield registry, AuditLog(redis, keys=keys), leadership
                 terms.cancel_scope.cancel()
@@ -129,10 +148,49 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
                         log.warning("could not release the coordinator lease (it expires by itself)")
 
 
+def watch_dataset(
+    redis: Any, keys: KeySpace, leadership: Leadership, features: Features, registry: Registry
+) -> DatasetWatch:
+    """Noticing that Redis lost data, and the correction it starts (`rsc.actors.dataset`)."""
+    DATA_LOSS.reset()
+
+    def correct(kind: str, why: str) -> None:
+        registry.check_all(kind, why)
+        registry.nursery.start_soon(_restore_features, features)
+
+    DATA_LOSS.listeners.append(correct)
+    leadership.on_lease_lost = lambda why: DATA_LOSS.noticed(dataset.LEASE, why)
+    leadership.on_other_holder = registry.forget_terms
+
+    async def has_streams() -> bool:
+        return bool(await redis.exists([keys.streams]))
+
+    watch = DatasetWatch(redis, keys.dataset, active=lambda: leadership.active, has_streams=has_streams)
+    watch.on_identity_change = lambda why: registry.check_all("identity", why)
+    return watch
+
+
+async def _restore_features(features: Features) -> None:
+    try:
+        await features.restore()
+    except StoreError as exc:
+        log.warning("could not restore the feature level yet: %s", exc)
+
+
 async def check_feature_level(features: Features) -> None:
     """Refuse to start where the deployment is finalized at a level this release does not know."""
     try:
-        state = await features.load()
+        state = await features.peek()
+        if state is None:  # a new deployment, or one whose record Redis lost: the first write decides
+            log.info(
+                "no feature level recorded yet: the first write records it (initial_feature_level "
+                "%d, or 1 where streams exist or are rebuilt from what the fleet reports)",
+                features.initial_level,
+            )
+            return
+        if state.level > MAX_FEATURE_LEVEL:
+            raise unsupported(state.level)
+        features.known(state)
     except UnsupportedFeatureLevel as exc:
         raise ConfigError(str(exc)) from exc
     except StoreError as exc:  # Redis away: the store reads the level before its first write
@@ -154,6 +212,8 @@ async def serve(
     credentials, unless `settings.insecure`.
     """
     check_exposure(settings, bind)
+    for line in auth.narrowing_warnings(settings.credentials):
+        log.warning("%s", line)
     async with open_coordinator(settings) as (registry, audit, leadership), trio.open_nursery() as nursery:
         limits = Limits.from_settings(settings)
         config = hypercorn_config(bind, limits)
@@ -219,10 +279,14 @@ async def _stop_on_signals(trigger: trio.Event) -> None:
 
 
 def redis_answers(url: str) -> bool:
-    """Whether something accepts TCP connections at the URL's address."""
-    parsed = urlparse(url)
+    """Whether something accepts TCP connections at a plain `redis://` URL's address."""
     try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 6379), timeout=1):
+        parsed = urlparse(url)
+        address = (parsed.hostname or "127.0.0.1", parsed.port or 6379)
+    except ValueError:  # not one host and port (a sentinel URL names several)
+        return False
+    try:
+        with socket.create_connection(address, timeout=1):
             return True
     except OSError:
         return False
@@ -230,8 +294,10 @@ def redis_answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def embedded_redis(settings: Settings) -> Iterator[Settings]:
-    """If nothing answers at the default address, start a private redis-server for this run."""
-    if redis_answers(settings.redis_url) or settings.redis_url_configured:
+    """If no Redis URL was configured and nothing answers at the default address, start a
+    private redis-server for this run. A configured URL (any form: a sentinel URL names several
+    hosts) is used as it is."""
+    if settings.redis_url_configured or redis_answers(settings.redis_url):
         yield settings
         return
     server = shutil.which("redis-server")

@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.sync_connect import sync_redis
 
 
 class Journal:
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     journal = Journal(args.out)
     keys = [f"{args.name}:k{i}" for i in range(args.keys)]
     seqs = dict.fromkeys(keys, 0)
-    client = redis.Redis.from_url(args.redis, socket_timeout=2, socket_connect_timeout=2)
+    client = sync_redis(args.redis, socket_timeout=2, socket_connect_timeout=2)
 
     def message(key: str) -> tuple[dict[str, str], str]:
         seqs[key] += 1

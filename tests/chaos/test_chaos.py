@@ -42,13 +42,13 @@ import time
 import uuid
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import httpx
-import redis
 
 from rsc.actors.keys import AggregateId
+from rsc.sync_connect import sync_redis
 from tests.chaos.history import Fault, Publish, Record, Report, check, ownership_from_journal
 from tests.redis_servers import DurableServer, free_port
 
@@ -182,16 +182,72 @@ def stopped_state(pid: int) -> bool:
     return False
 
 
-class Chaos:
-    """The processes of one run, the fault log and what went wrong along the way."""
+class ActiveHttp:
+    """Requests to whichever of the coordinators is active: a standby's 503 STANDBY, or a
+    coordinator that does not answer, passes the request on to the next one."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, urls: list[str]) -> None:
+        self.clients = [httpx.Client(base_url=url, timeout=2.0) for url in urls]
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        failure: httpx.HTTPError | None = None
+        response: httpx.Response | None = None
+        for client in self.clients:
+            try:
+                response = client.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                failure = exc
+                continue
+            if response.status_code != 503 or response.headers.get("content-type") != "application/json":
+                return response
+            if response.json().get("error") != "STANDBY":
+                return response
+        if response is not None:
+            return response
+        assert failure is not None
+        raise failure
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", path, **kwargs)
+
+    def put(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("PUT", path, **kwargs)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+class ChaosRedis(Protocol):
+    """The Redis of a run: one `DurableServer`, or a Sentinel set (`tests.redis_servers`)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+class Chaos:
+    """The processes of one run, the fault log and what went wrong along the way.
+
+    By default its own `DurableServer` and one coordinator; `redis` (already running, closed
+    by its owner) and `coordinators` (several, on ports of their own: clients list them all)
+    change that, and `serve_env` adds to the coordinators' environment."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        redis: ChaosRedis | None = None,
+        coordinators: int = 1,
+        serve_env: dict[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.prefix = f"chaos{uuid.uuid4().hex[:8]}"
-        self.redis = DurableServer(tmp / "redis")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.http = httpx.Client(base_url=self.url, timeout=2.0)
+        self.own_redis = redis is None
+        self.redis: Any = DurableServer(tmp / "redis") if redis is None else redis
+        self.ports = [free_port() for _ in range(coordinators)]
+        self.port = self.ports[0]
+        self.url = ",".join(f"http://127.0.0.1:{port}" for port in self.ports)
+        self.http = ActiveHttp([f"http://127.0.0.1:{port}" for port in self.ports])
+        self.serve_env = {**SERVE_ENV, **(serve_env or {})}
         self.coordinator: Child | None = None
         self.coordinators: list[Child] = []
         self.workers: list[Child] = []  # the live ones
@@ -226,23 +282,32 @@ class Chaos:
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
 
-    def start_coordinator(self) -> None:
+    def start_coordinator(self, port: int | None = None) -> Child:
+        """A coordinator on `port` (the first one's by default); until it is ready, or (a
+        standby, with others running) until it answers."""
+        port = self.port if port is None else port
         n = len(self.coordinators)
         log = self.tmp / f"coordinator-{n}.log"
-        command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{self.port}"]
-        env = self.env(**SERVE_ENV, RSC_REDIS_URL=self.redis.url)
+        url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
+        env = self.env(**self.serve_env, RSC_REDIS_URL=self.redis.url, RSC_ADVERTISE_URL=url)
         process = spawn(command, env, log)
-        self.coordinator = Child(f"coordinator-{n}", process, log)
-        self.coordinators.append(self.coordinator)
+        child = Child(f"coordinator-{n}", process, log)
+        if port == self.port:
+            self.coordinator = child
+        self.coordinators.append(child)
         deadline = now() + 30
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get("/readyz").status_code == 200:
-                    break
-            assert now() < deadline, log.read_text()
-            time.sleep(0.05)
-        self.note(f"coordinator {process.pid} ready")
+        with httpx.Client(base_url=url, timeout=2.0) as http:
+            while True:
+                assert process.poll() is None, log.read_text()
+                with contextlib.suppress(httpx.HTTPError):
+                    status = http.get("/readyz").status_code
+                    if status == 200 or (status == 503 and len(self.ports) > 1 and n > 0):
+                        break
+                assert now() < deadline, log.read_text()
+                time.sleep(0.05)
+        self.note(f"coordinator {process.pid} on port {port} answering")
+        return child
 
     def start_worker(self) -> Child:
         ip = f"10.0.0.{self.next_ip}"
@@ -438,8 +503,11 @@ class Chaos:
     # --- the schedule -----------------------------------------------------
 
     def setup(self) -> None:
-        self.redis.start()
+        if self.own_redis:
+            self.redis.start()
         self.start_coordinator()
+        for port in self.ports[1:]:
+            self.start_coordinator(port)
         put = self.http.put(f"/v1/admin/streams/{self.prefix}", json={"shardCount": self.shards}, auth=AUTH)
         assert put.status_code == 200, put.text
         group = {"startFrom": "earliest"}
@@ -526,7 +594,7 @@ class Chaos:
         # goes on, only the lease rule stands between the next queued entry and a handler.
         key = self.shard_keys()[min(held)]
         probe = uuid.uuid4().hex[:8]
-        with redis.Redis.from_url(self.redis.url, decode_responses=True) as client, client.pipeline() as pipe:
+        with sync_redis(self.redis.url, decode_responses=True) as client, client.pipeline() as pipe:
             for n in range(20):
                 fields = {"bkey": f"probe-{probe}", "seq": str(n), "mid": f"probe-{probe}-{n}"}
                 pipe.xadd(key, {**fields, "block": "1" if n == 0 else "0"})
@@ -633,7 +701,7 @@ class Chaos:
         ]
         acked = {(p.id, p.mid) for p in publishes if p.ev == "ack"}
         keys = self.shard_keys()
-        checker = redis.Redis.from_url(self.redis.url, decode_responses=True)
+        checker = sync_redis(self.redis.url, decode_responses=True)
         started = now()
 
         def drained() -> bool:
@@ -667,7 +735,7 @@ class Chaos:
         return publishes, pending, drain
 
     def journal(self) -> list[tuple[str, str, str]]:
-        with redis.Redis.from_url(self.redis.url, decode_responses=True) as client:
+        with sync_redis(self.redis.url, decode_responses=True) as client:
             entries = client.xrange(AggregateId(self.prefix, GROUP).journal_key)
         return [(entry_id, fields["kind"], fields["data"]) for entry_id, fields in entries]
 
@@ -683,13 +751,15 @@ class Chaos:
                     child.process.send_signal(signal.SIGCONT)
                 child.process.kill()
                 child.process.wait()
-        self.redis.close()
+        if self.own_redis:
+            self.redis.close()
         self.http.close()
 
 
 @contextlib.contextmanager
-def chaos(tmp: Path) -> Iterator[Chaos]:
-    run = Chaos(tmp)
+def chaos(tmp: Path, **options: Any) -> Iterator[Chaos]:
+    """A run (`Chaos`'s options), its processes killed at the end whatever happened."""
+    run = Chaos(tmp, **options)
     try:
         yield run
     finally:

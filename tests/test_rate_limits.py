@@ -1,0 +1,124 @@
+"""Rate limits (issue 27): token buckets per member id / producer id and per caller.
+
+The buckets are pure (time is an input); over a real server, one member id sending faster
+than its limit gets 429 `RATE_LIMITED` with `Retry-After` while another member id is not
+touched, a leave always goes through, and the wait it is told is enough; views and Admin API
+writes have their per-caller limits; a batch answers a limited item in its place."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from rsc.events.rates import TokenBuckets, retry_after_header
+from tests.httpkit import FAST, hb, serve_on
+
+ADMIN = ("admin", "s3cret")
+
+
+def test_a_bucket_allows_its_burst_then_refuses_until_it_refills() -> None:
+    buckets = TokenBuckets(rate=2.0, burst=3)
+    assert [buckets.take("m", 0.0) for _ in range(3)] == [None, None, None]
+    wait = buckets.take("m", 0.0)
+    assert wait == pytest.approx(0.5)  # one token at 2 a second
+    assert buckets.take("other", 0.0) is None  # each key its own bucket
+    assert buckets.take("m", 0.49) is not None
+    assert buckets.take("m", 0.5) is None
+    assert retry_after_header(0.01) == "1"
+    assert retry_after_header(2.2) == "3"
+
+
+def test_a_cost_above_the_burst_goes_through_from_a_full_bucket() -> None:
+    buckets = TokenBuckets(rate=1.0, burst=5)
+    assert buckets.take("batch", 0.0, cost=50) is None  # never refused for ever
+    assert buckets.take("batch", 1.0) is not None  # it is in debt now
+
+
+def test_the_table_is_bounded_and_forgetting_never_refuses() -> None:
+    buckets = TokenBuckets(rate=1.0, burst=1, max_keys=3)
+    for key in ("a", "b", "c", "d"):
+        assert buckets.take(key, 0.0) is None
+    assert len(buckets._buckets) == 3
+    assert buckets.take("a", 0.0) is None  # forgotten, so full again
+
+
+def limited(response: httpx.Response, kind: str) -> float:
+    assert response.status_code == 429, response.text
+    body = response.json()
+    assert body["error"] == "RATE_LIMITED"
+    assert body["details"]["limit"] == kind
+    assert int(response.headers["Retry-After"]) >= 1
+    wait: float = body["details"]["retryAfterS"]
+    return wait
+
+
+def settings_for(redis_url: str, **extra: Any) -> Any:
+    return attrs.evolve(
+        FAST,
+        redis_url=redis_url,
+        admin_password=ADMIN[1],
+        heartbeat_interval_ms=1_000,
+        key_prefix=f"r{uuid.uuid4().hex[:8]}:",
+        **extra,
+    )
+
+
+async def test_one_member_id_past_its_limit_waits_and_nobody_else_does(standalone_url: str) -> None:
+    config = settings_for(standalone_url, rate_limit_party_per_interval=10, rate_limit_party_burst=5)
+    async with serve_on(config) as http:
+        joined = (await http.post("/v1/heartbeat", json=hb("s", "a", 0))).json()
+        epoch = joined["memberEpoch"]
+        answers = [await http.post("/v1/heartbeat", json=hb("s", "a", epoch)) for _ in range(8)]
+        assert [r.status_code for r in answers[:4]] == [200] * 4  # the burst (the join took one)
+        wait = limited(answers[-1], "party")
+        assert 0 < wait <= 0.1  # a tenth of the interval at most: well within the lease
+        other = await http.post("/v1/heartbeat", json=hb("s", "b", 0))
+        assert other.status_code == 200, other.text
+        batch = {"heartbeats": [hb("s", "a", epoch), hb("s", "b", other.json()["memberEpoch"])]}
+        items = (await http.post("/v1/heartbeats", json=batch)).json()["responses"]
+        assert items[0]["error"] == "RATE_LIMITED"
+        assert "error" not in items[1], items[1]
+        await trio.sleep(wait + 0.01)
+        again = await http.post("/v1/heartbeat", json=hb("s", "a", epoch))
+        assert again.status_code == 200, again.text
+        for _ in range(8):  # drained again; a leave still goes through
+            await http.post("/v1/heartbeat", json=hb("s", "a", epoch))
+        # Another caller sending under a's member id (not its incarnation) spends its own tokens.
+        for _ in range(8):
+            await http.post("/v1/heartbeat", json=hb("s", "b", 1, incarnation="not-b"))
+        fine = await http.post("/v1/heartbeat", json=hb("s", "b", other.json()["memberEpoch"]))
+        assert fine.status_code == 200, fine.text
+        leave = await http.post("/v1/heartbeat", json=hb("s", "a", -1))
+        assert leave.status_code == 200, leave.text
+        assert 'rsc_rate_limited_total{kind="party"}' in (await http.get("/metrics")).text
+
+
+async def test_views_and_admin_writes_have_per_caller_limits(standalone_url: str) -> None:
+    config = settings_for(standalone_url, rate_limit_views_per_s=2, rate_limit_admin_writes_per_s=1)
+    async with serve_on(config) as http:
+        views = [await http.get("/v1/streams") for _ in range(6)]
+        assert [r.status_code for r in views[:4]] == [200] * 4  # a burst of twice the rate
+        limited(views[-1], "views")
+        writes = [
+            await http.put(f"/v1/admin/streams/w{n}", json={"shardCount": 1}, auth=ADMIN) for n in range(3)
+        ]
+        assert [r.status_code for r in writes[:2]] == [200, 200]
+        limited(writes[2], "admin-writes")
+        assert (await http.get("/v1/admin/streams/w0", auth=ADMIN)).status_code == 200  # reads are not writes
+        assert (await http.get("/healthz")).status_code == 200  # nor is the process's health
+
+
+def test_a_rate_or_a_party_burst_of_0_switches_a_limit_off() -> None:
+    from rsc.http.ratelimit import PARTY, VIEWS, RateLimits
+
+    rates = RateLimits(
+        1_000, party_per_interval=10, party_burst=0, heartbeats_per_s=1, views_per_s=0, admin_writes_per_s=1
+    )
+    assert rates.buckets[PARTY] is None
+    assert rates.buckets[VIEWS] is None
+    assert all(rates.wait(PARTY, "m") is None for _ in range(1_000))
