@@ -11,6 +11,7 @@ from rsc.events.liveness import Leases
 from rsc.events.model import Layout, Shard, Timing
 from rsc.events.placement import shard_key
 from rsc.events.respond import respond
+from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatResponse
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=20_000)
@@ -28,6 +29,10 @@ class Group:
     events: list[GroupEvent]
     now: int = 0
     leases: Leases = attrs.field(factory=Leases)
+    #: The deployment's feature level the decisions run at.
+    level: int = MAX_FEATURE_LEVEL
+    #: Every event with the time it happened at (`now` when its command ran).
+    timed: list[tuple[int, GroupEvent]] = attrs.field(factory=list)
 
     @classmethod
     def create(cls, shards: int = 6, timing: Timing = TIMING) -> Group:
@@ -39,10 +44,11 @@ class Group:
         events = self.execute(command)
         self.leases.apply(events)
         self.events.extend(events)
+        self.timed.extend((self.now, e) for e in events)
         return events
 
     def execute(self, command: GroupCommand) -> list[GroupEvent]:
-        self.state, events = group.execute(self.state, command)
+        self.state, events = group.execute(self.state, command, self.level)
         return events
 
     def hb(
@@ -53,6 +59,9 @@ class Group:
         revoked: set[int] | frozenset[int] = frozenset(),
         incarnation: str = "inc-1",
         metadata_version: int = 1,
+        *,
+        static: bool = False,
+        leaving: bool = False,
     ) -> HeartbeatResponse:
         command = Heartbeat(
             member_id=member,
@@ -62,6 +71,8 @@ class Group:
             metadata_version=metadata_version,
             owned=frozenset(owned),
             revoked=frozenset(revoked),
+            static=static,
+            leaving=leaving,
         )
         events = self.run(command)
         return respond(self.state, command, events)

@@ -11,6 +11,7 @@ from rsc.events.commands import ConfigureGroup, CreateGroup, RemoveMember, Resta
 from rsc.events.errors import AggregateNotFound, IncarnationMismatch, InvalidCommand
 from rsc.events.events import MemberFenced, ShardsInstalled, ShardsReleased
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus, MemberState
+from rsc.events.versions import EVENT_LEVELS
 from tests.groupkit import TIMING, Group, layout
 
 OK = HeartbeatStatus.OK
@@ -224,7 +225,32 @@ def test_revoke_timeout_fences() -> None:
         g.tick()
     fenced = [e for e in g.events if isinstance(e, MemberFenced)]
     assert [(e.member_id, e.reason) for e in fenced] == [("a", FenceReason.REVOKE_TIMEOUT)]
+    # a's lease had not ended: it may still be handling a's shards until it does (quarantine).
+    quarantined = frozenset(g.state.quarantine)
+    assert quarantined and set(g.state.quarantine.values()) == {fenced[0].fenced_at_ms + TIMING.lease_ttl_ms}
+    r = g.hb("b", g.state.members["b"].member_epoch)
+    assert not r.assignment.assigned & quarantined
+    assert r.assignment.pending == quarantined
+    g.now = fenced[0].fenced_at_ms + TIMING.lease_ttl_ms - 1
+    assert g.hb("b", r.member_epoch).assignment.pending == quarantined  # not one ms earlier
+    g.now += 1
     assert g.hb("b", g.state.members["b"].member_epoch).assignment.assigned == frozenset(range(6))
+    assert not g.state.quarantine
+
+
+def test_revoke_timeout_installs_at_once_below_level_4() -> None:
+    """Below feature level 4 nothing is quarantined (what 0.1.0 does, and can replay)."""
+    g, a_owned, _ = two_members_mid_handoff()
+    g.level = 3
+    g.hb("a", 1, owned=a_owned)
+    for _ in range(21):
+        g.now += 1_000
+        g.hb("a", 1, owned=a_owned)
+        g.hb("b", 2)
+        g.tick()
+    assert not g.state.quarantine
+    assert g.hb("b", g.state.members["b"].member_epoch).assignment.assigned == frozenset(range(6))
+    assert all(type(e).__name__ in EVENT_LEVELS and EVENT_LEVELS[type(e).__name__] <= 3 for e in g.events if e.durable)
 
 
 def test_restart_timers_gives_a_whole_lease() -> None:

@@ -37,7 +37,7 @@ from rsc.events.events import (
 from rsc.events.group import GroupState
 from rsc.events.model import Layout, StartFrom
 from rsc.events.stream import StreamState
-from rsc.events.versions import EVENT_VERSIONS, UnsupportedEventVersion, upcast
+from rsc.events.versions import EVENT_VERSIONS, MAX_FEATURE_LEVEL, UnsupportedEventVersion, upcast
 from rsc.events.wire import OwnerToken
 
 S = TypeVar("S")
@@ -99,20 +99,28 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
     state_type = GroupState
 
     def __init__(
-        self, aggregate_id: AggregateId, effects: Effects, observe: GroupObserver | None = None
+        self,
+        aggregate_id: AggregateId,
+        effects: Effects,
+        observe: GroupObserver | None = None,
+        level: Callable[[], int] = lambda: MAX_FEATURE_LEVEL,
     ) -> None:
         self.aggregate_id = aggregate_id
         self.effects = effects
         self.observe = observe
+        #: The deployment's finalized feature level (what the decisions may write).
+        self.level = level
 
     def execute(self, state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
-        return group.execute(state, command)
+        return group.execute(state, command, self.level())
 
     def evolve(self, state: GroupState | None, event: GroupEvent) -> GroupState:
         return group.evolve(state, event)
 
     def tick(self, state: GroupState | None, leases: Mapping[str, int], now_ms: int) -> GroupCommand | None:
-        return Tick(now_ms, leases) if state is not None and state.members else None
+        if state is None or not (state.members or state.holds or state.quarantine):
+            return None
+        return Tick(now_ms, leases)
 
     def recovered(self, state: GroupState, now_ms: int) -> GroupCommand | None:
         return RestartTimers(now_ms) if state.members else None

@@ -280,7 +280,12 @@ class Registry:
         check_name(group, "consumerGroup")
         aggregate_id = AggregateId(stream_prefix, group)
         actor, fresh = await self._get(
-            aggregate_id, lambda: self._actor(GroupAggregate(aggregate_id, self.effects, self._observe_group))
+            aggregate_id,
+            lambda: self._actor(
+                GroupAggregate(
+                    aggregate_id, self.effects, self._observe_group, lambda: self.store.features.level
+                )
+            ),
         )
         lost = actor.state is None and 0 < seen_version < MAX_COUNTER
         if lost and not rebuild:  # heartbeats may not create groups: only with its stream lost too

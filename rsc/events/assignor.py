@@ -13,6 +13,13 @@ Rules, in order of priority:
 3. **Deterministic**: the result depends only on the inputs; ties break by
    member id and shard index.
 
+A member that rejoins soon after it left (no previous target, but a
+`remembered` one: what it was targeted when it left) gets its remembered
+shards back where that costs no extra move: members above their quota give
+up the shards someone remembers first, and a member takes the ones it
+remembers from what is given up first. So a restart moves its shards away
+and back, not anyone else's, and the number of moves stays the minimum.
+
 The only shards that move between members are those above a member's quota,
 so a join takes shards only from members above the new quota, a leave moves
 only the leaver's shards, and a shard-count change moves only what balance
@@ -31,12 +38,14 @@ def assign(
     members: Iterable[str],
     shards: Iterable[int],
     previous: Assignment,
+    remembered: Assignment | None = None,
 ) -> dict[str, frozenset[int]]:
     """Return the new target assignment: member id -> shard indexes.
 
     `previous` is the last target; entries for members or shards that no
-    longer exist are ignored. Every member in `members` appears in the result,
-    possibly with an empty set.
+    longer exist are ignored. `remembered`: for members without a previous
+    target, what they were targeted before they left: given back where no extra move results.
+    Every member in `members` appears in the result, possibly with an empty set.
     """
     member_ids = sorted(set(members))
     if not member_ids:
@@ -44,14 +53,23 @@ def assign(
     shard_set = set(shards)
     base, extra = divmod(len(shard_set), len(member_ids))
     kept = _retained(member_ids, shard_set, previous)
+    memory = _memory(member_ids, shard_set, previous, remembered)
+    wanted = frozenset().union(*memory.values()) if memory else frozenset()
     plus = _extra_slots(member_ids, base, extra, kept)
     pool = shard_set.difference(*kept.values())
     for member, mine in kept.items():
         quota = base + 1 if member in plus else base
         if len(mine) > quota:
-            ordered = sorted(mine)  # keep the lowest indexes, give up the rest
+            # keep the lowest indexes, give up the rest: first those someone rejoining remembers
+            ordered = sorted(mine, key=lambda s: (s in wanted, s)) if wanted else sorted(mine)
             pool.update(ordered[quota:])
             kept[member] = set(ordered[:quota])
+    for member, mine_again in memory.items():  # what it remembers, of what is free, first
+        room = (base + 1 if member in plus else base) - len(kept.get(member, ()))
+        back = sorted(pool.intersection(mine_again))[: max(room, 0)]
+        if back:
+            kept[member] = kept.get(member, set()).union(back)
+            pool.difference_update(back)
     free = sorted(pool, reverse=True)
     empty: frozenset[int] = frozenset()
     result: dict[str, frozenset[int]] = {}
@@ -65,6 +83,26 @@ def assign(
         else:
             result[member] = frozenset(held) if held else empty
     return result
+
+
+def _memory(
+    member_ids: list[str], shard_set: set[int], previous: Assignment, remembered: Assignment | None
+) -> dict[str, frozenset[int]]:
+    """Rejoining members (no previous target) -> the existing shards they remember; a shard
+    remembered twice goes to the first member."""
+    if not remembered:
+        return {}
+    out: dict[str, frozenset[int]] = {}
+    taken: set[int] = set()
+    for member in member_ids:
+        mine = remembered.get(member)
+        if not mine or previous.get(member):
+            continue
+        claim = frozenset(shard_set.intersection(mine) - taken)
+        if claim:
+            taken |= claim
+            out[member] = claim
+    return out
 
 
 def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) -> dict[str, set[int]]:

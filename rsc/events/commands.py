@@ -67,6 +67,8 @@ class Heartbeat:
     stalled: frozenset[int] = frozenset()
     #: A join is refused (`QuotaExceeded`) when the group has this many live members (0: no limit).
     max_members: int = 0
+    #: A static member (a stable instance identity; honoured from feature level 4).
+    static: bool = False
 
 
 @attrs.frozen

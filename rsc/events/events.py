@@ -53,6 +53,8 @@ class MemberJoined:
     client: ClientInfo
     joined_at_ms: int
     group_epoch: int
+    #: A static member (feature level 4; left out of the JSON while false).
+    static: bool = attrs.field(default=False, metadata={"omit_if_default": True})
 
 
 @attrs.frozen
@@ -182,6 +184,50 @@ class GroupDeleted:
 
 
 @attrs.frozen
+class AssignmentHeld:
+    """A member stopped (left, or was fenced): what it was targeted is kept for it until
+    `until_ms` (`rsc.events.model.Hold`). Static: its shards stay targeted to its id and are
+    installed to nobody else; otherwise a memory the assignor uses if it rejoins. Feature
+    level 4."""
+
+    durable: ClassVar[bool] = True
+    member_id: str
+    incarnation: str
+    shards: frozenset[int]
+    until_ms: int
+    static: bool
+
+
+@attrs.frozen
+class HoldEnded:
+    """The hold (or memory) of `member_id` ended unused: a static member's shards go to the
+    others (`group_epoch` moves); a memory is forgotten. Feature level 4."""
+
+    durable: ClassVar[bool] = True
+    member_id: str
+    group_epoch: int
+
+
+@attrs.frozen
+class ShardsQuarantined:
+    """A member fenced while its lease may still run (replaced, removed, past its revoke
+    timeout) may still be running a handler on these shards until `until_ms`: they are
+    installed to nobody before then. Feature level 4."""
+
+    durable: ClassVar[bool] = True
+    shards: frozenset[int]
+    until_ms: int
+
+
+@attrs.frozen
+class QuarantineEnded:
+    """The shards may be installed again (the fenced member can no longer be handling them)."""
+
+    durable: ClassVar[bool] = True
+    shards: frozenset[int]
+
+
+@attrs.frozen
 class HeartbeatRejected:
     """A heartbeat answered FENCED or UNKNOWN_MEMBER; nothing changed."""
 
@@ -210,6 +256,10 @@ GroupEvent = (
     | GroupDeleted
     | HeartbeatRejected
     | ShardsReportedStalled
+    | AssignmentHeld
+    | HoldEnded
+    | ShardsQuarantined
+    | QuarantineEnded
 )
 
 # --- stream events --------------------------------------------------------

@@ -27,7 +27,7 @@ in to fence those whose lease ended.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import assert_never
+from typing import Any, assert_never
 
 import attrs
 
@@ -54,11 +54,13 @@ from rsc.events.errors import (
     StaleRecheck,
 )
 from rsc.events.events import (
+    AssignmentHeld,
     GroupConfigured,
     GroupCreated,
     GroupDeleted,
     GroupEvent,
     HeartbeatRejected,
+    HoldEnded,
     LayoutApplied,
     MemberEpochAdvanced,
     MemberFenced,
@@ -66,7 +68,9 @@ from rsc.events.events import (
     MemberJoined,
     MemberLeaving,
     MemberLeft,
+    QuarantineEnded,
     ShardsInstalled,
+    ShardsQuarantined,
     ShardsReleased,
     ShardsReportedStalled,
     ShardsRevokeAcked,
@@ -81,6 +85,7 @@ from rsc.events.model import (
     FenceReason,
     GroupConfig,
     HeartbeatStatus,
+    Hold,
     Layout,
     Member,
     MemberState,
@@ -92,9 +97,19 @@ from rsc.events.model import (
     check_name,
 )
 from rsc.events.stream import MAX_CONCURRENCY, MAX_SHARDS
+from rsc.events.versions import MAX_FEATURE_LEVEL, STATIC_LEVEL
 
 #: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.
 FENCED_MEMORY = 1024
+#: Superseded incarnations kept per static member id (they are told FENCED, reason REPLACED).
+SUPERSEDED_PER_ID = 8
+
+_EMPTY: frozenset[int] = frozenset()
+
+
+def _omitted_while_empty() -> Any:
+    """A state mapping left out of snapshots while empty (levels below 4 never fill it)."""
+    return attrs.field(factory=dict, metadata={"omit_if_default": True})
 
 
 @attrs.frozen
@@ -119,14 +134,41 @@ class GroupState:
     fenced: Mapping[str, FencedMember] = attrs.field(factory=dict)
     #: Deleted by the Admin API: refuses everything until created afresh.
     deleted: bool = False
+    #: Member ids that stopped, with what they were targeted (`Hold`): a static member's shards
+    #: stay targeted to it (installed to nobody else); for others, a memory for a rejoin.
+    holds: Mapping[str, Hold] = _omitted_while_empty()
+    #: Static member id -> incarnations taken over by a newer one: told FENCED (REPLACED) for ever.
+    superseded: Mapping[str, tuple[str, ...]] = _omitted_while_empty()
+    #: Shard -> until when it is installed to nobody (its fenced holder may still be handling it).
+    quarantine: Mapping[int, int] = _omitted_while_empty()
 
     def target_of(self, member_id: str) -> frozenset[int]:
         """The shards the current target gives `member_id`."""
-        return self.target.get(member_id, frozenset())
+        return self.target.get(member_id, _EMPTY)
 
     def pending_of(self, member: Member) -> frozenset[int]:
-        """Targeted shards not yet installed to `member` (someone else holds them or it must revoke first)."""
+        """Targeted shards not yet installed to `member` (someone else holds them, it must revoke
+        first, or they are quarantined); nothing for a member that is leaving."""
+        if member.leaving:
+            return _EMPTY
         return self.target_of(member.member_id) - member.installed
+
+    def held(self) -> dict[str, frozenset[int]]:
+        """Member id -> readable shards held for it: a static member that stopped, within its
+        hold, and a static member that is leaving (its shards wait for it, not for others).
+        The assignor balances the other shards over the other members."""
+        readable = self.layout.readable_indexes
+        out = {m: self.target_of(m) & readable for m, hold in self.holds.items() if hold.static}
+        for m, member in self.members.items():
+            if member.static and member.leaving:
+                out[m] = self.target_of(m) & readable
+        return out
+
+    def quarantined(self, now_ms: int) -> frozenset[int]:
+        """Shards that may not be installed at `now_ms`."""
+        if not self.quarantine:
+            return _EMPTY
+        return frozenset(s for s, until in self.quarantine.items() if now_ms < until)
 
     def member_state(self, member: Member) -> MemberState:
         """Where `member` stands in its reconciliation."""
@@ -162,7 +204,16 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
         case GroupDeleted():
             if state.members:
                 raise CorruptHistory("group deleted with live members")
-            return attrs.evolve(state, deleted=True, target={}, fenced={}, assignment_computed_at_ms=None)
+            return attrs.evolve(
+                state,
+                deleted=True,
+                target={},
+                fenced={},
+                assignment_computed_at_ms=None,
+                holds={},
+                superseded={},
+                quarantine={},
+            )
         case MemberHeartbeated() | ShardsReportedStalled():
             _member(state, event.member_id)  # liveness only: the lease table takes the deadline
             return state
@@ -179,12 +230,41 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
                 del fenced[next(iter(fenced))]
             return attrs.evolve(_drop_member(state, event.member_id, event.group_epoch), fenced=fenced)
         case TargetAssignmentUpdated():
+            holds = state.holds
+            if holds:  # a memory has served once its (rejoined, staying) member has a target
+                holds = {
+                    m: h
+                    for m, h in holds.items()
+                    if h.static or m not in event.changed or _departed(state, m)
+                }
             return attrs.evolve(
                 state,
                 target={**state.target, **event.changed},
                 assignment_epoch=event.assignment_epoch,
                 assignment_computed_at_ms=event.computed_at_ms,
+                holds=holds,
             )
+        case AssignmentHeld():
+            new = Hold(event.incarnation, event.shards, event.until_ms, event.static)
+            target = {**state.target, event.member_id: event.shards} if event.static else state.target
+            return attrs.evolve(state, holds={**state.holds, event.member_id: new}, target=target)
+        case HoldEnded():
+            ended = state.holds.get(event.member_id)
+            if ended is None:
+                raise CorruptHistory(f"end of a hold {event.member_id} does not have")
+            holds = {m: h for m, h in state.holds.items() if m != event.member_id}
+            target = state.target
+            if ended.static and event.member_id not in state.members:
+                target = {m: t for m, t in target.items() if m != event.member_id}
+            return attrs.evolve(state, holds=holds, target=target, group_epoch=event.group_epoch)
+        case ShardsQuarantined():
+            quarantine = dict(state.quarantine)
+            for s in event.shards:
+                quarantine[s] = max(quarantine.get(s, 0), event.until_ms)
+            return attrs.evolve(state, quarantine=quarantine)
+        case QuarantineEnded():
+            quarantine = {s: t for s, t in state.quarantine.items() if s not in event.shards}
+            return attrs.evolve(state, quarantine=quarantine)
         case MemberEpochAdvanced():
             member = _member(state, event.member_id)
             return _put(
@@ -284,22 +364,53 @@ def _restart_timers(state: GroupState, now_ms: int) -> GroupState:
     return attrs.evolve(state, members=members)
 
 
+def _departed(state: GroupState, member_id: str) -> bool:
+    """`member_id` is not a staying member (gone, or leaving)."""
+    member = state.members.get(member_id)
+    return member is None or member.leaving
+
+
 def _join(state: GroupState, event: MemberJoined) -> GroupState:
+    member_id = event.member_id
     member = Member(
-        member_id=event.member_id,
+        member_id=member_id,
         incarnation=event.incarnation,
         member_epoch=0,
         previous_epoch=-1,
         client=event.client,
         joined_at_ms=event.joined_at_ms,
+        static=event.static,
     )
-    fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
+    tomb = state.fenced.get(member_id)
+    fenced = {k: v for k, v in state.fenced.items() if k != member_id} if tomb else state.fenced
+    holds, superseded = state.holds, state.superseded
+    hold = holds.get(member_id)
+    if event.static:  # the incarnation it stopped with, or was fenced with, is over for good
+        before = hold.incarnation if hold is not None else tomb.incarnation if tomb else None
+        if before is not None and before != event.incarnation:
+            superseded = _supersede(superseded, member_id, before)
+    if hold is not None and hold.static:  # back within its hold: its target is its own again
+        holds = {m: h for m, h in holds.items() if m != member_id}
     return attrs.evolve(
         state,
-        members={**state.members, event.member_id: member},
+        members={**state.members, member_id: member},
         fenced=fenced,
         group_epoch=event.group_epoch,
+        holds=holds,
+        superseded=superseded,
     )
+
+
+def _supersede(
+    superseded: Mapping[str, tuple[str, ...]], member_id: str, incarnation: str
+) -> dict[str, tuple[str, ...]]:
+    """`superseded` with `incarnation` of `member_id` added (bounded per id and in all)."""
+    out = {k: v for k, v in superseded.items() if k != member_id}
+    kept = superseded.get(member_id, ())
+    out[member_id] = (*[i for i in kept if i != incarnation], incarnation)[-SUPERSEDED_PER_ID:]
+    while len(out) > FENCED_MEMORY:
+        del out[next(iter(out))]
+    return out
 
 
 # --- decide ---------------------------------------------------------------
@@ -308,9 +419,15 @@ def _join(state: GroupState, event: MemberJoined) -> GroupState:
 class _Decision:
     """Collects events and keeps the state they lead to, so later rules see earlier effects."""
 
-    def __init__(self, state: GroupState | None) -> None:
+    def __init__(self, state: GroupState | None, level: int = MAX_FEATURE_LEVEL) -> None:
         self.state = state
         self.events: list[GroupEvent] = []
+        #: The deployment's feature level: static members, holds and quarantines from 4.
+        self.level = level
+
+    @property
+    def static_level(self) -> bool:
+        return self.level >= STATIC_LEVEL
 
     @property
     def group(self) -> GroupState:
@@ -323,24 +440,30 @@ class _Decision:
         self.state = evolve(self.state, event)
 
 
-def decide(state: GroupState | None, command: GroupCommand) -> list[GroupEvent]:
-    """Return the events `command` causes; raise a `CoordinationError` to refuse it."""
-    return _decide(state, command).events
+def decide(
+    state: GroupState | None, command: GroupCommand, level: int = MAX_FEATURE_LEVEL
+) -> list[GroupEvent]:
+    """Return the events `command` causes at feature `level`; raise a `CoordinationError` to
+    refuse it."""
+    return _decide(state, command, level).events
 
 
-def execute(state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
+def execute(
+    state: GroupState | None, command: GroupCommand, level: int = MAX_FEATURE_LEVEL
+) -> tuple[GroupState, list[GroupEvent]]:
     """Decide `command` and apply its events: the new state and what happened.
 
-    The same as `decide` followed by `fold`, without applying the events twice.
+    The same as `decide` followed by `fold`, without applying the events twice. `level` is
+    the deployment's feature level: nothing a lower level cannot replay is emitted.
     """
-    decision = _decide(state, command)
+    decision = _decide(state, command, level)
     return decision.group, decision.events
 
 
-def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
+def _decide(state: GroupState | None, command: GroupCommand, level: int) -> _Decision:
     if state is not None and state.deleted:
         return _decide_deleted(state, command)
-    decision = _Decision(state)
+    decision = _Decision(state, level)
     match command:
         case CreateGroup():
             _create(decision, command)
@@ -356,9 +479,15 @@ def _decide(state: GroupState | None, command: GroupCommand) -> _Decision:
             if decision.group.config != command.config:
                 decision.emit(GroupConfigured(command.config))
         case RemoveMember():
-            if command.member_id not in decision.group.members:
-                raise AggregateNotFound(f"no live member {command.member_id!r}")
-            _fence(decision, command.member_id, FenceReason.REMOVED, command.now_ms)
+            group = decision.group
+            if command.member_id not in group.members:
+                hold = group.holds.get(command.member_id)
+                if hold is None or not hold.static:
+                    raise AggregateNotFound(f"no live member {command.member_id!r}")
+                # A static member's hold ends by hand: its shards go to the others now.
+                decision.emit(HoldEnded(command.member_id, group.group_epoch + 1))
+            else:
+                _fence(decision, command.member_id, FenceReason.REMOVED, command.now_ms)
             _refresh_target(decision, command.now_ms)
         case RestartTimers():
             _restart(decision, command.now_ms)
@@ -411,10 +540,23 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
     member = group.members.get(hb.member_id)
     # A live member's id and incarnation were checked when it joined.
     _validate_heartbeat(hb, ids=member is None or member.incarnation != hb.incarnation)
+    if group.superseded and hb.incarnation in group.superseded.get(hb.member_id, ()):
+        # Taken over by a newer process with its id: this one stops for good.
+        decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.REPLACED))
+        return
+    if group.holds or group.quarantine:
+        _expire(decision, hb.now_ms)
+        group = decision.group
+    static = hb.static and decision.static_level
     if member is not None and member.incarnation != hb.incarnation:
-        raise IncarnationMismatch(
-            f"member {hb.member_id!r} is live with another incarnation; wait for its lease to end"
-        )
+        if not (member.static and static and hb.member_epoch == 0 and not hb.recheck):
+            raise IncarnationMismatch(
+                f"member {hb.member_id!r} is live with another incarnation; wait for its lease to end"
+                + ("" if member.static else " (or make it static: a new incarnation then takes over)")
+            )
+        _replace(decision, member, hb.now_ms)
+        group = decision.group
+        member = None
     if hb.recheck and (member is None or hb.member_epoch <= 0 or hb.member_epoch != member.member_epoch):
         raise StaleRecheck(f"member {hb.member_id!r} moved on since its held heartbeat")
     if hb.member_epoch == -1:
@@ -435,7 +577,11 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
                 quotas.MEMBERS_PER_GROUP,
                 hb.max_members,
             )
-        decision.emit(MemberJoined(hb.member_id, hb.incarnation, hb.client, hb.now_ms, group.group_epoch + 1))
+        decision.emit(
+            MemberJoined(
+                hb.member_id, hb.incarnation, hb.client, hb.now_ms, group.group_epoch + 1, static=static
+            )
+        )
     elif hb.member_epoch > 0 and not _epoch_accepted(member, hb):
         decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.STALE_EPOCH))
         return
@@ -447,6 +593,7 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
     if member is not None and (stalled := hb.stalled & member.installed):
         decision.emit(ShardsReportedStalled(hb.member_id, stalled))
     if hb.leaving and member is not None and not member.leaving:
+        _remember(decision, member, hb.now_ms)
         decision.emit(MemberLeaving(hb.member_id, decision.group.group_epoch + 1))
     _refresh_target(decision, hb.now_ms)
     _reconcile(decision, hb)
@@ -476,10 +623,59 @@ def _leave(decision: _Decision, hb: Heartbeat) -> None:
     if member is None:
         decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.UNKNOWN_MEMBER))
         return
+    shards = decision.group.target_of(member.member_id)
+    if not member.static:
+        _remember(decision, member, hb.now_ms)
     if member.installed:
         decision.emit(ShardsReleased(hb.member_id, member.installed, ReleaseReason.LEFT))
     decision.emit(MemberLeft(hb.member_id, decision.group.group_epoch + 1))
+    if member.static:
+        _hold(decision, member, shards, hb.now_ms)
     _refresh_target(decision, hb.now_ms)
+
+
+def _hold_ms(group: GroupState) -> int:
+    """How long a static member's shards wait for it: the group's setting, or one lease."""
+    configured = group.config.static_hold_ms
+    return group.timing.lease_ttl_ms if configured is None else configured
+
+
+def _hold(decision: _Decision, member: Member, shards: frozenset[int], now_ms: int) -> None:
+    """A static member stopped: its shards stay targeted to its id for the hold."""
+    until = now_ms + _hold_ms(decision.group)
+    decision.emit(AssignmentHeld(member.member_id, member.incarnation, shards, until, static=True))
+
+
+def _remember(decision: _Decision, member: Member, now_ms: int) -> None:
+    """A member that is not static stops: remember its target for a lease (from level 4), so
+    that it gets those shards back if it rejoins soon and balance allows."""
+    group = decision.group
+    shards = group.target_of(member.member_id)
+    if not decision.static_level or member.static or not shards:
+        return
+    until = now_ms + group.timing.lease_ttl_ms
+    decision.emit(AssignmentHeld(member.member_id, member.incarnation, shards, until, static=False))
+
+
+def _replace(decision: _Decision, member: Member, now_ms: int) -> None:
+    """A new incarnation of a live static member takes it over: the old one is fenced at once
+    (its owner tokens go, so Redis refuses its reads, acks and claims), its shards are held for
+    the new one, and quarantined until the old one can no longer be running a handler."""
+    shards = decision.group.target_of(member.member_id)
+    _fence(decision, member.member_id, FenceReason.REPLACED, now_ms)
+    _hold(decision, member, shards, now_ms)
+
+
+def _expire(decision: _Decision, now_ms: int) -> None:
+    """End the quarantines and holds that are over at `now_ms`."""
+    group = decision.group
+    ended = frozenset(s for s, until in group.quarantine.items() if now_ms >= until)
+    if ended:
+        decision.emit(QuarantineEnded(ended))
+    for member_id, hold in sorted(group.holds.items()):
+        if now_ms >= hold.until_ms and (not hold.static or member_id not in group.members):
+            epoch = decision.group.group_epoch
+            decision.emit(HoldEnded(member_id, epoch + 1 if hold.static else epoch))
 
 
 def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
@@ -500,7 +696,7 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
         decision.emit(ShardsReleased(member.member_id, acked, ReleaseReason.REVOKE_ACKED))
     group = decision.group
     member = group.members[hb.member_id]
-    target = group.target_of(member.member_id)
+    target = _EMPTY if member.leaving else group.target_of(member.member_id)
     to_revoke = _ready_to_move(group, member.assigned - target)
     if to_revoke:
         deadline = hb.now_ms + group.timing.revoke_timeout_ms
@@ -510,6 +706,8 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
     if member.member_epoch != group.assignment_epoch:
         decision.emit(MemberEpochAdvanced(member.member_id, group.assignment_epoch))
     free = frozenset(s for s in target - member.installed if s not in group.owners)
+    if free and group.quarantine:
+        free -= group.quarantined(hb.now_ms)
     if free:
         decision.emit(ShardsInstalled(member.member_id, free))
 
@@ -527,6 +725,7 @@ def _restart(decision: _Decision, now_ms: int) -> None:
 
 def _tick(decision: _Decision, tick: Tick) -> None:
     now_ms = tick.now_ms
+    _expire(decision, now_ms)
     for member_id in sorted(decision.group.members):
         member = decision.group.members[member_id]
         if expired(tick.leases, member_id, now_ms):
@@ -537,10 +736,20 @@ def _tick(decision: _Decision, tick: Tick) -> None:
 
 
 def _fence(decision: _Decision, member_id: str, reason: FenceReason, now_ms: int) -> None:
-    member = decision.group.members[member_id]
+    group = decision.group
+    member = group.members[member_id]
+    shards = group.target_of(member_id)
+    if not (member.static and reason is FenceReason.LEASE_EXPIRED):
+        _remember(decision, member, now_ms)
     if member.installed:
         decision.emit(ShardsReleased(member_id, member.installed, ReleaseReason.FENCED))
+        if decision.static_level and reason is not FenceReason.LEASE_EXPIRED:
+            # Its lease may still run: it may be handling them until then (self-fencing rule).
+            until = now_ms + group.timing.lease_ttl_ms
+            decision.emit(ShardsQuarantined(member.installed, until))
     decision.emit(MemberFenced(member_id, member.incarnation, reason, now_ms, decision.group.group_epoch + 1))
+    if member.static and reason is FenceReason.LEASE_EXPIRED:
+        _hold(decision, member, shards, now_ms)
 
 
 def _apply_layout(decision: _Decision, command: ApplyLayout) -> None:
@@ -560,29 +769,44 @@ def _refresh_target(decision: _Decision, now_ms: int) -> None:
     if last is not None and now_ms - last < group.timing.assignment_interval_ms:
         return
     staying = [m for m, member in group.members.items() if not member.leaving]
+    held = group.held() if group.holds or any(m.static for m in group.members.values()) else {}
+    skip = frozenset().union(*held.values()) if held else _EMPTY
+    remembered = {
+        m: h.shards
+        for m, h in group.holds.items()
+        if not h.static and m in group.members and not group.target.get(m)
+    }
     target = draining_stays(
-        assignor.assign(staying, group.layout.active_indexes, group.target), group.layout, group.target
+        assignor.assign(staying, group.layout.active_indexes - skip, group.target, remembered),
+        group.layout,
+        group.target,
+        skip,
     )
+    target.update(held)
     changed = {m: shards for m, shards in target.items() if group.target.get(m) != shards}
     changed.update({m: frozenset() for m, shards in group.target.items() if shards and m not in target})
     decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
 
 
 def draining_stays(
-    target: dict[str, frozenset[int]], layout: Layout, previous: Mapping[str, frozenset[int]]
+    target: dict[str, frozenset[int]],
+    layout: Layout,
+    previous: Mapping[str, frozenset[int]],
+    skip: frozenset[int] = _EMPTY,
 ) -> dict[str, frozenset[int]]:
     """`target` (a balanced assignment of the ACTIVE shards) with each DRAINING shard added.
 
     A DRAINING shard is not new work and does not move while it drains: it stays targeted to
     the member it was targeted to, as long as that member is in `target`. Only when that
     member left (or the shard had none) does it go to the member with the fewest shards
-    (ties by member id), so that someone reads what is left in it.
+    (ties by member id), so that someone reads what is left in it. Shards in `skip` (held
+    for a static member) are left out.
     """
     if not target:
         return target
     out = dict(target)
     owner_of = {s: m for m, shards in previous.items() for s in shards}
-    for shard in sorted(layout.readable_indexes - layout.active_indexes):
+    for shard in sorted(layout.readable_indexes - layout.active_indexes - skip):
         owner = owner_of.get(shard)
         if owner not in out:
             owner = min(out, key=lambda m: (len(out[m]), m))
@@ -607,7 +831,7 @@ def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
     ready = set()
     for shard in shards:
         owner = group.members.get(owner_of.get(shard, ""))
-        if owner is None or owner.member_epoch == group.assignment_epoch:
+        if owner is None or owner.leaving or owner.member_epoch == group.assignment_epoch:
             ready.add(shard)
     return frozenset(ready)
 

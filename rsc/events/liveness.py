@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import assert_never
 
 from rsc.events.events import (
+    AssignmentHeld,
     GroupConfigured,
     GroupCreated,
     GroupDeleted,
@@ -37,6 +38,7 @@ from rsc.events.events import (
     GroupRegistered,
     GroupUnregistered,
     HeartbeatRejected,
+    HoldEnded,
     LayoutApplied,
     MemberEpochAdvanced,
     MemberFenced,
@@ -57,10 +59,12 @@ from rsc.events.events import (
     ProducerRegistered,
     ProducersPaused,
     ProducersResumed,
+    QuarantineEnded,
     ReshardModeSet,
     ShardsAdded,
     ShardsDraining,
     ShardsInstalled,
+    ShardsQuarantined,
     ShardsReleased,
     ShardsReportedStalled,
     ShardsRetired,
@@ -166,6 +170,10 @@ class Leases(Mapping[str, int]):
                     | MigrationStalled()
                     | MigrationResumed()
                     | MigrationAborted()
+                    | AssignmentHeld()
+                    | HoldEnded()
+                    | ShardsQuarantined()
+                    | QuarantineEnded()
                 ):
                     pass  # no lease starts or ends (a join's or a registration's heartbeat follows it)
                 case _:

@@ -188,6 +188,9 @@ class FenceReason(enum.Enum):
     REVOKE_TIMEOUT = "REVOKE_TIMEOUT"
     STALE_EPOCH = "STALE_EPOCH"
     REMOVED = "REMOVED"
+    #: A static member's id was taken over by a new process (a new incarnation): the old one
+    #: must stop for good, never rejoin (Kafka's FENCED_INSTANCE_ID). From feature level 4.
+    REPLACED = "REPLACED"
 
 
 class ReleaseReason(enum.Enum):
@@ -372,6 +375,10 @@ class GroupConfig:
 
     max_concurrency: int = 1
     start_from: StartFrom = StartFrom.EARLIEST
+    #: How long a static member's shards stay targeted to it after it stopped (its graceful
+    #: leave or its lease end), waiting for it to come back (None: one lease). From feature
+    #: level 4; left out of the JSON while unset, so lower levels write what they always did.
+    static_hold_ms: int | None = attrs.field(default=None, metadata={"omit_if_default": True})
 
 
 @attrs.frozen
@@ -430,7 +437,12 @@ class Member:
     client: ClientInfo = ClientInfo()
     joined_at_ms: int = 0
     #: Leaving gracefully: no longer in the target; it hands its shards over, then leaves.
+    #: (A static member leaving keeps its target: it revokes everything, and its shards are
+    #: held for it once it has left.)
     leaving: bool = False
+    #: A static member (a stable instance identity, feature level 4): its shards are held for
+    #: it when it stops, and a new incarnation of its id takes it over instead of being refused.
+    static: bool = attrs.field(default=False, metadata={"omit_if_default": True})
 
     @property
     def installed(self) -> frozenset[int]:
@@ -463,6 +475,23 @@ class PauseState:
 
     reason: str
     since_ms: int
+
+
+@attrs.frozen
+class Hold:
+    """What a member that stopped was last targeted, kept for it until `until_ms`.
+
+    Static (`static`): the shards stay targeted to its id and are installed to nobody else
+    until it comes back (any incarnation) or the hold ends. Otherwise a memory only: the
+    shards moved at once, and the assignor gives them back to the id if it rejoins before
+    `until_ms` and balance allows (sticky across rejoins). `incarnation` is the one that
+    stopped: a different one coming back supersedes it for good.
+    """
+
+    incarnation: str
+    shards: frozenset[int]
+    until_ms: int
+    static: bool
 
 
 @attrs.frozen

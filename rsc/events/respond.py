@@ -54,6 +54,7 @@ def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> 
         max_concurrency=state.config.max_concurrency,
         layout=layout if command.metadata_version != layout.metadata_version else None,
         fence_reason=reason,
+        static=True if member is not None and member.static and rejected is None else None,
     )
 
 

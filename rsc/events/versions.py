@@ -104,11 +104,24 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         "these events)",
         journal_schema=2,
     ),
+    FeatureLevel(
+        4,
+        "0.2.0",
+        "static membership and sticky rejoins: a static member's shards are held for it while "
+        "it restarts and a new incarnation of its id takes it over (the old one fenced with "
+        "reason REPLACED); a departed member's last assignment is remembered for a lease; "
+        "shards of a member fenced while its lease may still run are installed nowhere until "
+        "it ends (AssignmentHeld, HoldEnded, ShardsQuarantined, QuarantineEnded; a 0.1.0 "
+        "coordinator cannot replay these events)",
+        journal_schema=2,
+    ),
 )
 #: The level from which shards are sealed when they drain, and scale-in is allowed.
 SEAL_LEVEL = 2
 #: The level from which reshardings are journaled as migrations, and quiesce mode is allowed.
 MIGRATION_LEVEL = 3
+#: The level from which static members, holds, sticky rejoins and quarantines are journaled.
+STATIC_LEVEL = 4
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
@@ -180,6 +193,7 @@ EVENT_LEVELS: Mapping[str, int] = {
         ),
         MIGRATION_LEVEL,
     ),
+    **dict.fromkeys(("AssignmentHeld", "HoldEnded", "ShardsQuarantined", "QuarantineEnded"), STATIC_LEVEL),
 }
 
 #: An upcaster turns the JSON data of one version of an event into the next version's.

@@ -64,6 +64,10 @@ class HeartbeatRequest:
     #: lost data). The coordinator recreates them; the member never does (optional: older
     #: coordinators ignore it, older members never send it).
     stalled_shards: frozenset[int] = wire_field(frozenset(), enforce=False, items=_SHARD_INDEX)
+    #: A static member: a stable instance identity (`memberId`) that keeps its shards while it
+    #: restarts and whose new incarnation takes the id over instead of being refused (feature
+    #: level 4; older coordinators ignore it; left out while false).
+    static: bool = attrs.field(default=False, metadata={"omit_if_default": True})
 
     def to_command(self, now_ms: int) -> Heartbeat:
         """The core command for this request, arrived at `now_ms`."""
@@ -80,6 +84,7 @@ class HeartbeatRequest:
             client=self.client,
             leaving=self.leaving,
             stalled=self.stalled_shards,
+            static=self.static,
         )
 
 
@@ -131,6 +136,9 @@ class HeartbeatResponse:
     #: From protocol version 2: the version this answer is in, and the deployment's feature level.
     protocol_version: int | None = omitted_unless_set()
     feature_level: int | None = omitted_unless_set()
+    #: True when the coordinator treats the member as static (it asked, and the deployment is
+    #: at feature level 4 or above); left out otherwise.
+    static: bool | None = omitted_unless_set()
 
 
 @attrs.frozen
