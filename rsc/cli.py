@@ -472,6 +472,14 @@ def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | Non
     help="Start of this process's member ids [env RSC_INSTANCE_ID; default: POD_IP, else host-pid].",
 )
 @click.option(
+    "--static/--no-static",
+    "static",
+    default=None,
+    envvar="RSC_STATIC",
+    help="Static members: a restart gets its shards back, a replacement takes a crashed one over "
+    "[env RSC_STATIC; default: static when --instance-id / RSC_INSTANCE_ID is set].",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65_535),
     envvar="RSC_METRICS_PORT",
@@ -486,6 +494,7 @@ def worker(
     token_file: str | None,
     ca_bundle: str | None,
     instance_id: str | None,
+    static: bool | None,
     metrics_port: int | None,
     log_level: str,
     log_format: str,
@@ -513,6 +522,8 @@ def worker(
         app.ca_bundle = ca_bundle
     if instance_id:
         app.instance_id = instance_id
+    if static is not None:
+        app.static = static
     if metrics_port is not None:
         try:
             app.serve_metrics(metrics_port)

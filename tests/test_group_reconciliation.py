@@ -227,7 +227,8 @@ def test_revoke_timeout_fences() -> None:
     assert [(e.member_id, e.reason) for e in fenced] == [("a", FenceReason.REVOKE_TIMEOUT)]
     # a's lease had not ended: it may still be handling a's shards until it does (quarantine).
     quarantined = frozenset(g.state.quarantine)
-    assert quarantined and set(g.state.quarantine.values()) == {fenced[0].fenced_at_ms + TIMING.lease_ttl_ms}
+    assert quarantined
+    assert set(g.state.quarantine.values()) == {fenced[0].fenced_at_ms + TIMING.lease_ttl_ms}
     r = g.hb("b", g.state.members["b"].member_epoch)
     assert not r.assignment.assigned & quarantined
     assert r.assignment.pending == quarantined
@@ -250,7 +251,11 @@ def test_revoke_timeout_installs_at_once_below_level_4() -> None:
         g.tick()
     assert not g.state.quarantine
     assert g.hb("b", g.state.members["b"].member_epoch).assignment.assigned == frozenset(range(6))
-    assert all(type(e).__name__ in EVENT_LEVELS and EVENT_LEVELS[type(e).__name__] <= 3 for e in g.events if e.durable)
+    assert all(
+        type(e).__name__ in EVENT_LEVELS and EVENT_LEVELS[type(e).__name__] <= 3
+        for e in g.events
+        if e.durable
+    )
 
 
 def test_restart_timers_gives_a_whole_lease() -> None:

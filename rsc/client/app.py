@@ -11,7 +11,12 @@
 `App(instance_id=...)`, `rsc worker --instance-id`) if set, else the pod IP from
 `POD_IP` (Kubernetes: one worker process per pod), else `<host name>-<pid>`, so
 that several worker processes on one host are distinct members; all members of
-the process heartbeat together through `POST /v1/heartbeats`. The coordinator URL and Redis URL come from the
+the process heartbeat together through `POST /v1/heartbeats`. With an explicit
+instance id (`RSC_INSTANCE_ID`, `instance_id=`, `--instance-id`) the members are
+*static* (`static=` / `--static` / `RSC_STATIC` decide otherwise): the id is a
+stable identity, so a restarted process gets its shards back and a replacement
+takes over a crashed one at once (docs/consumers.md, "Rolling restarts and
+static membership"). The coordinator URL and Redis URL come from the
 arguments, else `RSC_COORDINATOR_URL` / `RSC_REDIS_URL`; several
 coordinators (active and standby) are a list or one comma-separated string; the member
 credential and the CA bundle of an `https://` coordinator from the
@@ -74,6 +79,25 @@ def instance_id(given: str | None = None) -> str:
     return f"{host}-{os.getpid()}"
 
 
+STATIC_ENV = "RSC_STATIC"
+
+
+def static_members(given: bool | None = None, instance: str | None = None) -> bool:
+    """Whether members are static: `given`, else `RSC_STATIC` (true/false), else whether the
+    instance id is explicit (`instance` or `RSC_INSTANCE_ID`: a stable identity; a pod IP or
+    `<host>-<pid>` is not)."""
+    if given is not None:
+        return given
+    flag = os.environ.get(STATIC_ENV, "").strip().lower()
+    if flag in ("1", "true", "yes", "on"):
+        return True
+    if flag in ("0", "false", "no", "off"):
+        return False
+    if flag:
+        raise ValueError(f"{STATIC_ENV}={flag!r}: true or false")
+    return bool(instance or os.environ.get(INSTANCE_ENV))
+
+
 class App:
     def __init__(
         self,
@@ -84,10 +108,13 @@ class App:
         token: str | None = None,
         ca_bundle: str | None = None,
         instance_id: str | None = None,
+        static: bool | None = None,
     ) -> None:
         self.coordinator_url = coordinator_url
         #: The start of every member id of this process (`instance_id()`).
         self.instance_id = instance_id
+        #: Static members (None: when the instance id is explicit: `static_members()`).
+        self.static = static
         self.redis_url = redis_url
         #: The member credential (default: RSC_TOKEN) and CA bundle (default: RSC_CA_BUNDLE).
         self.token = token
@@ -143,8 +170,11 @@ class App:
         )
         redis_url = self.redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
         ip = instance_id(self.instance_id)
+        static = static_members(self.static, self.instance_id)
+        self.member_settings = attrs.evolve(self.member_settings, static=static)
         shown = ", ".join(coordinator_urls(coordinator_url))
-        log.info("coordinator %s, Redis %s, member ids %s/...", shown, redacted(redis_url), ip)
+        kind = "static " if static else ""
+        log.info("coordinator %s, Redis %s, %smember ids %s/...", shown, redacted(redis_url), kind, ip)
         async with (
             Coordinator(
                 coordinator_url,

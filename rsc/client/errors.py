@@ -32,6 +32,13 @@ class CoordinatorRejected(RscError):
         self.details = details
 
 
+class MemberReplaced(RscError):
+    """A newer process joined with this member's static id and took it over (the coordinator
+    answered FENCED, reason REPLACED): this member has dropped every shard and stopped for good.
+    Two processes were started with one instance id (`RSC_INSTANCE_ID`), or this one was
+    paused so long that it was restarted elsewhere."""
+
+
 class CoordinatorUnintelligible(CoordinatorUnavailable):
     """The coordinator answered, but not in a form this client can read (not JSON, or a field
     it does not understand): a newer or broken coordinator. Counted as a failed request."""

@@ -18,7 +18,12 @@ from typing import Protocol
 import trio
 
 from rsc import __version__
-from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, CoordinatorUnintelligible
+from rsc.client.errors import (
+    CoordinatorRejected,
+    CoordinatorUnavailable,
+    CoordinatorUnintelligible,
+    MemberReplaced,
+)
 from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
 from rsc.connect import first_leaf
 from rsc.events.member import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
@@ -116,7 +121,8 @@ class Member:
         """Heartbeat until `stop()`, then leave. Returns once the member has left.
 
         Raises `CoordinatorUnintelligible` after leaving the group when, for a whole lease,
-        no answer of the coordinator could be read (a coordinator newer than this client).
+        no answer of the coordinator could be read (a coordinator newer than this client);
+        `MemberReplaced` when a newer process took its static member id over.
         """
         machine = self.machine
         task_status.started()
@@ -141,6 +147,8 @@ class Member:
         finally:
             self._revokes = None
             self._left.set()
+        if machine.replaced is not None:
+            raise MemberReplaced(f"{self.member_id}: {machine.replaced}")
         if machine.gave_up is not None:
             raise CoordinatorUnintelligible(f"{self.member_id}: {machine.gave_up}")
 
@@ -213,9 +221,12 @@ class Member:
         elif steps.answered:
             self.outage.ok()
         for line in steps.warnings:
-            log.warning("%s: %s", self.member_id, line)
+            if line != steps.replaced:  # said once, as an error, below
+                log.warning("%s: %s", self.member_id, line)
         if steps.gave_up is not None:
             log.error("%s: %s", self.member_id, steps.gave_up)
+        if steps.replaced is not None:
+            log.error("%s: %s", self.member_id, steps.replaced)
         if steps.lost:
             log.info("%s: lost shards %s", self.member_id, sorted(steps.lost))
             for scope, shards in list(self._revoke_scopes.items()):

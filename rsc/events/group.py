@@ -230,41 +230,9 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
                 del fenced[next(iter(fenced))]
             return attrs.evolve(_drop_member(state, event.member_id, event.group_epoch), fenced=fenced)
         case TargetAssignmentUpdated():
-            holds = state.holds
-            if holds:  # a memory has served once its (rejoined, staying) member has a target
-                holds = {
-                    m: h
-                    for m, h in holds.items()
-                    if h.static or m not in event.changed or _departed(state, m)
-                }
-            return attrs.evolve(
-                state,
-                target={**state.target, **event.changed},
-                assignment_epoch=event.assignment_epoch,
-                assignment_computed_at_ms=event.computed_at_ms,
-                holds=holds,
-            )
-        case AssignmentHeld():
-            new = Hold(event.incarnation, event.shards, event.until_ms, event.static)
-            target = {**state.target, event.member_id: event.shards} if event.static else state.target
-            return attrs.evolve(state, holds={**state.holds, event.member_id: new}, target=target)
-        case HoldEnded():
-            ended = state.holds.get(event.member_id)
-            if ended is None:
-                raise CorruptHistory(f"end of a hold {event.member_id} does not have")
-            holds = {m: h for m, h in state.holds.items() if m != event.member_id}
-            target = state.target
-            if ended.static and event.member_id not in state.members:
-                target = {m: t for m, t in target.items() if m != event.member_id}
-            return attrs.evolve(state, holds=holds, target=target, group_epoch=event.group_epoch)
-        case ShardsQuarantined():
-            quarantine = dict(state.quarantine)
-            for s in event.shards:
-                quarantine[s] = max(quarantine.get(s, 0), event.until_ms)
-            return attrs.evolve(state, quarantine=quarantine)
-        case QuarantineEnded():
-            quarantine = {s: t for s, t in state.quarantine.items() if s not in event.shards}
-            return attrs.evolve(state, quarantine=quarantine)
+            return _retarget(state, event)
+        case AssignmentHeld() | HoldEnded() | ShardsQuarantined() | QuarantineEnded():
+            return _evolve_holds(state, event)
         case MemberEpochAdvanced():
             member = _member(state, event.member_id)
             return _put(
@@ -313,6 +281,48 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             return state
         case _:
             assert_never(event)
+
+
+def _retarget(state: GroupState, event: TargetAssignmentUpdated) -> GroupState:
+    """A new target; the memories it served (of members now staying with a target) are done."""
+    holds = state.holds
+    if holds:  # a memory has served once its (rejoined, staying) member has a target
+        holds = {m: h for m, h in holds.items() if h.static or m not in event.changed or _departed(state, m)}
+    return attrs.evolve(
+        state,
+        target={**state.target, **event.changed},
+        assignment_epoch=event.assignment_epoch,
+        assignment_computed_at_ms=event.computed_at_ms,
+        holds=holds,
+    )
+
+
+def _evolve_holds(
+    state: GroupState, event: AssignmentHeld | HoldEnded | ShardsQuarantined | QuarantineEnded
+) -> GroupState:
+    """Holds, memories and quarantines (feature level 4)."""
+    match event:
+        case AssignmentHeld():
+            new = Hold(event.incarnation, event.shards, event.until_ms, event.static)
+            target = {**state.target, event.member_id: event.shards} if event.static else state.target
+            return attrs.evolve(state, holds={**state.holds, event.member_id: new}, target=target)
+        case HoldEnded():
+            ended = state.holds.get(event.member_id)
+            if ended is None:
+                raise CorruptHistory(f"end of a hold {event.member_id} does not have")
+            holds = {m: h for m, h in state.holds.items() if m != event.member_id}
+            target = state.target
+            if ended.static and event.member_id not in state.members:
+                target = {m: t for m, t in target.items() if m != event.member_id}
+            return attrs.evolve(state, holds=holds, target=target, group_epoch=event.group_epoch)
+        case ShardsQuarantined():
+            quarantine = dict(state.quarantine)
+            for s in event.shards:
+                quarantine[s] = max(quarantine.get(s, 0), event.until_ms)
+            return attrs.evolve(state, quarantine=quarantine)
+        case QuarantineEnded():
+            quarantine = {s: t for s, t in state.quarantine.items() if s not in event.shards}
+            return attrs.evolve(state, quarantine=quarantine)
 
 
 def fold(events: Iterable[GroupEvent], state: GroupState | None = None) -> GroupState | None:

@@ -24,7 +24,12 @@ The rules it keeps:
   never started are acknowledged at once.
 * SYNC_METADATA: it adopts the stored layout and reports that version.
 * FENCED or UNKNOWN_MEMBER: every shard is dropped at once (`Steps.lost`) and
-  it rejoins with epoch 0 at once.
+  it rejoins with epoch 0 at once; except FENCED with reason REPLACED (a newer
+  process took its static id over): it drops everything and stops for good
+  (`replaced`), so that two processes with one id never take turns.
+* Static membership (`MemberSettings.static`): its heartbeats say `static`; a
+  graceful leave then keeps its shards targeted to it for the group's hold, and
+  a new process with its id takes it over at once.
 * The lease rule: what it holds is its own until the lease, counted from when
   the last successful heartbeat was *sent*, minus a safety margin
   (`Steps.renew_until`). When no heartbeat has succeeded by then, it drops
@@ -54,6 +59,7 @@ from rsc.events.model import (
     EMPTY_LAYOUT,
     ClientInfo,
     DrainProgress,
+    FenceReason,
     HeartbeatStatus,
     Layout,
 )
@@ -74,6 +80,8 @@ class MemberSettings:
     lease_ttl_ms: int = 10_000
     #: Ask the coordinator to hold a heartbeat while shards are pending (long poll).
     long_poll: bool = True
+    #: A static member: its member id is a stable instance identity (feature level 4).
+    static: bool = False
 
 
 DEFAULT_SETTINGS = MemberSettings()
@@ -104,6 +112,8 @@ class Steps:
     answered: bool = False
     #: Set when it gives up for good (answers it cannot read): the shell leaves, then raises.
     gave_up: str | None = None
+    #: Set when a newer process took its static member id over: it has stopped for good.
+    replaced: str | None = None
 
 
 NO_STEPS = Steps()
@@ -152,6 +162,8 @@ class MemberMachine:
         self.unintelligible_since: float | None = None
         self.self_fenced = 0
         self.gave_up: str | None = None
+        #: Why it stopped for good: a newer process took its static member id over.
+        self.replaced: str | None = None
         #: `stop()` was called: revoking everything, then the leave.
         self.leaving = False
         #: The leave (epoch -1) was sent: nothing more to do.
@@ -200,6 +212,7 @@ class MemberMachine:
             wait_ms=wait_ms,
             leaving=self.leaving and not leave,
             stalled_shards=NOTHING if leave else stalled & self.owned,
+            static=self.settings.static,
         )
 
     @property
@@ -261,6 +274,15 @@ class MemberMachine:
             self.left = True
             self.epoch, self.to_ack, self.pending, self.waiting = 0, NOTHING, NOTHING, False
             return Steps(warnings=tuple(warnings), answered=True)
+        if response.status is HeartbeatStatus.FENCED and response.fence_reason is FenceReason.REPLACED:
+            message = (
+                f"replaced: another process joined with member id {self.member_id!r} (static "
+                "membership); this one drops every shard and stops"
+            )
+            self.replaced = message
+            self.left = True  # nothing to leave: the id is the other process's now
+            self.epoch = 0
+            return attrs.evolve(self._drop_all([message]), answered=True, replaced=message)
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
             if self.owned:
                 why = response.fence_reason.value if response.fence_reason else "not a member"
