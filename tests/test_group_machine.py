@@ -1,7 +1,9 @@
 """A hypothesis state machine over the group aggregate.
 
 Random joins, leaves, crashes, restarts, heartbeats with any epoch (stale,
-future, wrong incarnation), acks, ticks, shard-count changes and removals.
+future, wrong incarnation), acks, ticks, shard-count changes and removals;
+static members that leave and return, crash, are taken over by a new process
+while the old one still runs (a zombie), and whose holds end.
 After every step the invariants of PROTOCOL section 4 are checked; the
 `settle` rule lets every live client heartbeat honestly and then checks
 convergence: every readable shard installed, balance, stable members.
@@ -28,10 +30,13 @@ from rsc.events.commands import (
 )
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import (
+    GroupDeleted,
     MemberFenced,
     MemberJoined,
     MemberLeft,
+    QuarantineEnded,
     ShardsInstalled,
+    ShardsQuarantined,
     ShardsReleased,
     ShardsRevokeAcked,
 )
@@ -40,7 +45,9 @@ from rsc.events.model import (
     ClientInfo,
     DrainCheck,
     DrainProgress,
+    FenceReason,
     HeartbeatStatus,
+    Hold,
     MemberState,
     ReleaseReason,
 )
@@ -81,13 +88,19 @@ class GroupMachine(RuleBasedStateMachine):
         self.acked: dict[str, frozenset[int]] = {}
         self.epochs = (0, 0)
         self.member_epochs: dict[str, int] = {}
+        #: Old processes of static ids that a new one took over while they still ran.
+        self.zombies: dict[str, list[Client]] = {}
+        self.timed_checked = 0
+        self.quarantined: dict[int, int] = {}
 
     # --- helpers ---------------------------------------------------------
 
-    def new_client(self, member_id: str) -> Client:
+    def new_client(self, member_id: str, static: bool = False) -> Client:
         self.incarnations += 1
         settings = MemberSettings(
-            heartbeat_interval_ms=TIMING.heartbeat_interval_ms, lease_ttl_ms=TIMING.lease_ttl_ms
+            heartbeat_interval_ms=TIMING.heartbeat_interval_ms,
+            lease_ttl_ms=TIMING.lease_ttl_ms,
+            static=static,
         )
         return Client(
             MemberMachine("orders", "billing", member_id, f"inc-{self.incarnations}", CLIENT, settings)
@@ -119,18 +132,22 @@ class GroupMachine(RuleBasedStateMachine):
             assert not r.assignment.pending
             assert not r.assignment.revoke
         machine.receive(request, r, now)
-        if machine.left:  # the process exits
+        if machine.replaced is not None:  # a newer process has its id: this one stops
+            assert self.g.state.members[member_id].incarnation != machine.incarnation
+            del self.clients[member_id]
+        elif machine.left:  # the process exits
             assert member_id not in self.g.state.members
             del self.clients[member_id]
 
     # --- rules -------------------------------------------------------------
 
-    @rule(member_id=st.sampled_from(MEMBER_IDS))
-    def join(self, member_id: str) -> None:
+    @rule(member_id=st.sampled_from(MEMBER_IDS), static=st.booleans())
+    def join(self, member_id: str, static: bool) -> None:
         """A new process joins, or a paused one resumes (the lease rule applies first)."""
-        client = self.clients.setdefault(member_id, self.new_client(member_id))
+        client = self.clients.setdefault(member_id, self.new_client(member_id, static))
         client.crashed = False
         self.honest(member_id, ack=False)
+        self.check_returned(member_id)
 
     @rule(member_id=st.sampled_from(MEMBER_IDS), ack=st.booleans(), pending=st.integers(0, 3))
     def heartbeat(self, member_id: str, ack: bool, pending: int) -> None:
@@ -147,11 +164,15 @@ class GroupMachine(RuleBasedStateMachine):
     def rogue_heartbeat(self, member_id: str, epoch: int, owned: frozenset[int], incarnation: str) -> None:
         """A delayed, duplicated or foreign request: whatever it is, invariants hold."""
         live = self.g.state.members.get(member_id)
+        superseded = incarnation in self.g.state.superseded.get(member_id, ())
         try:
             r = self.g.hb(member_id, epoch, owned, frozenset(), incarnation)
         except IncarnationMismatch:
             assert live is not None
             assert live.incarnation != incarnation
+            return
+        if superseded:
+            assert (r.status, r.fence_reason) == (HeartbeatStatus.FENCED, FenceReason.REPLACED)
             return
         assert live is None or live.incarnation == incarnation
         if r.status not in REJECTED and epoch > 0:
@@ -173,11 +194,66 @@ class GroupMachine(RuleBasedStateMachine):
         if member_id in self.clients:
             self.clients[member_id].crashed = True
 
-    @rule(member_id=st.sampled_from(MEMBER_IDS))
-    def restart(self, member_id: str) -> None:
-        """The process comes back with a new incarnation and joins."""
-        self.clients[member_id] = self.new_client(member_id)
+    @rule(member_id=st.sampled_from(MEMBER_IDS), static=st.booleans(), old_runs=st.booleans())
+    def restart(self, member_id: str, static: bool, old_runs: bool) -> None:
+        """The process comes back with a new incarnation and joins; the old one may still run
+        (a duplicate deployment, a pause): it goes on as a zombie."""
+        old = self.clients.get(member_id)
+        if old is not None and old_runs and not old.crashed:
+            self.zombies.setdefault(member_id, []).append(old)
+        state = self.g.state
+        hold = state.holds.get(member_id)
+        known = state.members.get(member_id) or hold or state.fenced.get(member_id)
+        self.clients[member_id] = self.new_client(member_id, static)
         self.honest(member_id, ack=False)
+        live = self.g.state.members.get(member_id)
+        if live is not None and live.incarnation == self.clients[member_id].incarnation and live.static:
+            # a static takeover or return: the old incarnation is superseded for good
+            before = known.incarnation if known is not None else None
+            if before is not None and before != live.incarnation:
+                assert before in self.g.state.superseded.get(member_id, ())
+        self.check_returned(member_id, hold)
+
+    def check_returned(self, member_id: str, hold: Hold | None = None) -> None:
+        """A static member back within its hold is targeted exactly what was held for it."""
+        state = self.g.state
+        member = state.members.get(member_id)
+        if hold is None or not hold.static or member is None or self.g.now >= hold.until_ms:
+            return
+        if state.assignment_epoch == state.group_epoch:
+            assert hold.shards & state.layout.readable_indexes <= state.target_of(member_id)
+
+    @rule(member_id=st.sampled_from(MEMBER_IDS), ack=st.booleans())
+    def zombie_heartbeat(self, member_id: str, ack: bool) -> None:
+        """An old process of a static id heartbeats: once superseded it is told REPLACED, and
+        it never gets a shard again."""
+        zombies = self.zombies.get(member_id)
+        if not zombies:
+            return
+        zombie = zombies[0]
+        machine = zombie.machine
+        now = self.g.now / 1000
+        machine.silent(now)
+        if ack:
+            machine.revoked(machine.revoking)
+        request = machine.request(now)
+        command = request.to_command(self.g.now)
+        superseded = machine.incarnation in self.g.state.superseded.get(member_id, ())
+        try:
+            events = self.g.run(command)
+        except IncarnationMismatch:
+            assert not superseded
+            machine.failed(request, now, "another incarnation is live")
+            if machine.left:
+                zombies.pop(0)
+            return
+        r = respond(self.g.state, command, events)
+        if superseded:
+            assert (r.status, r.fence_reason) == (HeartbeatStatus.FENCED, FenceReason.REPLACED)
+            assert not r.assignment.assigned
+        machine.receive(request, r, now)
+        if machine.left or machine.replaced is not None:
+            zombies.pop(0)
 
     @rule(advance=st.integers(min_value=0, max_value=6_000))
     def tick(self, advance: int) -> None:
@@ -231,7 +307,7 @@ class GroupMachine(RuleBasedStateMachine):
         Enough rounds for a crashed member's (or a zombie's) lease to end and
         for the handoffs that follow; the loop stops early once all is stable.
         """
-        rounds = 2 * TIMING.lease_ttl_ms // TIMING.heartbeat_interval_ms + 6
+        rounds = 3 * TIMING.lease_ttl_ms // TIMING.heartbeat_interval_ms + 6
         for _ in range(rounds):
             for member_id, client in sorted(self.clients.items()):
                 if not client.crashed:
@@ -252,6 +328,8 @@ class GroupMachine(RuleBasedStateMachine):
     def stable(self) -> bool:
         state = self.g.state
         honest = {m for m, c in self.clients.items() if not c.crashed}
+        if state.holds or state.quarantine:  # not over until what waits for time is done
+            return False
         return set(state.members) == honest and all(
             state.member_state(m) is MemberState.STABLE
             and self.clients[m.member_id].incarnation == m.incarnation
@@ -301,15 +379,22 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def target_is_a_balanced_partition(self) -> None:
+        """Over the staying members, of every readable shard not held for a static member
+        (PROTOCOL section 4's balance, with holds excluded)."""
         state = self.g.state
         staying = [m for m, member in state.members.items() if not member.leaving]
-        assert all(not state.target_of(m) for m, member in state.members.items() if member.leaving)
+        held = state.held()
+        held_shards = frozenset().union(*held.values()) if held else frozenset()
+        assert all(
+            not state.target_of(m) or m in held for m, member in state.members.items() if member.leaving
+        )
+        assert all(not state.target_of(m) & held_shards for m in staying)  # nobody else reads them
         if state.assignment_epoch != state.group_epoch or not staying:
             return
         targets = [state.target_of(m) for m in staying]
         flat = [s for t in targets for s in t]
         assert len(flat) == len(set(flat))
-        assert set(flat) == set(state.layout.readable_indexes)
+        assert set(flat) == set(state.layout.readable_indexes) - held_shards
         # Balance counts the ACTIVE shards: a DRAINING one is not new work, it stays put.
         active = [t & state.layout.active_indexes for t in targets]
         assert max(map(len, active)) - min(map(len, active)) <= 1
@@ -332,6 +417,29 @@ class GroupMachine(RuleBasedStateMachine):
             if shard in draining and kept:
                 assert now.get(shard, ("",))[0] == owner, (shard, owner, now.get(shard))
         self._draining_owners = now
+
+    @invariant()
+    def nothing_is_installed_while_quarantined(self) -> None:
+        """A shard whose fenced holder may still be running a handler (its lease may run) is
+        installed to nobody before that lease can have ended."""
+        for at, event in self.g.timed[self.timed_checked :]:
+            match event:
+                case ShardsQuarantined():
+                    for s in event.shards:
+                        self.quarantined[s] = max(self.quarantined.get(s, 0), event.until_ms)
+                case QuarantineEnded():
+                    assert all(at >= self.quarantined.get(s, 0) for s in event.shards)
+                case ShardsInstalled():
+                    assert all(at >= self.quarantined.get(s, 0) for s in event.shards), (at, event)
+                case GroupDeleted():  # no member is left; a group created afresh starts clean
+                    self.quarantined.clear()
+        self.timed_checked = len(self.g.timed)
+
+    @invariant()
+    def superseded_incarnations_never_hold_anything(self) -> None:
+        state = self.g.state
+        for member_id, member in state.members.items():
+            assert member.incarnation not in state.superseded.get(member_id, ())
 
     @invariant()
     def fold_of_events_is_the_state(self) -> None:

@@ -251,7 +251,9 @@ async def test_a_lagging_replica_promoted_loses_nothing_published_after(
 
         async def rollback_noticed() -> bool:
             loss = (await http.get("/readyz")).json()["dataLoss"]
-            return bool(set(loss["counts"]) & {"rollback", "aggregate", "lease"})
+            # A rollback, or, when the promoted copy is older than the dataset marker itself
+            # (seen once in CI: the replica had not synced it), everything gone: noticed either way.
+            return bool(set(loss["counts"]) & {"rollback", "aggregate", "lease", "everything"})
 
         await until(rollback_noticed, settings.member_lease_ttl_ms / 1000)
         assert (await http.get("/readyz")).status_code == 200

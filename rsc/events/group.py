@@ -80,6 +80,7 @@ from rsc.events.events import (
 )
 from rsc.events.liveness import expired
 from rsc.events.model import (
+    MAX_STATIC_HOLD_MS,
     DrainProgress,
     FencedMember,
     FenceReason,
@@ -486,6 +487,9 @@ def _decide(state: GroupState | None, command: GroupCommand, level: int) -> _Dec
         case ConfigureGroup():
             if not 1 <= command.config.max_concurrency <= MAX_CONCURRENCY:
                 raise InvalidCommand(f"maxConcurrency must be between 1 and {MAX_CONCURRENCY}")
+            hold_ms = command.config.static_hold_ms
+            if hold_ms is not None and not 0 <= hold_ms <= MAX_STATIC_HOLD_MS:
+                raise InvalidCommand(f"staticHoldMs must be between 0 and {MAX_STATIC_HOLD_MS}")
             if decision.group.config != command.config:
                 decision.emit(GroupConfigured(command.config))
         case RemoveMember():

@@ -43,7 +43,9 @@ MAX_COUNTER = 2**53 - 1
 MAX_REDIS_COUNT = 2**63 - 1
 
 
-def wire_field(default: Any = attrs.NOTHING, *, enforce: bool = True, **json_schema: Any) -> Any:
+def wire_field(
+    default: Any = attrs.NOTHING, *, enforce: bool = True, omit_if_default: bool = False, **json_schema: Any
+) -> Any:
     """An attrs field whose JSON Schema (in `/openapi.json`) carries `json_schema` constraints.
 
     The constraints are also enforced as attrs validators (unless `enforce` is
@@ -55,7 +57,8 @@ def wire_field(default: Any = attrs.NOTHING, *, enforce: bool = True, **json_sch
     checks = _validators(json_schema) if enforce else []
     if nullable and checks:
         checks = [attrs.validators.optional(checks)]
-    return attrs.field(default=default, validator=checks or None, metadata={"json_schema": json_schema})
+    metadata = {"json_schema": json_schema, "omit_if_default": omit_if_default}
+    return attrs.field(default=default, validator=checks or None, metadata=metadata)
 
 
 #: The JSON Schema keywords `wire_field` enforces; any other is refused when the field is
@@ -367,6 +370,10 @@ class Timing:
     #: A new target assignment is computed at most this often; epoch bumps in
     #: between are folded into the next computation (0 = at once).
     assignment_interval_ms: int = 0
+
+
+#: The longest a static member's shards may wait for it (`GroupConfig.static_hold_ms`).
+MAX_STATIC_HOLD_MS = 3_600_000
 
 
 @attrs.frozen

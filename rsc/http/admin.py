@@ -29,6 +29,7 @@ from rsc.events import codec, quotas
 from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
 from rsc.events.errors import CoordinationError, QuotaExceeded, UnknownGroup, UnknownStream
 from rsc.events.model import (
+    MAX_STATIC_HOLD_MS,
     STREAM_ID_PATTERN,
     TEXT_PATTERN,
     GroupConfig,
@@ -40,7 +41,7 @@ from rsc.events.model import (
 )
 from rsc.events.quotas import Quota
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, target_count
-from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, Party, blockers
+from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, STATIC_LEVEL, Party, blockers
 from rsc.events.wire import dead_letter_key
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
@@ -97,6 +98,7 @@ class GroupPatch:
 
     max_concurrency: int | None = wire_field(None, minimum=1, maximum=MAX_CONCURRENCY, nullable=True)
     start_from: StartFrom | None = None
+    static_hold_ms: int | None = wire_field(None, minimum=0, maximum=MAX_STATIC_HOLD_MS, nullable=True)
 
 
 @attrs.frozen
@@ -175,6 +177,16 @@ class FeaturesStatus:
 class GroupSpec:
     max_concurrency: int = wire_field(1, minimum=1, maximum=MAX_CONCURRENCY)
     start_from: StartFrom = StartFrom.EARLIEST
+    #: How long a static member's shards wait for it after it stopped (null: one member lease).
+    #: Feature level 4; left out while null.
+    static_hold_ms: int | None = wire_field(
+        None, minimum=0, maximum=MAX_STATIC_HOLD_MS, nullable=True, omit_if_default=True
+    )
+
+
+def spec_of(config: GroupConfig) -> GroupSpec:
+    """The Admin API's spec of a group's config."""
+    return GroupSpec(config.max_concurrency, config.start_from, config.static_hold_ms)
 
 
 #: Admin request bodies: a field they do not have is refused (`strict`), so their schemas
@@ -411,13 +423,7 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
     async def patch_group(stream_prefix: str, consumer_group: str) -> Response:
         patch = _merge_patch_body(await json_body(), GroupPatch)
         actor = await _existing_group(registry, stream_prefix, consumer_group)
-        now = (
-            codec.wire.unstructure(
-                GroupSpec(actor.state.config.max_concurrency, actor.state.config.start_from)
-            )
-            if actor is not None
-            else {}
-        )
+        now = codec.wire.unstructure(spec_of(actor.state.config)) if actor is not None else {}
         spec = strict(merge_patch(now, patch), GroupSpec)
         config = await _apply_group(registry, stream_prefix, consumer_group, spec, quota)
         return await _group_resource(registry, stream_prefix, consumer_group, create=config)
@@ -446,7 +452,15 @@ async def _apply_group(
 ) -> GroupConfig:
     """Create the group with `spec`, or change it (`startFrom` only when creating: 409
     `IMMUTABLE_FIELD`); `If-Match` as for streams."""
-    config = GroupConfig(spec.max_concurrency, spec.start_from)
+    config = GroupConfig(spec.max_concurrency, spec.start_from, spec.static_hold_ms)
+    if spec.static_hold_ms is not None:
+        level = (await registry.store.features.current()).level
+        if level < STATIC_LEVEL:
+            raise _level_required(
+                f"staticHoldMs applies to static members, which need feature level {STATIC_LEVEL}",
+                STATIC_LEVEL,
+                level,
+            )
     actor = await _existing_group(registry, stream_prefix, group)
     only_new = _check_if_none_match(actor, f"group {group!r} of {stream_prefix!r}")
     if actor is None:
@@ -684,7 +698,7 @@ async def _group_resource(
     assert state is not None  # registry.group refuses a group that does not exist
     g.revision = actor.revision
     body = {
-        "spec": GroupSpec(state.config.max_concurrency, state.config.start_from),
+        "spec": spec_of(state.config),
         "status": {
             "groupEpoch": state.group_epoch,
             "assignmentEpoch": state.assignment_epoch,
