@@ -473,3 +473,36 @@ def test_rsc_serve_out_of_file_descriptors_backs_off_and_recovers(
     text = log_path.read_text()
     assert "accept failed: EMFILE" in text, text
     assert text.count("accept failed") < 5, text  # once per episode, not every retry
+
+
+async def test_a_second_response_after_a_body_began_closes_the_connection_without_raising() -> None:
+    """hypercorn answers 500 for an application that fails after its response began (a request
+    cancelled mid-answer): h11 cannot send a second response there. The connection is closed and
+    the first response left unfinished, instead of an exception and an ERROR traceback."""
+    import h11
+    from hypercorn.config import Config
+    from hypercorn.events import Closed, RawData
+    from hypercorn.protocol.events import Body, EndBody, Response
+
+    from rsc.http.server import Limits, _H11Protocol
+
+    sent: list[object] = []
+
+    async def send(event: object) -> None:
+        sent.append(event)
+
+    from hypercorn.trio.worker_context import WorkerContext
+
+    context = WorkerContext(None)
+    protocol = _H11Protocol(None, Config(), context, None, None, False, None, None, send, limits=Limits())
+    protocol.connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert isinstance(protocol.connection.next_event(), h11.Request)
+    await protocol.stream_send(Response(stream_id=1, status_code=200, headers=[(b"content-length", b"10")]))
+    await protocol.stream_send(Body(stream_id=1, data=b"12345"))
+    await protocol.stream_send(Response(stream_id=1, status_code=500, headers=[(b"content-length", b"0")]))
+    await protocol.stream_send(EndBody(stream_id=1))
+    raw = b"".join(e.data for e in sent if isinstance(e, RawData))
+    assert raw.startswith(b"HTTP/1.1 200 ")
+    assert raw.endswith(b"12345")  # cut short: no 500 after it, nothing more
+    assert b" 500 " not in raw
+    assert isinstance(sent[-1], Closed)

@@ -59,7 +59,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.events import Event as StreamEvent
-from hypercorn.protocol.events import Response
+from hypercorn.protocol.events import Body, EndBody, Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
@@ -458,6 +458,9 @@ class _H11Protocol(H11Protocol):
     def __init__(self, *args: Any, limits: Limits) -> None:
         super().__init__(*args)
         self.limits = limits
+        #: A second response was asked for after a response's body had begun: the connection
+        #: is closing, and nothing more of this exchange is sent.
+        self._cut = False
 
     async def _check_protocol(self, event: h11.Request) -> None:
         """HTTP/1.1 only: an h2c Upgrade is ignored (RFC 9110 allows it), as is HTTP/2 prior knowledge."""
@@ -470,6 +473,17 @@ class _H11Protocol(H11Protocol):
             await super()._create_stream(request)
 
     async def stream_send(self, event: StreamEvent) -> None:
+        if self._cut and isinstance(event, (Response, Body, EndBody)):
+            return
+        if isinstance(event, Response) and self.connection.our_state is h11.SEND_BODY:
+            # hypercorn's 500 for an application that failed (or was cancelled) after its
+            # response had begun: a second response cannot follow on this connection. The
+            # first one is cut short (no end of message: the client sees it incomplete) and the
+            # connection closes, instead of h11 raising and an ERROR traceback being logged.
+            self._cut = True
+            log.debug("a response failed after its body began; closing the connection")
+            await self.send(Closed())
+            return
         if (
             isinstance(event, Response)
             and event.status_code >= 200
