@@ -48,7 +48,7 @@ class Group:
         return events
 
     def execute(self, command: GroupCommand) -> list[GroupEvent]:
-        self.state, events = group.execute(self.state, command, self.level)
+        self.state, events = group.execute(self.state, command, self.level, self.leases)
         return events
 
     def hb(

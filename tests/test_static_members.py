@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from rsc.events.commands import ConfigureGroup, RemoveMember
+from rsc.events.commands import ConfigureGroup, Heartbeat, RemoveMember
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import (
     AssignmentHeld,
@@ -136,7 +136,7 @@ def test_a_new_incarnation_takes_a_live_static_member_over_and_waits_out_the_old
     g = three_static()
     before = {m: g.state.target_of(m) for m in ("w1", "w2", "w3")}
     g.now += 500
-    taken_at = g.now
+    old_lease_end = g.leases["w1"]  # its last heartbeat (at 0) + the lease
     r = g.hb("w1", 0, incarnation="b1", static=True)  # kill -9 and an immediate restart
     assert r.status is HeartbeatStatus.REVOKE_PENDING
     assert r.assignment.pending == before["w1"]
@@ -159,7 +159,7 @@ def test_a_new_incarnation_takes_a_live_static_member_over_and_waits_out_the_old
         assert (old.status, old.fence_reason) == (HeartbeatStatus.FENCED, FenceReason.REPLACED)
     assert g.state.members["w1"].incarnation == "b1"
     # nothing is installed before the old incarnation's lease can have ended
-    until = taken_at + TIMING.lease_ttl_ms
+    until = old_lease_end
     assert set(g.state.quarantine.values()) == {until}
     g.now = until - 1
     r = g.hb("w1", r.member_epoch, incarnation="b1", static=True)
@@ -170,6 +170,17 @@ def test_a_new_incarnation_takes_a_live_static_member_over_and_waits_out_the_old
     assert any(isinstance(e, QuarantineEnded) for e in g.events)
     settle(g, {"w1": "b1", "w2": "a2", "w3": "a3"})
     assert {m: g.state.target_of(m) for m in ("w1", "w2", "w3")} == before
+
+
+def test_without_a_lease_table_a_takeover_waits_a_whole_lease() -> None:
+    """A decision that is not given the lease table (`rsc simulate`, tests) takes the safe side."""
+    from rsc.events import group
+
+    g = three_static()
+    g.now += 500
+    _, events = group.execute(g.state, Heartbeat("w1", "b1", 0, now_ms=g.now, static=True))
+    (quarantine,) = [e for e in events if isinstance(e, ShardsQuarantined)]
+    assert quarantine.until_ms == g.now + TIMING.lease_ttl_ms
 
 
 def test_a_quarantine_ends_at_a_tick_too() -> None:
@@ -231,11 +242,13 @@ def test_removing_a_live_member_quarantines_its_shards_for_a_lease() -> None:
     g = Group.create(shards=4)
     settle(g, {"a": "i", "b": "j"}, static=False)
     shards = g.state.members["a"].installed
+    lease_end = g.leases["a"]
+    g.now += 1_000
     g.run(RemoveMember("a", g.now))
-    assert g.state.quarantine == dict.fromkeys(shards, g.now + TIMING.lease_ttl_ms)
+    assert g.state.quarantine == dict.fromkeys(shards, lease_end)  # not a ms earlier, nor later
     settle(g, {"b": "j"}, static=False)
     assert not shards & g.state.members["b"].installed
-    g.now += TIMING.lease_ttl_ms
+    g.now = lease_end
     settle(g, {"b": "j"}, static=False)
     assert g.state.members["b"].installed == frozenset(range(4))
 

@@ -45,7 +45,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.store import Loaded, Store, check_writable
 from rsc.events.errors import CoordinationError, PreconditionFailed
 from rsc.events.events import GroupEvent, StreamEvent
-from rsc.events.liveness import Leases
+from rsc.events.liveness import BatchLeases, Leases
 
 log = logging.getLogger("rsc.actors")
 
@@ -61,7 +61,10 @@ class Aggregate(Protocol[S, C, E]):
 
     aggregate_id: AggregateId
 
-    def execute(self, state: S | None, command: C) -> tuple[S, list[E]]: ...
+    def execute(self, state: S | None, command: C, leases: Mapping[str, int]) -> tuple[S, list[E]]:
+        """Decide `command` on `state`; `leases`: the lease table as of the commands decided
+        before it (only read)."""
+        ...
 
     def event_to_json(self, event: E) -> tuple[str, str]: ...
 
@@ -427,6 +430,7 @@ class Actor(Generic[S, C, E]):
         answers: list[tuple[_Answer | None, Reply[S, E] | CoordinationError]] = []
         every: list[E] = []
         durable_so_far = 0
+        leases = BatchLeases(self.leases)
         for command, pending in batch:
             expect = getattr(pending, "expect", None)
             if expect is not None and expect != self._revision + durable_so_far:
@@ -436,12 +440,13 @@ class Actor(Generic[S, C, E]):
                 )
                 continue
             try:
-                working, events = self.aggregate.execute(working, command)
+                working, events = self.aggregate.execute(working, command, leases)
             except CoordinationError as refusal:
                 answers.append((pending, refusal))
                 continue
             answers.append((pending, Reply(working, events)))
             every.extend(events)
+            leases.note(events)
             durable_so_far += sum(1 for e in events if getattr(e, "durable", True))
         durable = [e for e in every if getattr(e, "durable", True)]
         if durable and working is not None:

@@ -111,8 +111,10 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         #: The deployment's finalized feature level (what the decisions may write).
         self.level = level
 
-    def execute(self, state: GroupState | None, command: GroupCommand) -> tuple[GroupState, list[GroupEvent]]:
-        return group.execute(state, command, self.level())
+    def execute(
+        self, state: GroupState | None, command: GroupCommand, leases: Mapping[str, int]
+    ) -> tuple[GroupState, list[GroupEvent]]:
+        return group.execute(state, command, self.level(), leases)
 
     def evolve(self, state: GroupState | None, event: GroupEvent) -> GroupState:
         return group.evolve(state, event)
@@ -243,7 +245,7 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
         self.retired_retention_ms = retired_retention_ms
 
     def execute(
-        self, state: StreamState | None, command: StreamCommand
+        self, state: StreamState | None, command: StreamCommand, leases: Mapping[str, int]
     ) -> tuple[StreamState, list[StreamEvent]]:
         return stream.execute(state, command)
 

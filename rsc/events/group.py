@@ -430,11 +430,25 @@ def _supersede(
 class _Decision:
     """Collects events and keeps the state they lead to, so later rules see earlier effects."""
 
-    def __init__(self, state: GroupState | None, level: int = MAX_FEATURE_LEVEL) -> None:
+    def __init__(
+        self,
+        state: GroupState | None,
+        level: int = MAX_FEATURE_LEVEL,
+        leases: Mapping[str, int] | None = None,
+    ) -> None:
         self.state = state
         self.events: list[GroupEvent] = []
         #: The deployment's feature level: static members, holds and quarantines from 4.
         self.level = level
+        #: The lease table as of this command (None: not known; a lease then counts as running
+        #: for a whole lease from now wherever that is the safe side).
+        self.leases = leases
+
+    def lease_end(self, member_id: str, now_ms: int) -> int:
+        """When `member_id`'s lease ends: as the table says, else (not known) one lease from now."""
+        if self.leases is not None and member_id in self.leases:
+            return self.leases[member_id]
+        return now_ms + self.group.timing.lease_ttl_ms
 
     @property
     def static_level(self) -> bool:
@@ -452,29 +466,39 @@ class _Decision:
 
 
 def decide(
-    state: GroupState | None, command: GroupCommand, level: int = MAX_FEATURE_LEVEL
+    state: GroupState | None,
+    command: GroupCommand,
+    level: int = MAX_FEATURE_LEVEL,
+    leases: Mapping[str, int] | None = None,
 ) -> list[GroupEvent]:
     """Return the events `command` causes at feature `level`; raise a `CoordinationError` to
     refuse it."""
-    return _decide(state, command, level).events
+    return _decide(state, command, level, leases).events
 
 
 def execute(
-    state: GroupState | None, command: GroupCommand, level: int = MAX_FEATURE_LEVEL
+    state: GroupState | None,
+    command: GroupCommand,
+    level: int = MAX_FEATURE_LEVEL,
+    leases: Mapping[str, int] | None = None,
 ) -> tuple[GroupState, list[GroupEvent]]:
     """Decide `command` and apply its events: the new state and what happened.
 
     The same as `decide` followed by `fold`, without applying the events twice. `level` is
-    the deployment's feature level: nothing a lower level cannot replay is emitted.
+    the deployment's feature level: nothing a lower level cannot replay is emitted. `leases`:
+    the lease table as of this command (`Tick` brings its own); where it is not given, a live
+    member's lease counts as running for one whole lease from now.
     """
-    decision = _decide(state, command, level)
+    decision = _decide(state, command, level, leases)
     return decision.group, decision.events
 
 
-def _decide(state: GroupState | None, command: GroupCommand, level: int) -> _Decision:
+def _decide(
+    state: GroupState | None, command: GroupCommand, level: int, leases: Mapping[str, int] | None
+) -> _Decision:
     if state is not None and state.deleted:
         return _decide_deleted(state, command)
-    decision = _Decision(state, level)
+    decision = _Decision(state, level, leases)
     match command:
         case CreateGroup():
             _create(decision, command)
@@ -739,6 +763,7 @@ def _restart(decision: _Decision, now_ms: int) -> None:
 
 def _tick(decision: _Decision, tick: Tick) -> None:
     now_ms = tick.now_ms
+    decision.leases = tick.leases
     _expire(decision, now_ms)
     for member_id in sorted(decision.group.members):
         member = decision.group.members[member_id]
@@ -757,9 +782,9 @@ def _fence(decision: _Decision, member_id: str, reason: FenceReason, now_ms: int
         _remember(decision, member, now_ms)
     if member.installed:
         decision.emit(ShardsReleased(member_id, member.installed, ReleaseReason.FENCED))
-        if decision.static_level and reason is not FenceReason.LEASE_EXPIRED:
-            # Its lease may still run: it may be handling them until then (self-fencing rule).
-            until = now_ms + group.timing.lease_ttl_ms
+        until = decision.lease_end(member_id, now_ms)
+        if decision.static_level and reason is not FenceReason.LEASE_EXPIRED and until > now_ms:
+            # Its lease still runs: it may be handling them until it ends (self-fencing rule).
             decision.emit(ShardsQuarantined(member.installed, until))
     decision.emit(MemberFenced(member_id, member.incarnation, reason, now_ms, decision.group.group_epoch + 1))
     if member.static and reason is FenceReason.LEASE_EXPIRED:

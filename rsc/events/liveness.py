@@ -185,6 +185,49 @@ class Leases(Mapping[str, int]):
         self._drains.clear()
 
 
+class BatchLeases(Mapping[str, int]):
+    """The lease table as the commands of one batch see it while they are decided: the table
+    (which moves only once the batch is persisted) with the leases the batch's earlier commands
+    started, renewed or ended. A decision that depends on a live lease's end (a static
+    member's takeover waits it out) then never reads one that an earlier heartbeat of the
+    same batch extended. Only read; the table itself still moves after the write."""
+
+    __slots__ = ("_base", "_batch")
+
+    def __init__(self, base: Mapping[str, int]) -> None:
+        self._base = base
+        #: Id -> deadline set by this batch (None: ended by it).
+        self._batch: dict[str, int | None] = {}
+
+    def note(self, events: Iterable[GroupEvent | StreamEvent]) -> None:
+        """Take in the liveness of one command's events."""
+        for event in events:
+            if isinstance(event, MemberHeartbeated):
+                self._batch[event.member_id] = event.lease_deadline_ms
+            elif isinstance(event, ProducerHeartbeated):
+                self._batch[event.producer_id] = event.lease_deadline_ms
+            elif isinstance(event, MemberLeft | MemberFenced):
+                self._batch[event.member_id] = None
+            elif isinstance(event, ProducerLeft | ProducerExpired):
+                self._batch[event.producer_id] = None
+
+    def __getitem__(self, key: str) -> int:
+        if key in self._batch:
+            deadline = self._batch[key]
+            if deadline is None:
+                raise KeyError(key)
+            return deadline
+        return self._base[key]
+
+    def __iter__(self) -> Iterator[str]:
+        batch = self._batch
+        yield from (k for k, v in batch.items() if v is not None)
+        yield from (k for k in self._base if k not in batch)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _outside(shards: Iterable[int]) -> Callable[[int], bool]:
     gone = frozenset(shards)
     return lambda shard: shard not in gone

@@ -183,6 +183,28 @@ class MemberView:
     joined_at_ms: int
     #: What the member reported in its last heartbeat on the DRAINING shards assigned to it.
     drain_progress: tuple[DrainProgress, ...] = ()
+    #: A static member (feature level 4).
+    static: bool = False
+
+
+@attrs.frozen
+class HoldView:
+    """A member that stopped and what is kept for it until `untilMs`: static, its shards wait
+    for it (read by nobody); otherwise a memory, given back if it rejoins soon."""
+
+    member_id: str
+    shards: frozenset[int]
+    until_ms: int
+    static: bool
+
+
+@attrs.frozen
+class QuarantineView:
+    """Shards installed to nobody until `untilMs`: the member fenced from them may still be
+    running a handler until its lease ends."""
+
+    shards: frozenset[int]
+    until_ms: int
 
 
 @attrs.frozen
@@ -205,6 +227,8 @@ class GroupView:
     current_assignment: Mapping[str, str]
     revoke_progress: tuple[RevokeProgress, ...]
     config: GroupConfig
+    holds: tuple[HoldView, ...] = ()
+    quarantines: tuple[QuarantineView, ...] = ()
 
 
 @attrs.frozen
@@ -395,9 +419,14 @@ def group_view(state: GroupState, leases: Leases, now_ms: int) -> GroupView:
             client=m.client,
             joined_at_ms=m.joined_at_ms,
             drain_progress=leases.drain_progress(m.member_id),
+            static=m.static,
         )
         for m in sorted(state.members.values(), key=lambda m: m.member_id)
     )
+    until: dict[int, set[int]] = {}
+    for shard, at in state.quarantine.items():
+        if at > now_ms:
+            until.setdefault(at, set()).add(shard)
     revokes = tuple(
         RevokeProgress(m.member_id, m.revoking, m.revoking_since_ms, m.revoke_deadline_ms)
         for m in sorted(state.members.values(), key=lambda m: m.member_id)
@@ -414,6 +443,8 @@ def group_view(state: GroupState, leases: Leases, now_ms: int) -> GroupView:
         current_assignment={str(s): m for s, m in sorted(state.owners.items())},
         revoke_progress=revokes,
         config=state.config,
+        holds=tuple(HoldView(m, h.shards, h.until_ms, h.static) for m, h in sorted(state.holds.items())),
+        quarantines=tuple(QuarantineView(frozenset(s), at) for at, s in sorted(until.items())),
     )
 
 
