@@ -51,7 +51,7 @@ class CheckedGroup(Group):
 
     def execute(self, command: GroupCommand) -> list[GroupEvent]:
         given, state_copy, leases_copy = self.state, copy.deepcopy(self.state), copy.deepcopy(self.leases)
-        by_decide = decided(group.decide, given, command)
+        by_decide = decided(lambda state, c: group.decide(state, c, self.level, self.leases), given, command)
         assert_unchanged(given, state_copy, self.leases, leases_copy)
         refused: CoordinationError | None = None
         try:

@@ -58,8 +58,8 @@ import h11
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.events import Body, EndBody, Response
+from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
