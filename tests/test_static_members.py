@@ -295,3 +295,21 @@ def test_a_memory_is_forgotten_after_a_lease() -> None:
 def test_new_events_belong_to_level_4() -> None:
     for kind in (AssignmentHeld, HoldEnded, ShardsQuarantined, QuarantineEnded):
         assert EVENT_LEVELS[kind.__name__] == 4
+
+
+def test_the_lease_table_of_a_batch_sees_what_its_earlier_commands_did() -> None:
+    """An actor decides a batch's commands one after the other, and writes the lease table only
+    once the batch is persisted: a takeover decided after the old incarnation's heartbeat in
+    the same batch must see that heartbeat's lease, or it would wait too little."""
+    from rsc.events.events import MemberHeartbeated, MemberLeft
+    from rsc.events.liveness import BatchLeases, Leases
+
+    table = Leases({"w1": 1_000, "w2": 2_000})
+    view = BatchLeases(table)
+    view.note([MemberHeartbeated("w1", 9_000)])
+    assert view["w1"] == 9_000
+    assert dict(table) == {"w1": 1_000, "w2": 2_000}  # the table itself waits for the write
+    view.note([MemberLeft("w2", 3)])
+    assert "w2" not in view
+    assert dict(view) == {"w1": 9_000}
+    assert len(view) == 1
