@@ -262,6 +262,8 @@ class Chaos:
         self.owed = 0  # workers to start in place of those that exited by themselves
         self.redis_down = False
         self.fast = False
+        #: Workers run static members (their identity is RSC_INSTANCE_ID).
+        self.static = False
         self.dead: dict[str, int] = {}  # message (mid) -> deliveries, of what the dead-letter streams hold
         self.context = "start-up"
         self.offsets = [self.clock_offset()]
@@ -309,15 +311,22 @@ class Chaos:
         self.note(f"coordinator {process.pid} on port {port} answering")
         return child
 
-    def start_worker(self) -> Child:
-        ip = f"10.0.0.{self.next_ip}"
-        self.next_ip += 1
-        records = self.tmp / f"records-{ip}.jsonl"
-        log = self.tmp / f"worker-{ip}.log"
+    def start_worker(self, ip: str | None = None) -> Child:
+        """A worker with a new identity, or (`ip`) another process with that one: its member ids
+        (`<ip>/chaos/<n>`) are the same, its record file and log its own. With `static`
+        workers the identity is `RSC_INSTANCE_ID` (static members), else `POD_IP`."""
+        if ip is None:
+            ip = f"10.0.0.{self.next_ip}"
+            self.next_ip += 1
+        again = sum(w.ip == ip for w in self.workers + self.gone)
+        name = ip if not again else f"{ip}-{again}"
+        records = self.tmp / f"records-{name}.jsonl"
+        log = self.tmp / f"worker-{name}.log"
         command = [sys.executable, "-m", "rsc", "worker", "tests.chaos.chaosapp:app"]
         command += ["--coordinator", self.url, "--redis", self.redis.url, "--stop-timeout", "5"]
+        identity = {"RSC_INSTANCE_ID": ip} if self.static else {"POD_IP": ip}
         env = self.env(
-            POD_IP=ip,
+            **identity,
             RSC_CHAOS_RECORDS=str(records),
             RSC_CHAOS_STREAM=self.prefix,
             RSC_CHAOS_GROUP=GROUP,
@@ -326,7 +335,7 @@ class Chaos:
             RSC_CHAOS_CONTROL=str(self.tmp),
         )
         process = spawn(command, env, log)
-        worker = Child(f"worker {ip}", process, log, ip, records, Tail(records))
+        worker = Child(f"worker {name}", process, log, ip, records, Tail(records))
         self.workers.append(worker)
         self.note(f"{worker.name} started (pid {process.pid})")
         return worker
