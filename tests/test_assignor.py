@@ -105,3 +105,23 @@ def test_extra_slot_may_stay_with_any_member() -> None:
 def test_no_members_no_assignment() -> None:
     assert assign([], range(5), {"a": frozenset({1})}) == {}
     assert minimal_moves([], range(5), {}) == 0
+
+
+@given(st.integers(2, 8), st.integers(0, 40), st.data())
+def test_a_member_that_rejoins_gets_what_it_remembers_without_an_extra_move(
+    n: int, s: int, data: st.DataObject
+) -> None:
+    """A member leaves (its shards spread over the others) and rejoins with what it remembers:
+    the moves are still the fewest balance needs, what it gets is what it had as far as its
+    quota goes, and when the shards divide evenly everyone is back where they were."""
+    members = [f"m{i}" for i in range(n)]
+    before = assign(members, range(s), {})
+    x = data.draw(st.sampled_from(members))
+    without = assign([m for m in members if m != x], range(s), before)
+    again = assign(members, range(s), without, {x: before[x]})
+    assert moves(without, again) == minimal_moves(members, range(s), without)
+    assert len(again[x] & before[x]) == min(len(again[x]), len(before[x]))
+    if s % n == 0:
+        assert again == before
+    sizes = [len(v) for v in again.values()]
+    assert max(sizes) - min(sizes) <= 1

@@ -55,7 +55,7 @@ def assign(
     kept = _retained(member_ids, shard_set, previous)
     memory = _memory(member_ids, shard_set, previous, remembered)
     wanted = frozenset().union(*memory.values()) if memory else frozenset()
-    plus = _extra_slots(member_ids, base, extra, kept)
+    plus = _extra_slots(member_ids, base, extra, kept, wanted)
     pool = shard_set.difference(*kept.values())
     for member, mine in kept.items():
         quota = base + 1 if member in plus else base
@@ -125,11 +125,22 @@ def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) 
     return kept
 
 
-def _extra_slots(member_ids: list[str], base: int, extra: int, kept: Mapping[str, set[int]]) -> set[str]:
-    """The `extra` members whose quota is base + 1: first those already holding more than base."""
+def _extra_slots(
+    member_ids: list[str],
+    base: int,
+    extra: int,
+    kept: Mapping[str, set[int]],
+    wanted: frozenset[int] = frozenset(),
+) -> set[str]:
+    """The `extra` members whose quota is base + 1: first those already holding more than base
+    (of those, first the ones whose surplus no rejoining member remembers: the others give
+    their surplus back to whoever remembers it)."""
     if not extra:
         return set()
-    chosen = [m for m, mine in kept.items() if len(mine) > base][:extra]
+    above = [m for m, mine in kept.items() if len(mine) > base]
+    if wanted:
+        above.sort(key=lambda m: bool(kept[m] & wanted))  # stable: member order within
+    chosen = above[:extra]
     if len(chosen) < extra:
         holders = set(chosen)
         chosen += [m for m in member_ids if m not in holders][: extra - len(chosen)]
