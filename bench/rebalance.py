@@ -57,6 +57,16 @@ is most of a handoff.
 
 `--quick` is `--steady 2 --settle 1.5 --cycles 1` (about 1.5 minutes). Prints a table and writes
 bench/results/rebalance.json. A default run takes about 3 minutes.
+
+`--scenario rolling` measures rolling restarts instead (docs/consumers.md, "Rolling restarts and
+static membership"), for static members (`RSC_INSTANCE_ID`, the default) and for members that are
+not static (`RSC_STATIC=false`, the same member ids): three workers with stable ids; each in
+turn gets SIGTERM and a replacement with its id is started as soon as it exited; then one is
+killed (SIGKILL) and replaced at once. Per event: the replacement's start-up time, the shard
+moves seen in the group view (a shard's owner changing, counted on the restarted member's shards
+and on the others'), whether the restarted member got exactly its shards back, and how long each
+of its shards sat idle (from the last message handled before the event to the first after).
+Writes bench/results/rebalance-rolling.json. About 2 minutes at `--shards 12`.
 """
 
 from __future__ import annotations
@@ -91,6 +101,7 @@ from tests import redis_servers
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "rebalance.json"
+ROLLING_RESULTS = HERE / "results" / "rebalance-rolling.json"
 MODES = ("push", "interval", "eager")
 GROUP = "bench"
 VIEW_EVERY_S = 0.05
@@ -241,7 +252,9 @@ class Scenario:
             for i, value in enumerate(schedstat(worker.proc.pid)):
                 self.worker_sched[i] += value
 
-    def start_worker(self) -> Worker:
+    def start_worker(self, identity: dict[str, str] | None = None, member: str | None = None) -> Worker:
+        """A worker (`identity`: its environment's identity variables instead of a new POD_IP,
+        `member`: then its member id)."""
         index = self.next_index
         self.next_index += 1
         name = f"w{index}"
@@ -256,13 +269,13 @@ class Scenario:
             "RSC_BENCH_GROUP": GROUP,
             "RSC_BENCH_OUT": str(out),
             "RSC_BENCH_GATE_MS": str(self.args.gate_ms),
-            "POD_IP": ip,
+            **(identity or {"POD_IP": ip}),
         }
         log = out.with_suffix(".log").open("wb")
         argv = [sys.executable, str(HERE / "rebalance_app.py")]
         proc = subprocess.Popen(argv, env=env, cwd=HERE, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        worker = Worker(name, proc, out, f"{ip}/handle/0")
+        worker = Worker(name, proc, out, member or f"{ip}/handle/0")
         self.workers.append(worker)
         self.alive.append(worker)
         return worker
@@ -349,6 +362,156 @@ class Scenario:
         coordinator = [b - a for a, b in zip(sched0, schedstat(self.coordinator_pid), strict=True)]
         result["runQueue"] = {"coordinator": run_queue(coordinator), "workers": run_queue(self.worker_sched)}
         return result
+
+
+# --- rolling restarts ------------------------------------------------------------------
+
+
+class Rolling(Scenario):
+    """Rolling restarts, then a crash with an immediate replacement, of three workers with
+    stable ids: static members (`mode` "static") or not ("dynamic")."""
+
+    def identity(self, slot: int) -> tuple[dict[str, str], str]:
+        """The environment and member id of the worker in `slot` (1-3), whichever process runs it."""
+        env = {"RSC_INSTANCE_ID": f"w{slot}", "RSC_STATIC": "true" if self.mode == "static" else "false"}
+        return env, f"w{slot}/handle/0"
+
+    def restart(self, view: ViewWatcher, slot: int, kind: str) -> dict[str, Any]:
+        env, member = self.identity(slot)
+        before = view.wait(self.settled(3), time.monotonic(), 30, "a stable group before the restart")
+        old = next(w for w in self.alive if w.member == member)
+        self.alive.remove(old)
+        trigger = time.monotonic()
+        self.note_sched(old)
+        old.proc.send_signal(signal.SIGTERM if kind == "restart" else signal.SIGKILL)
+        old.proc.wait(timeout=60)
+        new = self.start_worker(env, member)
+        mine = before.owners.get(member, frozenset())
+        # Done: the replacement handled a message on each of those shards (a crash shows in the
+        # view only once the replacement took the id over), and the group is stable.
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while not mine <= set(read_records(new.out).handled):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replacement of {member} did not handle its shards")
+            time.sleep(VIEW_EVERY_S)
+        done = view.wait(self.settled(3), time.monotonic(), SETTLE_TIMEOUT_S, f"the {kind} of {member}")
+        samples = [s for s in view.samples if trigger <= s.t <= done.t]
+        moves_own = moves_others = 0
+        for shard in range(self.args.shards):
+            owners = [before.owners and owner_of(before.owners).get(shard)]
+            for s in samples:
+                owner = owner_of(s.owners).get(shard)
+                if owner is not None and owner != owners[-1]:
+                    owners.append(owner)
+            changes = len(owners) - 1
+            if shard in mine:
+                moves_own += changes
+            else:
+                moves_others += changes
+        started = first(read_records(new.out).trace, lambda r: r["k"] == "started")
+        print(
+            f"  {self.mode} {kind} {member}: settled +{done.t - trigger:.2f} s, "
+            f"moves {moves_own} own / {moves_others} others",
+            file=sys.stderr,
+        )
+        time.sleep(self.args.settle + self.random.uniform(0, INTERVAL_S))
+        return {
+            "kind": kind,
+            "member": member,
+            "trigger": trigger,
+            "settledS": round(done.t - trigger, 2),
+            "startupS": round(started["t"] - trigger, 2) if started else math.nan,
+            "doneAt": done.t,
+            "shards": sorted(mine),
+            "movesOwn": moves_own,
+            "movesOthers": moves_others,
+            "sameShardsBack": done.owners.get(member, frozenset()) == mine,
+        }
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        with (
+            redis.Redis.from_url(self.redis_url) as r,
+            SyncProducer(SyncCoordinator(self.url), r, self.stream, f"bench/{self.stream}") as producer,
+        ):
+            view = ViewWatcher(self.url, self.stream)
+            view.start()
+            publisher = Publisher(producer, args.rate)
+            events = []
+            try:
+                for slot in (1, 2, 3):
+                    self.start_worker(*self.identity(slot))
+                view.wait(self.settled(3), 0, 60, "three workers to settle")
+                publisher.start()
+                time.sleep(args.steady)
+                for slot in (1, 2, 3):
+                    events.append(self.restart(view, slot, "restart"))
+                events.append(self.restart(view, 1, "crash"))
+            finally:
+                with contextlib.suppress(Exception):
+                    publisher.stop()
+                with contextlib.suppress(Exception):
+                    view.stop()
+                for worker in self.alive:
+                    worker.proc.send_signal(signal.SIGTERM)
+                for worker in self.workers:
+                    try:
+                        worker.proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        worker.proc.kill()
+                        worker.proc.wait()
+        handled: dict[int, list[float]] = {}
+        for worker in self.workers:
+            for shard, times in read_records(worker.out).handled.items():
+                handled.setdefault(shard, []).extend(times)
+        for times in handled.values():
+            times.sort()
+        for event in events:
+            # per shard of the restarted member, the longest time nothing was handled on it
+            # from just before the event until it was done
+            gaps = []
+            for shard in event["shards"]:
+                times = handled.get(shard, [])
+                before = [t for t in times if t <= event["trigger"]][-1:]
+                during = [t for t in times if event["trigger"] < t <= event["doneAt"] + 1.0]
+                points = before + during
+                if len(points) >= 2:
+                    gaps.append(max(b - a for a, b in itertools.pairwise(points)) * 1000)
+            event["idleP50Ms"] = round(percentile(gaps, 50), 1)
+            event["idleMaxMs"] = round(max(gaps), 1) if gaps else math.nan
+            del event["trigger"], event["doneAt"]
+        return {"mode": self.mode, "events": events}
+
+
+def report_rolling(args: argparse.Namespace, results: list[dict[str, Any]], elapsed: float) -> None:
+    header = (
+        f"{'members':<9}{'event':<9}{'member':<13}{'start-up s':>11}{'settled s':>10}{'own moves':>10}"
+        f"{'others':>8}{'same back':>10}{'idle p50 ms':>12}{'idle max':>9}"
+    )
+    print(f"\nrolling restarts: {args.shards} shards, {args.rate:g} msg/s, 3 s heartbeats, 10 s lease")
+    print(header)
+    print("-" * len(header))
+    for result in results:
+        for e in result["events"]:
+            print(
+                f"{result['mode']:<9}{e['kind']:<9}{e['member']:<13}{e['startupS']:>11.2f}{e['settledS']:>10.2f}"
+                f"{e['movesOwn']:>10}{e['movesOthers']:>8}{'yes' if e['sameShardsBack'] else 'no':>10}"
+                f"{e['idleP50Ms']:>12.0f}{e['idleMaxMs']:>9.0f}"
+            )
+        print("-" * len(header))
+    ROLLING_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": "rebalance-rolling",
+        "python": platform.python_version(),
+        "shards": args.shards,
+        "rate": args.rate,
+        "heartbeatIntervalMs": 3000,
+        "leaseMs": 10000,
+        "elapsedS": round(elapsed, 1),
+        "results": results,
+    }
+    ROLLING_RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nwrote {ROLLING_RESULTS}")
 
 
 # --- analysis -------------------------------------------------------------------------
@@ -781,6 +944,9 @@ def main() -> None:
     parser.add_argument("--seed", default="1", help="of the random pause between events")
     parser.add_argument("--quick", action="store_true", help="--steady 2 --settle 1.5 --cycles 1")
     parser.add_argument("--keep", type=Path, help="keep the workers' records and logs in this directory")
+    parser.add_argument(
+        "--scenario", choices=("events", "rolling"), default="events", help="rolling: rolling restarts"
+    )
     args = parser.parse_args()
     if args.quick:
         args.steady, args.settle, args.cycles = 2.0, 1.5, 1
@@ -797,6 +963,12 @@ def main() -> None:
     ):
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
+        if args.scenario == "rolling":
+            rolling = [
+                Rolling(args, kind, url, redis_url, pid, workdir).run() for kind in ("static", "dynamic")
+            ]
+            report_rolling(args, rolling, time.monotonic() - started)
+            return
         for mode in args.modes:
             print(f"{mode}:", file=sys.stderr)
             results.append(Scenario(args, mode, url, redis_url, pid, workdir).run())
