@@ -387,11 +387,27 @@ def serve(
         raise StartupError(f"configuration refused: {exc}") from exc
 
     async def run(settings: config_module.Settings) -> None:
+        # With the demo, SIGTERM/SIGINT first let its members leave gracefully (a quick re-run
+        # finds none of them in its way), then stop the server.
+        leave, shutdown = trio.Event(), trio.Event() if demo else None
         async with trio.open_nursery() as nursery:
 
             async def announce(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-                await serving.serve(settings, bind, task_status=task_status)
+                await serving.serve(settings, bind, task_status=task_status, shutdown=shutdown)
                 nursery.cancel_scope.cancel()  # the server stopped (SIGTERM/SIGINT): so does the demo
+
+            async def demo_then_stop() -> None:
+                assert shutdown is not None
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(run_demo, urls[0], click.echo, None, 1.0, leave)
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            click.echo(
+                                f"rsc serve: {signal.Signals(signum).name}: demo members leave, then it stops"
+                            )
+                            break
+                    leave.set()
+                shutdown.set()
 
             urls = await nursery.start(announce)
             serving.tune_gc()
@@ -410,7 +426,7 @@ def serve(
                 )
             if demo:
                 click.echo(f"demo: watch it at {urls[0]}/ui")
-                nursery.start_soon(run_demo, urls[0], click.echo)
+                nursery.start_soon(demo_then_stop)
 
     with serving.embedded_redis(settings) as effective:
         _run_coordinator(run, effective, bind)

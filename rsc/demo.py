@@ -81,17 +81,28 @@ async def _run(member: Member, say: Callable[[str], None]) -> None:
         say(f"demo: {member.member_id} stopped: {exc}")
 
 
+#: How long the members still running may take to leave once the demo is asked to stop.
+LEAVE_S = 3.0
+
+
 async def run_demo(
-    base_url: str, say: Callable[[str], None], rounds: int | None = None, pace_s: float = 1.0
+    base_url: str,
+    say: Callable[[str], None],
+    rounds: int | None = None,
+    pace_s: float = 1.0,
+    stop: trio.Event | None = None,
 ) -> None:
-    """Run the demo script (forever, or for `rounds` steps of `pace_s`); members that are
-    still running at the end stop without leaving, as a crashed process would."""
+    """Run the demo script (forever, or for `rounds` steps of `pace_s`, or until `stop` is
+    set: then the members still running leave gracefully, within `LEAVE_S`, so that a demo
+    started again at once finds no member of this one in its way). Members still running at
+    the end of the rounds stop without leaving, as a crashed process would."""
     ids = [f"10.0.0.{i}/demo-worker/0" for i in range(1, 4)]
     active: dict[int, Member] = {}
     outage = coordinator_outage()  # one line when the coordinator stops answering, not one per member
+    stop = trio.Event() if stop is None else stop
     async with Coordinator(base_url) as coordinator, trio.open_nursery() as nursery:
         step = 0
-        while rounds is None or step < rounds:
+        while (rounds is None or step < rounds) and not stop.is_set():
             action = SCRIPT.get(step % 18)
             if action:
                 verb, number = action.split()
@@ -111,5 +122,13 @@ async def run_demo(
                     await member.wait_left()
                     say(f"demo: {member.member_id} leaves gracefully")
             step += 1
-            await trio.sleep(pace_s)
+            with trio.move_on_after(pace_s):
+                await stop.wait()
+        if stop.is_set() and active:
+            with trio.move_on_after(LEAVE_S):
+                for member in active.values():
+                    member.stop()
+                for member in active.values():
+                    await member.wait_left()
+                say(f"demo: {', '.join(m.member_id for m in active.values())} left gracefully")
         nursery.cancel_scope.cancel()

@@ -43,6 +43,35 @@ def test_the_demo_server_stops_cleanly(standalone_url: str, tmp_path: Path, sign
     text = log_path.read_text()
     assert process.returncode == 0, text
     assert "Traceback" not in text, text
+    assert "left gracefully" in text, text  # its members leave before it stops
+
+
+def test_make_run_again_right_after_ctrl_c_finds_no_member_in_its_way(
+    standalone_url: str, tmp_path: Path
+) -> None:
+    """`make run`, Ctrl-C, `make run` at once: the demo's members left with the first run, so
+    the second run's members join at once instead of waiting for the old ones' leases."""
+    port = free_port()
+    env = {**os.environ, "RSC_REDIS_URL": standalone_url, "RSC_KEY_PREFIX": f"rerun{port}:"}
+    command = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}", "--demo"]
+    texts = []
+    for run in range(2):
+        log_path = tmp_path / f"serve-{run}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                began = time.monotonic()
+                wait_for_output(process, log_path, "demo: 10.0.0.1/demo-worker/0 epoch")
+                reading = time.monotonic() - began
+                process.send_signal(signal.SIGINT)
+                process.wait(timeout=20)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        texts.append(log_path.read_text())
+    assert "another incarnation" not in texts[1], texts[1]
+    assert reading < 8, texts[1]  # not a lease (10 s) of waiting for the first run's member
 
 
 TAKEN = "{taken}"
