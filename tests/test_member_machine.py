@@ -93,6 +93,23 @@ def test_fenced_drops_everything_and_rejoins_at_once() -> None:
     assert (m.request(1).member_epoch, m.owned) == (0, frozenset())
 
 
+def test_a_static_member_says_so_and_stops_for_good_once_replaced() -> None:
+    """FENCED with reason REPLACED: a newer process has its static id; this one drops everything
+    and sends nothing more (a rejoin would take the id back: two processes taking turns)."""
+    m = MemberMachine("s", "g", "m", "inc", ClientInfo("t", "1"), attrs.evolve(SETTINGS, static=True))
+    request = m.request(0)
+    assert request.static is True
+    m.receive(request, answer(epoch=4, assigned={0, 1}), 0)
+    steps = m.receive(m.request(1), answer(HeartbeatStatus.FENCED, epoch=0, reason=FenceReason.REPLACED), 1)
+    assert steps.lost == {0, 1}
+    assert steps.replaced is not None
+    assert "replaced" in steps.replaced
+    assert m.replaced == steps.replaced
+    assert m.left
+    assert m.next_heartbeat_at(1) == math.inf  # nothing more is sent
+    assert machine().request(0).static is False  # members are not static unless asked
+
+
 def test_failed_heartbeats_retry_sooner_and_self_fence_past_the_lease() -> None:
     m = machine()
     m.receive(m.request(0), answer(assigned={0}), 0)

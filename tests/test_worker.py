@@ -511,3 +511,26 @@ def _series(text: str, name: str, prefix: str) -> list[str]:
 async def _stable(http: httpx.AsyncClient, prefix: str, count: int) -> bool:
     members = (await group_view(http, prefix))["members"]
     return len(members) == count and all(m["state"] == "STABLE" and m["assigned"] for m in members)
+
+
+def test_members_are_static_with_an_explicit_instance_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stable identity (RSC_INSTANCE_ID, `instance_id=`) makes members static; a pod IP or
+    host-pid does not; `static=` / RSC_STATIC decide otherwise; a nonsense RSC_STATIC is refused."""
+    from rsc.client.app import static_members
+
+    monkeypatch.delenv("RSC_INSTANCE_ID", raising=False)
+    monkeypatch.delenv("RSC_STATIC", raising=False)
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    assert static_members() is False
+    assert static_members(instance="w1") is True
+    monkeypatch.setenv("RSC_INSTANCE_ID", "w1")
+    assert static_members() is True
+    assert static_members(False) is False
+    monkeypatch.setenv("RSC_STATIC", "false")
+    assert static_members() is False
+    monkeypatch.delenv("RSC_INSTANCE_ID")
+    monkeypatch.setenv("RSC_STATIC", "TRUE")
+    assert static_members() is True
+    monkeypatch.setenv("RSC_STATIC", "maybe")
+    with pytest.raises(ValueError, match="RSC_STATIC"):
+        static_members()
