@@ -529,3 +529,23 @@ async def test_groups_describe_lists_every_shard_the_group_reads_owned_or_not(
     owned = await rsc(http, "groups", "describe", prefix, "billing")
     assert re.search(r"SHARD  OWNER\n\s+0  a\n\s+1  a\n", owned.output), owned.output
     assert re.search(r"\na\s+\d+  STABLE", owned.output), owned.output
+
+
+async def test_groups_set_the_static_hold(http: httpx.AsyncClient, prefix: str) -> None:
+    """`--static-hold-ms` sets how long a static member's shards wait for it; a change of
+    another field keeps it; the group view's config carries it."""
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    made = await rsc(http, "groups", "create", prefix, "billing", "--static-hold-ms", "30000")
+    assert made.exit_code == 0, made.output
+    assert "staticHoldMs 30000" in made.output
+    changed = await rsc(http, "groups", "set", prefix, "billing", "--max-concurrency", "2")
+    assert "maxConcurrency 2, startFrom earliest, staticHoldMs 30000" in changed.output
+    view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert view["config"]["staticHoldMs"] == 30000
+    assert (await rsc(http, "groups", "set", prefix, "billing", "--static-hold-ms", "-1")).exit_code == 2
+    spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
+    assert spec == {"maxConcurrency": 2, "startFrom": "earliest", "staticHoldMs": 30000}
+    too_long = await http.patch(
+        f"/v1/admin/streams/{prefix}/groups/billing", json={"staticHoldMs": 3_600_001}, auth=AUTH
+    )
+    assert too_long.status_code == 400

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from rsc.client.admin import AdminClient, AdminError, Answer
+from rsc.events.model import MAX_STATIC_HOLD_MS
 
 F = TypeVar("F", bound=Callable[..., Any])
 OUTPUTS = click.Choice(["table", "json"])
@@ -357,6 +358,9 @@ def _members_table(view: Mapping[str, Any]) -> str:
     return table(["MEMBER", "EPOCH", "STATE", "LEASE LEFT", "ASSIGNED", "REVOKING"], rows)
 
 
+STATIC_HOLD_HELP = "How long a static member's shards wait for it after it stopped (default: one lease)."
+
+
 @groups.command("create")
 @click.argument("stream")
 @click.argument("group")
@@ -364,12 +368,21 @@ def _members_table(view: Mapping[str, Any]) -> str:
 @click.option(
     "--start-from", type=click.Choice(["earliest", "latest"]), default="earliest", show_default=True
 )
+@click.option("--static-hold-ms", type=click.IntRange(0, MAX_STATIC_HOLD_MS), help=STATIC_HOLD_HELP)
 @connection_options
 def groups_create(
-    admin: AdminClient, output: str, stream: str, group: str, max_concurrency: int, start_from: str
+    admin: AdminClient,
+    output: str,
+    stream: str,
+    group: str,
+    max_concurrency: int,
+    start_from: str,
+    static_hold_ms: int | None,
 ) -> None:
     """Create a group of an existing stream (refused if it exists: use `set`)."""
-    spec = {"maxConcurrency": max_concurrency, "startFrom": start_from}
+    spec: dict[str, Any] = {"maxConcurrency": max_concurrency, "startFrom": start_from}
+    if static_hold_ms is not None:
+        spec["staticHoldMs"] = static_hold_ms
     answer = _said_412(
         lambda: admin.put_group(stream, group, spec, create_only=True),
         f"group {group!r} of {stream!r} exists: `rsc groups set` changes it",
@@ -382,6 +395,7 @@ def groups_create(
 @click.argument("group")
 @click.option("--max-concurrency", type=click.IntRange(1, 1_024), help="Workers per member.")
 @click.option("--start-from", type=click.Choice(["earliest", "latest"]), help="Fixed once created (409).")
+@click.option("--static-hold-ms", type=click.IntRange(0, MAX_STATIC_HOLD_MS), help=STATIC_HOLD_HELP)
 @click.option("--if-match", "if_match", type=int, help="Only if the group is at this revision.")
 @connection_options
 def groups_set(
@@ -391,6 +405,7 @@ def groups_set(
     group: str,
     max_concurrency: int | None,
     start_from: str | None,
+    static_hold_ms: int | None,
     if_match: int | None,
 ) -> None:
     """Change the fields given of an existing group (the others stay)."""
@@ -399,6 +414,8 @@ def groups_set(
         patch["maxConcurrency"] = max_concurrency
     if start_from is not None:
         patch["startFrom"] = start_from
+    if static_hold_ms is not None:
+        patch["staticHoldMs"] = static_hold_ms
     # `If-Match: *` at least: a misspelt name is an error, not a new group.
     answer = _said_412(
         lambda: admin.patch_group(stream, group, patch, if_match="*" if if_match is None else if_match),
@@ -412,6 +429,8 @@ def groups_set(
 def _group_done(admin: AdminClient, output: str, answer: Answer, stream: str, group: str) -> None:
     spec = answer.body["spec"]
     what = f"maxConcurrency {spec['maxConcurrency']}, startFrom {spec['startFrom']}"
+    if spec.get("staticHoldMs") is not None:
+        what += f", staticHoldMs {spec['staticHoldMs']}"
     done(admin, output, answer, f"group {group} of {stream}: {what}")
 
 
