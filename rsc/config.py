@@ -42,7 +42,7 @@ they come from requests and the Admin API.
     coordinator_lease_ttl_ms = 4000           # RSC_COORDINATOR_LEASE_TTL_MS: one active coordinator
     coordinator_lease_replicas = 0            # RSC_COORDINATOR_LEASE_REPLICAS: replicas to ack it (WAIT)
     advertise_url = "http://10.0.0.5:8080"    # RSC_ADVERTISE_URL: what standbys tell clients
-    initial_feature_level = 3                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
+    initial_feature_level = 4                 # RSC_INITIAL_FEATURE_LEVEL: a new deployment's level
     quiesce_pause_timeout_ms = 30000          # RSC_QUIESCE_PAUSE_TIMEOUT_MS: PAUSING's bound
     quiesce_consume_timeout_ms = 300000       # RSC_QUIESCE_CONSUME_TIMEOUT_MS: QUIESCED's bound
     consumer_prune_interval_ms = 30000        # RSC_CONSUMER_PRUNE_INTERVAL_MS: departed members' consumers
