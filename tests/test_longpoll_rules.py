@@ -60,6 +60,10 @@ def test_what_concerns_a_held_heartbeat() -> None:
     assert longpoll.concerns(retarget, "c", frozenset())
     assert not longpoll.concerns(retarget, "b", frozenset({1}))
     assert longpoll.change_of([ShardsRevokeAcked("a", frozenset({2}))]) is None
+    # A quarantine's end makes its shards installable: a member waiting for them is asked again.
+    unquarantined = longpoll.change_of([QuarantineEnded(frozenset({3}))])
+    assert unquarantined is not None
+    assert longpoll.concerns(unquarantined, "b", frozenset({3}))
 
 
 def test_a_recheck_never_acknowledges_and_is_refused_once_the_member_moved_on() -> None:

@@ -6,7 +6,7 @@ and that has nothing to acknowledge sends `waitMs` > 0. Instead of answering
 the coordinator holds the answer (`should_hold`: it only waits, nothing new
 to start, its epoch did not move). Whenever a persisted batch of the group
 concerns a held heartbeat (`concerns`: one of its pending shards was
-released, its target changed, it left or was fenced, the layout changed),
+released or came out of quarantine, its target changed, it left or was fenced, the layout changed),
 the coordinator decides the same heartbeat again as a *recheck* (`again`:
 renews the lease and installs what is free, never acknowledges, refused once
 the member moved on), and answers as soon as the answer says something new
@@ -31,6 +31,7 @@ from rsc.events.events import (
     MemberEpochAdvanced,
     MemberFenced,
     MemberLeft,
+    QuarantineEnded,
     ShardsReleased,
     TargetAssignmentUpdated,
 )
@@ -57,7 +58,7 @@ def change_of(events: Iterable[GroupEvent]) -> Change | None:
     layout = advanced = False
     for event in events:
         match event:
-            case ShardsReleased():
+            case ShardsReleased() | QuarantineEnded():  # installable now
                 released.update(event.shards)
             case TargetAssignmentUpdated():
                 members.update(event.changed)
