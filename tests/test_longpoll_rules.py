@@ -12,7 +12,7 @@ from rsc.client.batching import BatchingTransport
 from rsc.events import longpoll
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import StaleRecheck
-from rsc.events.events import ShardsReleased, ShardsRevokeAcked, TargetAssignmentUpdated
+from rsc.events.events import QuarantineEnded, ShardsReleased, ShardsRevokeAcked, TargetAssignmentUpdated
 from rsc.events.member import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo, HeartbeatStatus, ReleaseReason
 from rsc.events.respond import respond
