@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import attrs
 import click
@@ -25,7 +25,7 @@ from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId, KeySpace, check_namespace
 from rsc.actors.redis_store import RedisStore
 from rsc.client.app import App
-from rsc.client.errors import CoordinatorRejected, RscError
+from rsc.client.errors import CoordinatorRejected, MemberReplaced, RscError
 from rsc.connect import RedisRefused, first_leaf, redacted
 from rsc.demo import run_demo
 from rsc.http import serve as serving
@@ -464,6 +464,9 @@ def _client_error_in(group: BaseExceptionGroup[BaseException]) -> RscError | Non
 
 # --- rsc worker --------------------------------------------------------------
 
+#: `rsc worker`'s exit code when a newer process took its static member ids over.
+REPLACED_EXIT = 3
+
 
 @main.command()
 @click.argument("target")
@@ -567,11 +570,19 @@ def worker(
         ended = exc if isinstance(exc, RscError) else _client_error_in(exc)
         if ended is None:
             raise
-        # A wrong credential, a forbidden stream, a coordinator this client cannot read: say so
-        # in one line, not a traceback per member.
-        if isinstance(ended, CoordinatorRejected):
-            raise click.ClickException(f"the coordinator refused this worker: {ended}") from exc
-        raise click.ClickException(f"the worker stopped: {ended}") from exc
+        _worker_ended(ended, exc)
+
+
+def _worker_ended(ended: RscError, exc: BaseException) -> NoReturn:
+    """A worker stopped by an error of the client library: one line, not a traceback per member
+    (a wrong credential, a forbidden stream, a coordinator this client cannot read)."""
+    if isinstance(ended, CoordinatorRejected):
+        raise click.ClickException(f"the coordinator refused this worker: {ended}") from exc
+    if isinstance(ended, MemberReplaced):
+        # Exit 3, not 1: a supervisor should not restart it (it would take the ids back).
+        click.echo(f"Error: the worker stopped: {ended}", err=True)
+        raise SystemExit(REPLACED_EXIT) from exc
+    raise click.ClickException(f"the worker stopped: {ended}") from exc
 
 
 for _command in admin_tools.COMMANDS:

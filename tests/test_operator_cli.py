@@ -281,6 +281,13 @@ async def test_apply_plans_applies_is_idempotent_and_sees_drift(
     assert (await apply(http, "apply", "-f", path)).exit_code == 0
     spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
     assert spec["maxConcurrency"] == 2
+    # A static hold set elsewhere is drift too: the file's group is a whole spec (default hold).
+    await http.patch(f"/v1/admin/streams/{prefix}/groups/billing", json={"staticHoldMs": 30000}, auth=AUTH)
+    held = await apply(http, "diff", "-f", path)
+    assert held.output.splitlines()[0] == f"~ group {prefix}/billing: staticHoldMs 30000 -> default"
+    assert (await apply(http, "apply", "-f", path)).exit_code == 0
+    spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
+    assert "staticHoldMs" not in spec
     # Scaling is a change of the file.
     bigger = spec_file(tmp_path, prefix, shards=4, name="bigger.toml")
     scaled = await apply(http, "apply", "-f", bigger)

@@ -9,9 +9,10 @@ when that costs no extra move (memory).
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
-from rsc.events.commands import ConfigureGroup, Heartbeat, RemoveMember
+from rsc.events.commands import ApplyLayout, ConfigureGroup, Heartbeat, RemoveMember
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import (
     AssignmentHeld,
@@ -20,7 +21,7 @@ from rsc.events.events import (
     QuarantineEnded,
     ShardsQuarantined,
 )
-from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
+from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus, ShardState
 from rsc.events.versions import EVENT_LEVELS
 from rsc.events.wire import HeartbeatResponse
 from tests.groupkit import TIMING, Group
@@ -40,7 +41,7 @@ def settle(g: Group, members: dict[str, str], static: bool = True, rounds: int =
 def three_static(shards: int = 12) -> Group:
     g = Group.create(shards=shards)
     settle(g, {"w1": "a1", "w2": "a2", "w3": "a3"})
-    assert {m: len(g.state.target_of(m)) for m in ("w1", "w2", "w3")} == {"w1": 4, "w2": 4, "w3": 4}
+    assert {len(g.state.target_of(m)) for m in ("w1", "w2", "w3")} == {shards // 3}
     assert all(g.state.members[m].assigned == g.state.target_of(m) for m in ("w1", "w2", "w3"))
     return g
 
@@ -101,9 +102,45 @@ def test_the_hold_is_a_group_setting() -> None:
     g.run(ConfigureGroup(GroupConfig(static_hold_ms=60_000)))
     leave_gracefully(g, "w1", "a1")
     assert g.state.holds["w1"].until_ms == g.now + 60_000
-    g.run(ConfigureGroup(GroupConfig(static_hold_ms=0)))
-    g.tick()
-    g.tick()  # an ended hold is ended at the next tick whatever it was set to
+    g.now += 1_000
+    g.run(ConfigureGroup(GroupConfig(static_hold_ms=5_000), g.now))  # shorter: applies to it too
+    assert g.state.holds["w1"].until_ms == g.now + 5_000
+    g.run(ConfigureGroup(GroupConfig(static_hold_ms=60_000), g.now))  # longer: only later holds
+    assert g.state.holds["w1"].until_ms == g.now + 5_000
+    g.run(ConfigureGroup(GroupConfig(static_hold_ms=0), g.now))  # an operator ends it now
+    assert "w1" not in g.state.holds
+    assert "w1" not in g.state.target
+
+
+def test_a_draining_shard_is_never_held() -> None:
+    """A static member that stops while it reads a DRAINING shard (a scale-in under way): that
+    shard goes to another member at once, so the scale-in (or a quiesce) does not wait a hold."""
+    g = three_static(shards=6)
+    draining = max(g.state.target_of("w1"))
+    g.scale(6, 2)  # the same count: then mark one DRAINING by hand below
+    layout = g.state.layout
+    shards = tuple(
+        attrs.evolve(sh, state=ShardState.DRAINING) if sh.index == draining else sh for sh in layout.shards
+    )
+    g.run(ApplyLayout(attrs.evolve(layout, metadata_version=3, shards=shards), g.now))
+    settle(g, {"w1": "a1", "w2": "a2", "w3": "a3"})
+    assert draining in g.state.target_of("w1")
+    # its leave: the ACTIVE shards are revoked at once, the DRAINING one once its next owner is ready
+    for _ in range(6):
+        member = g.state.members.get("w1")
+        if member is None:
+            break
+        if not member.installed:
+            g.hb("w1", -1, incarnation="a1", static=True)
+            continue
+        owned, revoked = member.assigned, member.revoking
+        g.hb("w1", member.member_epoch, owned, revoked, "a1", static=True, leaving=True)
+        settle(g, {"w2": "a2", "w3": "a3"}, rounds=1)
+    assert "w1" not in g.state.members
+    assert draining not in g.state.target_of("w1")
+    assert g.state.holds["w1"].static
+    settle(g, {"w2": "a2", "w3": "a3"})
+    assert draining in g.state.owners  # read on by another member
 
 
 def test_an_operator_ends_a_hold_by_removing_the_member() -> None:

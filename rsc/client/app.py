@@ -38,6 +38,7 @@ from prometheus_client import start_http_server
 
 from rsc.client.batching import BatchingTransport
 from rsc.client.coordinator import Coordinator, coordinator_urls
+from rsc.client.errors import MemberReplaced
 from rsc.client.member import Member, MemberSettings, coordinator_outage
 from rsc.client.metrics import WorkerMetrics
 from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
@@ -130,6 +131,8 @@ class App:
         #: Coordinator outages, logged once for all the members of the process.
         self.coordinator_outage = coordinator_outage()
         self._stop = trio.Event()
+        #: A member of this process was taken over by a newer process with its static id.
+        self.replaced: MemberReplaced | None = None
 
     def listener(
         self,
@@ -209,6 +212,8 @@ class App:
                 for member in self.members:
                     member.stop()
             services.cancel_scope.cancel()
+        if self.replaced is not None:
+            raise self.replaced
 
     def _wake_block_s(self) -> float:
         return max((listener.poller.wake_block_s for listener in self.listeners), default=0.0)
@@ -251,10 +256,20 @@ class App:
             settings=self.member_settings,
             outage=self.coordinator_outage,
         )
-        await members.start(member.run)
+        await members.start(self._run_member, member)
         self.pollers.append(poller)
         self.members.append(member)
         log.info("member %s joins %s/%s", member_id, listener.stream, listener.group)
+
+    async def _run_member(self, member: Member, *, task_status: trio.TaskStatus[None]) -> None:
+        """Run `member`; if a newer process took its static id over, the process stops: its other
+        members leave gracefully (not cancelled mid-handler), then `run` raises `MemberReplaced`."""
+        try:
+            await member.run(task_status=task_status)
+        except MemberReplaced as exc:
+            if self.replaced is None:
+                self.replaced = exc
+            self.stop()
 
 
 def _timeout_s(coordinator_url: str | Sequence[str]) -> float:

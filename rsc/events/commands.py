@@ -94,9 +94,11 @@ class ApplyLayout:
 
 @attrs.frozen
 class ConfigureGroup:
-    """Change per-group settings (Admin API)."""
+    """Change per-group settings (Admin API), at `now_ms` (a shorter static hold applies to the
+    holds under way from then)."""
 
     config: GroupConfig
+    now_ms: int = 0
 
 
 @attrs.frozen

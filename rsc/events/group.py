@@ -149,20 +149,23 @@ class GroupState:
 
     def pending_of(self, member: Member) -> frozenset[int]:
         """Targeted shards not yet installed to `member` (someone else holds them, it must revoke
-        first, or they are quarantined); nothing for a member that is leaving."""
-        if member.leaving:
+        first, or they are quarantined); nothing for a static member that is leaving (its target
+        is kept for its return, not for now)."""
+        if member.leaving and member.static:
             return _EMPTY
         return self.target_of(member.member_id) - member.installed
 
     def held(self) -> dict[str, frozenset[int]]:
-        """Member id -> readable shards held for it: a static member that stopped, within its
+        """Member id -> ACTIVE shards held for it: a static member that stopped, within its
         hold, and a static member that is leaving (its shards wait for it, not for others).
-        The assignor balances the other shards over the other members."""
-        readable = self.layout.readable_indexes
-        out = {m: self.target_of(m) & readable for m, hold in self.holds.items() if hold.static}
+        The assignor balances the other shards over the other members. A DRAINING shard is
+        never held: it is not new work, and a scale-in (or a quiesce migration) waits for it to
+        be read to its end, so it goes to another member as when any member leaves."""
+        active = self.layout.active_indexes
+        out = {m: self.target_of(m) & active for m, hold in self.holds.items() if hold.static}
         for m, member in self.members.items():
             if member.static and member.leaving:
-                out[m] = self.target_of(m) & readable
+                out[m] = self.target_of(m) & active
         return out
 
     def quarantined(self, now_ms: int) -> frozenset[int]:
@@ -516,6 +519,7 @@ def _decide(
                 raise InvalidCommand(f"staticHoldMs must be between 0 and {MAX_STATIC_HOLD_MS}")
             if decision.group.config != command.config:
                 decision.emit(GroupConfigured(command.config))
+                _shorten_holds(decision, command.now_ms)
         case RemoveMember():
             group = decision.group
             if command.member_id not in group.members:
@@ -584,6 +588,7 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
         return
     if group.holds or group.quarantine:
         _expire(decision, hb.now_ms)
+        _refresh_target(decision, hb.now_ms)  # a hold that ended gives its shards out now
         group = decision.group
     static = hb.static and decision.static_level
     if member is not None and member.incarnation != hb.incarnation:
@@ -704,6 +709,18 @@ def _replace(decision: _Decision, member: Member, now_ms: int) -> None:
     _hold(decision, member, shards, now_ms)
 
 
+def _shorten_holds(decision: _Decision, now_ms: int) -> None:
+    """A hold set shorter applies to the holds under way too: none lasts longer than the new
+    setting from now (0 ends them at once)."""
+    group = decision.group
+    latest = now_ms + _hold_ms(group)
+    for member_id, hold in sorted(group.holds.items()):
+        if hold.static and hold.until_ms > latest and member_id not in group.members:
+            decision.emit(AssignmentHeld(member_id, hold.incarnation, hold.shards, latest, static=True))
+    _expire(decision, now_ms)
+    _refresh_target(decision, now_ms)
+
+
 def _expire(decision: _Decision, now_ms: int) -> None:
     """End the quarantines and holds that are over at `now_ms`."""
     group = decision.group
@@ -734,7 +751,8 @@ def _reconcile(decision: _Decision, hb: Heartbeat) -> None:
         decision.emit(ShardsReleased(member.member_id, acked, ReleaseReason.REVOKE_ACKED))
     group = decision.group
     member = group.members[hb.member_id]
-    target = _EMPTY if member.leaving else group.target_of(member.member_id)
+    # (A static member that is leaving keeps its target for its return: it holds nothing now.)
+    target = _EMPTY if member.leaving and member.static else group.target_of(member.member_id)
     to_revoke = _ready_to_move(group, member.assigned - target)
     if to_revoke:
         deadline = hb.now_ms + group.timing.revoke_timeout_ms
@@ -870,7 +888,8 @@ def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
     ready = set()
     for shard in shards:
         owner = group.members.get(owner_of.get(shard, ""))
-        if owner is None or owner.leaving or owner.member_epoch == group.assignment_epoch:
+        static_leaving = owner is not None and owner.leaving and owner.static
+        if owner is None or static_leaving or owner.member_epoch == group.assignment_epoch:
             ready.add(shard)
     return frozenset(ready)
 

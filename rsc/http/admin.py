@@ -483,7 +483,8 @@ async def _apply_group(
             {"field": "startFrom", "stored": stored.start_from.value},
         )
     # Never creates: a group deleted meanwhile is not brought back with the default config.
-    await registry.ask_group(stream_prefix, group, ConfigureGroup(config), create=False, expect=expect)
+    configure = ConfigureGroup(config, registry.clock.now_ms())
+    await registry.ask_group(stream_prefix, group, configure, create=False, expect=expect)
     return config
 
 

@@ -12,6 +12,7 @@ file, in the Admin API's own field names:
     name = "billing"
     maxConcurrency = 4              # optional: 1
     startFrom = "earliest"          # optional: earliest; applies when the group is created
+    staticHoldMs = 30000            # optional: one member lease; static members' hold (level 4)
 
 Each stream and group given is a whole spec, as a `PUT`: a field left out means its default.
 The plan compares them with the coordinator: create, change (field from -> to), and, only
@@ -38,9 +39,10 @@ import click
 import yaml
 
 from rsc.client.admin import AdminClient, AdminError
+from rsc.events.model import MAX_STATIC_HOLD_MS
 
 STREAM_FIELDS = {"shardCount": None, "reshardMode": "online"}
-GROUP_FIELDS = {"maxConcurrency": 1, "startFrom": "earliest"}
+GROUP_FIELDS: dict[str, Any] = {"maxConcurrency": 1, "startFrom": "earliest", "staticHoldMs": None}
 #: What each field may hold: (lowest, highest) for integers, the values for choices. The same
 #: ranges as the Admin API's, checked here so that a bad value is an error in the plan.
 RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
@@ -48,7 +50,10 @@ RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
     "maxConcurrency": (1, 1_024),
     "reshardMode": ("online", "quiesce"),
     "startFrom": ("earliest", "latest"),
+    "staticHoldMs": (0, MAX_STATIC_HOLD_MS),
 }
+#: Fields whose default is "unset" (null: the coordinator's own default; left out of specs).
+NULLABLE = {"staticHoldMs"}
 #: Fields that only apply when the object is created.
 CREATE_ONLY = {"startFrom"}
 
@@ -86,9 +91,13 @@ class Change:
             sign = "!"
         what = f"{sign} {self.kind} {self.name}"
         if self.action == "create":
-            what += " (" + ", ".join(f"{k} {v}" for k, v in self.spec.items()) + ")"
+            what += " (" + ", ".join(f"{k} {v}" for k, v in self.spec.items() if v is not None) + ")"
         elif self.action == "change":
-            what += ": " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in self.fields.items())
+            shown = {
+                k: ("default" if a is None else a, "default" if b is None else b)
+                for k, (a, b) in self.fields.items()
+            }
+            what += ": " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in shown.items())
         return what + (f"  [{self.problem}]" if self.problem else "")
 
 
@@ -131,6 +140,8 @@ def load(paths: Sequence[str]) -> Desired:
 
 def _check_values(spec: Mapping[str, Any], where: str) -> None:
     for field, value in spec.items():
+        if value is None and field in NULLABLE:
+            continue
         rule = RULES[field]
         if isinstance(rule[0], int):
             low, high = rule

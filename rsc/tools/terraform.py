@@ -35,6 +35,7 @@ from tf.runner import run_provider
 from tf.utils import Diagnostics
 
 from rsc.client.admin import AdminClient, AdminError
+from rsc.events.model import MAX_STATIC_HOLD_MS
 
 SOURCE = "registry.terraform.io/rsc/rsc"
 
@@ -105,6 +106,7 @@ RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
     "max_concurrency": (1, 1_024),
     "reshard_mode": ("online", "quiesce"),
     "start_from": ("earliest", "latest"),
+    "static_hold_ms": (0, MAX_STATIC_HOLD_MS),
 }
 
 
@@ -280,6 +282,14 @@ class Group(Resource):  # type: ignore[misc]  # tf ships no types
                     requires_replace=True,
                     description="earliest or latest: where the group starts reading, when created",
                 ),
+                schema.Attribute(
+                    "static_hold_ms",
+                    types.Number(),
+                    optional=True,
+                    computed=True,
+                    default=None,
+                    description="how long a static member's shards wait for it (null: one lease; level 4)",
+                ),
             ],
         )
 
@@ -291,14 +301,19 @@ class Group(Resource):  # type: ignore[misc]  # tf ships no types
             "name": name,
             "max_concurrency": spec["maxConcurrency"],
             "start_from": spec["startFrom"],
+            "static_hold_ms": spec.get("staticHoldMs"),
         }
 
     @staticmethod
     def _spec(planned: State) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "maxConcurrency": int(planned["max_concurrency"] or 1),
             "startFrom": planned["start_from"] or "earliest",
         }
+        hold = planned.get("static_hold_ms")
+        if isinstance(hold, int | float) and not isinstance(hold, bool):
+            spec["staticHoldMs"] = int(hold)  # left out: the coordinator's default
+        return spec
 
     def create(self, ctx: CreateContext, planned: State) -> State | None:
         stream, name = planned["stream"], planned["name"]

@@ -157,8 +157,8 @@ def duplicate(run: Chaos, figures: dict[str, Any]) -> None:
         code = older.process.wait(timeout=LEASE_S + 20)
     except Exception:
         code = None
-    if code in (0, None):
-        run.fail(f"the older process with identity {older.ip} did not stop (exit {code})")
+    if code != 3:  # REPLACED_EXIT: a supervisor is not to restart it
+        run.fail(f"the older process with identity {older.ip} did not stop with exit code 3 ({code})")
     elif "replaced" not in older.log.read_text(errors="replace"):
         run.fail(f"the older process exited ({code}) without saying it was replaced: {older.death()}")
     back = watch.wait_back(LEASE_S + 15, "takeover by a duplicate")
