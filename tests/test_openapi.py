@@ -32,7 +32,7 @@ async def test_every_route_is_documented_and_nothing_else() -> None:
         add_admin_routes(app, registry, AdminAccount("admin", "pw"), audit=None)  # type: ignore[arg-type]
         add_openapi_route(app)
     served = {
-        (method.lower(), re.sub(r"<(\w+)>", lambda m: "{" + _camel(m.group(1)) + "}", rule.rule))
+        (method.lower(), re.sub(r"<(?:\w+:)?(\w+)>", lambda m: "{" + _camel(m.group(1)) + "}", rule.rule))
         for rule in app.url_map.iter_rules()
         if rule.endpoint != "static"
         for method in rule.methods or ()

@@ -556,3 +556,34 @@ async def test_groups_set_the_static_hold(http: httpx.AsyncClient, prefix: str) 
         f"/v1/admin/streams/{prefix}/groups/billing", json={"staticHoldMs": 3_600_001}, auth=AUTH
     )
     assert too_long.status_code == 400
+
+
+async def test_members_remove_fences_a_live_member_and_ends_a_static_hold(
+    http: httpx.AsyncClient, prefix: str
+) -> None:
+    """`rsc members remove`: DELETE .../members/{memberId} fences a live member (REMOVED, audited)
+    and ends a static member's hold; an unknown member is 404 UNKNOWN_MEMBER."""
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    await http.put(f"/v1/admin/streams/{prefix}/groups/billing", json={}, auth=AUTH)
+    member = "10.9.9.9/worker/0"
+    joined = await http.post("/v1/heartbeat", json=hb(prefix, member, 0))
+    assert joined.status_code == 200, joined.text
+    removed = await rsc(http, "members", "remove", prefix, "billing", member)
+    assert removed.exit_code == 0, removed.output
+    told = await http.post("/v1/heartbeat", json=hb(prefix, member, joined.json()["memberEpoch"]))
+    assert (told.json()["status"], told.json()["fenceReason"]) == ("FENCED", "REMOVED")
+    unknown = await rsc(http, "members", "remove", prefix, "billing", "nobody/0")
+    assert unknown.exit_code == 1
+    assert "404 UNKNOWN_MEMBER" in unknown.output
+    # a static member that left: its hold ends by hand
+    static = "w-static/worker/0"
+    first = (await http.post("/v1/heartbeat", json=hb(prefix, static, 0, static=True))).json()
+    assert first["static"] is True
+    await http.post("/v1/heartbeat", json=hb(prefix, static, -1, static=True))
+    view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert [h["memberId"] for h in view["holds"] if h["static"]] == [static]
+    assert (await rsc(http, "members", "remove", prefix, "billing", static)).exit_code == 0
+    view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert not [h for h in view["holds"] if h["static"]]
+    trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}/groups", "--limit", "5")
+    assert "DELETE" in trail.output

@@ -237,6 +237,11 @@ class AdminClient:
         path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
         return self.request("DELETE", path, if_match=if_match)
 
+    def remove_member(self, prefix: str, group: str, member_id: str) -> Answer:
+        """Fence a live member (`REMOVED`), or end a static member's hold."""
+        path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/members/{quote(member_id, safe='/')}"
+        return self.request("DELETE", path)
+
     # --- dead letters --------------------------------------------------------
 
     def dead_letters(self, prefix: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.features import FeatureLevelMoved
 from rsc.actors.registry import Registry
 from rsc.events import codec, quotas
-from rsc.events.commands import ConfigureGroup, PauseProducers, ResumeProducers
-from rsc.events.errors import CoordinationError, QuotaExceeded, UnknownGroup, UnknownStream
+from rsc.events.commands import ConfigureGroup, PauseProducers, RemoveMember, ResumeProducers
+from rsc.events.errors import AggregateNotFound, CoordinationError, QuotaExceeded, UnknownGroup, UnknownStream
 from rsc.events.model import (
     MAX_STATIC_HOLD_MS,
     STREAM_ID_PATTERN,
@@ -444,6 +444,23 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
         expect = _check_if_match(actor.revision)
         await registry.delete_group(stream_prefix, consumer_group, expect)
         g.revision = actor.revision
+        return Response(b"", status=204)
+
+    @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>/members/<path:member_id>")
+    async def remove_member(stream_prefix: str, consumer_group: str, member_id: str) -> Response:
+        """Remove a member by hand: a live one is fenced (`REMOVED`; its shards move once its
+        lease can have ended), a static member's hold ends (its shards move now)."""
+        actor = await _existing_group(registry, stream_prefix, consumer_group)
+        if actor is None:
+            raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
+        expect = _check_if_match(actor.revision)
+        command = RemoveMember(member_id, registry.clock.now_ms())
+        try:
+            await registry.ask_group(stream_prefix, consumer_group, command, create=False, expect=expect)
+        except (UnknownGroup, UnknownStream):
+            raise
+        except AggregateNotFound as exc:
+            raise ApiError(404, "UNKNOWN_MEMBER", f"{exc} (nor one whose shards are held for it)") from exc
         return Response(b"", status=204)
 
 

@@ -275,6 +275,16 @@ ROUTES = (
         status="204",
     ),
     Route(
+        "delete",
+        f"{A}/groups/{{consumerGroup}}/members/{{memberId}}",
+        "Remove a member by hand: a live one is fenced (REMOVED; its shards move once its lease can "
+        "have ended), a static member's hold ends; 404 UNKNOWN_MEMBER otherwise",
+        None,
+        None,
+        admin=True,
+        status="204",
+    ),
+    Route(
         "get",
         "/v1/admin/audit",
         "Audit records, newest first",

@@ -473,6 +473,22 @@ def members_list(admin: AdminClient, output: str, stream: str, group: str) -> No
     emit(output, view["members"], lambda: _members_table(view))
 
 
+@members.command("remove")
+@click.argument("stream")
+@click.argument("group")
+@click.argument("member")
+@connection_options
+def members_remove(admin: AdminClient, output: str, stream: str, group: str, member: str) -> None:
+    """Remove MEMBER by hand: a live member is fenced (its shards move once its lease can have
+    ended; its process is told FENCED and rejoins), a static member's hold ends at once."""
+    done(
+        admin,
+        output,
+        admin.remove_member(stream, group, member),
+        f"member {member} of {stream}/{group}: removed",
+    )
+
+
 @click.group()
 def producers() -> None:
     """Producers of a stream."""
