@@ -411,13 +411,7 @@ def serve(
 
             urls = await nursery.start(announce)
             serving.tune_gc()
-            redis_shown = config_module.redacted(settings.redis_url)
-            click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {redis_shown})")
-            if settings.policy.enforced or settings.certfile is not None:
-                click.echo("members and producers need a credential: see docs/operations.md, Security")
-            else:  # the anonymous hint works only as it is printed: plain HTTP, no credentials
-                # Read-only: a heartbeat here would create a stream in the user's deployment.
-                click.echo(f"try: curl -s {urls[0]}/v1/streams   (or open {urls[0]}/ui)")
+            _say_started(settings, urls)
             if settings.key_prefix:
                 namespace = check_namespace(settings.key_prefix)
                 click.echo(
@@ -430,6 +424,19 @@ def serve(
 
     with serving.embedded_redis(settings) as effective:
         _run_coordinator(run, effective, bind)
+
+
+def _say_started(settings: config_module.Settings, urls: list[str]) -> None:
+    """What `rsc serve` says once it listens: where, which Redis, what is on, what to try."""
+    redis_shown = config_module.redacted(settings.redis_url)
+    click.echo(f"rsc coordinator listening on {', '.join(urls)} (Redis: {redis_shown})")
+    if not (settings.admin_password or settings.admin_password_sha256):
+        click.echo("the Admin API is off: set RSC_ADMIN_PASSWORD (or admin_password) to turn it on")
+    if settings.policy.enforced or settings.certfile is not None:
+        click.echo("members and producers need a credential: see docs/operations.md, Security")
+    else:  # the anonymous hint works only as it is printed: plain HTTP, no credentials
+        # Read-only: a heartbeat here would create a stream in the user's deployment.
+        click.echo(f"try: curl -s {urls[0]}/v1/streams   (or open {urls[0]}/ui)")
 
 
 def _run_coordinator(run: Callable[[Any], Awaitable[None]], settings: Any, bind: str) -> None:

@@ -587,3 +587,21 @@ async def test_members_remove_fences_a_live_member_and_ends_a_static_hold(
     assert not [h for h in view["holds"] if h["static"]]
     trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}/groups", "--limit", "5")
     assert "DELETE" in trail.output
+
+
+async def test_a_wrong_or_useless_admin_password_is_said_the_same_way_on_every_path(
+    http: httpx.AsyncClient, standalone_url: str
+) -> None:
+    """The CLI reads views with the admin's Basic credentials: a wrong password there is said as
+    the Admin API says it (not 'the credential in Authorization is not valid'), and against a
+    coordinator without an admin password the answer is ADMIN_DISABLED, not a 401."""
+    for args in (("streams", "list"), ("audit",)):
+        wrong = await rsc(http, *args, password="nope")
+        assert wrong.exit_code == 1
+        assert "401 UNAUTHENTICATED: wrong user name or password" in wrong.output, wrong.output
+    without = attrs.evolve(FAST, redis_url=standalone_url, admin_password=None, key_prefix="noadmin:")
+    async with serve_on(without) as plain:
+        for args in (("streams", "list"), ("audit",)):
+            refused = await rsc(plain, *args, password="anything")
+            assert refused.exit_code == 1
+            assert "403 ADMIN_DISABLED" in refused.output, refused.output

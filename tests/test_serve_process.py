@@ -44,6 +44,7 @@ def test_the_demo_server_stops_cleanly(standalone_url: str, tmp_path: Path, sign
     assert process.returncode == 0, text
     assert "Traceback" not in text, text
     assert "left gracefully" in text, text  # its members leave before it stops
+    assert "the Admin API is off: set RSC_ADMIN_PASSWORD" in text, text  # said at start
 
 
 def test_make_run_again_right_after_ctrl_c_finds_no_member_in_its_way(

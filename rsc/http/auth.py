@@ -98,19 +98,27 @@ class Gate:
         header = request.headers.get("Authorization", "")
         if header:
             scheme, _, value = header.partition(" ")
+            basic = scheme.lower() == "basic"
             if scheme.lower() == "bearer" and value.strip():
                 found = self.policy.authenticate(value.strip())
-            elif scheme.lower() == "basic":
+            elif basic:
+                if not self.account.enabled:  # the same answer as the Admin API's
+                    ctx.principal = None
+                    raise self._refuse(
+                        action,
+                        "admin-disabled",
+                        403,
+                        "ADMIN_DISABLED",
+                        "no admin password is configured (RSC_ADMIN_PASSWORD)",
+                    )
                 found = self._admin(header)
             if found is None:
                 ctx.principal = None
-                raise self._refuse(
-                    action,
-                    "bad-credential",
-                    401,
-                    "UNAUTHENTICATED",
-                    "the credential in Authorization is not valid",
+                # The Admin API's words for a wrong admin login (the same for an unknown user).
+                message = (
+                    "wrong user name or password" if basic else "the credential in Authorization is not valid"
                 )
+                raise self._refuse(action, "bad-credential", 401, "UNAUTHENTICATED", message)
         ctx.principal = found
         return found
 
