@@ -37,6 +37,10 @@ async def test_join_heartbeat_leave(client: httpx.AsyncClient, prefix: str) -> N
     assert view["groupEpoch"] == 2
 
 
+def keep_of(moving: list[int]) -> list[int]:
+    return [s for s in [0, 1, 2, 3] if s not in moving]
+
+
 async def test_revoke_before_assign_seen_from_outside(client: httpx.AsyncClient, prefix: str) -> None:
     a = await beat(client, hb(prefix, "a", 0))
     b = await beat(client, hb(prefix, "b", 0))
@@ -49,6 +53,9 @@ async def test_revoke_before_assign_seen_from_outside(client: httpx.AsyncClient,
     assert b2["assignment"]["assigned"] == []  # not before a acknowledged
     view = (await client.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert [p["memberId"] for p in view["revokeProgress"]] == ["a"]
+    # what each reported reading, beside what it was given
+    owned = {m["memberId"]: (m["owned"], m["assigned"], m["revoking"]) for m in view["members"]}
+    assert owned == {"a": ([0, 1, 2, 3], keep_of(moving), moving), "b": ([], [], [])}
     keep = [s for s in [0, 1, 2, 3] if s not in moving]
     a3 = await beat(client, hb(prefix, "a", a2["memberEpoch"], ownedShards=keep, revokedShards=moving))
     assert a3["status"] == "OK"

@@ -66,6 +66,8 @@ class MemberHeartbeated:
     member_id: str
     lease_deadline_ms: int
     drain_progress: tuple[DrainProgress, ...] = ()
+    #: What it reported reading (`ownedShards`): shown to operators beside what it was given.
+    owned: frozenset[int] | None = None
 
 
 @attrs.frozen

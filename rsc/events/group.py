@@ -630,7 +630,7 @@ def _heartbeat(decision: _Decision, hb: Heartbeat) -> None:
         return
     decision.emit(
         MemberHeartbeated(
-            hb.member_id, hb.now_ms + group.timing.lease_ttl_ms, _drain_reports(group, member, hb)
+            hb.member_id, hb.now_ms + group.timing.lease_ttl_ms, _drain_reports(group, member, hb), hb.owned
         )
     )
     if member is not None and (stalled := hb.stalled & member.installed):

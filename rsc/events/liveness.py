@@ -87,11 +87,16 @@ def expired(leases: Mapping[str, int], key: str, now_ms: int) -> bool:
 class Leases(Mapping[str, int]):
     """Member or producer id -> the deadline of its lease (ms), fed by liveness events."""
 
-    __slots__ = ("_deadlines", "_drains")
+    __slots__ = ("_deadlines", "_drains", "_owned")
 
     def __init__(self, deadlines: Mapping[str, int] | None = None) -> None:
         self._deadlines: dict[str, int] = dict(deadlines or {})
         self._drains: dict[str, tuple[DrainProgress, ...]] = {}
+        self._owned: dict[str, frozenset[int]] = {}
+
+    def owned(self, member_id: str) -> frozenset[int]:
+        """What `member_id` reported reading (`ownedShards`) in its last heartbeat."""
+        return self._owned.get(member_id, frozenset())
 
     def drain_progress(self, member_id: str) -> tuple[DrainProgress, ...]:
         """What `member_id` last reported on the DRAINING shards assigned to it (its last heartbeat's)."""
@@ -120,6 +125,8 @@ class Leases(Mapping[str, int]):
             match event:
                 case MemberHeartbeated():
                     deadlines[event.member_id] = event.lease_deadline_ms
+                    if event.owned is not None:
+                        self._owned[event.member_id] = event.owned
                     if event.drain_progress:
                         drains[event.member_id] = event.drain_progress
                     elif drains:
@@ -129,11 +136,14 @@ class Leases(Mapping[str, int]):
                 case MemberLeft() | MemberFenced():
                     deadlines.pop(event.member_id, None)
                     drains.pop(event.member_id, None)
+                    self._owned.pop(event.member_id, None)
                 case ProducerLeft() | ProducerExpired():
                     deadlines.pop(event.producer_id, None)
                 case TimersRestarted() | ProducerLeasesRestarted() | GroupDeleted() | StreamDeleted():
                     deadlines.clear()
                     drains.clear()
+                    if not isinstance(event, ProducerLeasesRestarted):
+                        self._owned.clear()
                 case ShardsReleased() if event.member_id in drains:
                     _keep(drains, event.member_id, _outside(event.shards))
                 case LayoutApplied() if drains:
@@ -180,9 +190,10 @@ class Leases(Mapping[str, int]):
                     assert_never(event)
 
     def clear(self) -> None:
-        """Forget every lease (and every drain report)."""
+        """Forget every lease (and every drain report and owned report)."""
         self._deadlines.clear()
         self._drains.clear()
+        self._owned.clear()
 
 
 class BatchLeases(Mapping[str, int]):

@@ -185,6 +185,9 @@ class MemberView:
     drain_progress: tuple[DrainProgress, ...] = ()
     #: A static member (feature level 4).
     static: bool = False
+    #: What it reported reading (`ownedShards`) in its last heartbeat: `assigned` plus the
+    #: shards it has not acknowledged handing over yet, unless something is wrong with it.
+    owned: frozenset[int] = frozenset()
 
 
 @attrs.frozen
@@ -420,6 +423,7 @@ def group_view(state: GroupState, leases: Leases, now_ms: int) -> GroupView:
             joined_at_ms=m.joined_at_ms,
             drain_progress=leases.drain_progress(m.member_id),
             static=m.static,
+            owned=leases.owned(m.member_id),
         )
         for m in sorted(state.members.values(), key=lambda m: m.member_id)
     )
