@@ -271,9 +271,11 @@ def error_code(exc: BaseException) -> str | None:
     return reply_code(exc) if isinstance(exc, coredis.exceptions.ResponseError) else None
 
 
-def reply_code(refusal: BaseException) -> str | None:
-    """The first word of a Redis error reply when it is a code (`BUSY`, `FENCED`), for any
-    client library's refusal (coredis or redis-py)."""
+def reply_code(refusal: BaseException | str) -> str | None:
+    """The code of a Redis error reply: its first word when that is a code (`BUSY`, `FENCED`,
+    `NOGROUP`), for any client library's refusal (coredis or redis-py), or for the text of a
+    refusal a script returns per shard (`'FENCED no owner'`, the `err` of a failed call). The
+    one place where a Redis refusal is classified: by its code, never by the rest of the text."""
     code = str(refusal).split(" ", 1)[0]
     return code if code.isupper() else None
 

@@ -29,6 +29,7 @@ from coredis.tokens import PureToken
 from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import Fenced, StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
+from rsc.connect import error_code
 from rsc.events import codec
 from rsc.events.slots import Primary, Topology
 from rsc.events.wire import OwnerToken, dead_letter_key, seal_key
@@ -616,8 +617,8 @@ class RedisEffects:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     yield pipe
         except coredis.exceptions.ResponseError as exc:
-            if "FENCED" in str(exc):
-                found = re.search(r" fence (\d+)", str(exc))
+            if error_code(exc) == "FENCED":
+                found = re.search(r" fence (\d+)", str(exc))  # the figure the refusal carries
                 fence = int(found.group(1)) if found else None
                 if fence is not None and self.on_fenced is not None:
                     await self.on_fenced(fence)  # Redis lost the token counter: the next try passes
@@ -630,13 +631,15 @@ async def _guard(awaitable: object) -> None:
         await awaitable  # type: ignore[misc]
 
 
-def _raise_unless_missing(*results: object) -> None:
-    """Raise the first error among `results` unless it only says the key does not exist."""
-    for result in results:
-        if isinstance(result, coredis.exceptions.ResponseError) and "no such key" in str(result):
-            continue
-        if isinstance(result, BaseException):
-            raise StoreUnavailable(f"reading shard statistics: {result}") from result
+def _raise_unless_missing(xlen: object, xinfo: object) -> None:
+    """Raise the error of `XLEN` or `XINFO GROUPS` of one key, unless the key does not exist:
+    then `XLEN` answers 0 and `XINFO` refuses with the generic `ERR` (Redis gives "no such key"
+    no code of its own; any other refusal has one, e.g. `WRONGTYPE`, and is raised)."""
+    if isinstance(xlen, BaseException):
+        raise StoreUnavailable(f"reading shard statistics: {xlen}") from xlen
+    missing = xlen == 0 and isinstance(xinfo, coredis.exceptions.ResponseError) and error_code(xinfo) == "ERR"
+    if isinstance(xinfo, BaseException) and not missing:
+        raise StoreUnavailable(f"reading shard statistics: {xinfo}") from xinfo
 
 
 def _chunks(keys: Iterable[str]) -> Iterator[list[str]]:

@@ -729,10 +729,10 @@ class Poller:
 
     async def _refused(self, shard: _Shard, refusal: str) -> None:
         """A fenced script refused this shard (`FENCED`: it is not ours), or a command failed there."""
-        code = reply_code(Exception(refusal))
+        code = reply_code(refusal)
         if code == "FENCED":
             await self._fenced(shard, Fenced(refusal, code))
-        elif code == "NOGROUP" or "consumer group" in refusal:
+        elif code == "NOGROUP":
             self._stalled(shard, f"its consumer group or key is gone ({refusal})")
         else:
             self._read_failed(
@@ -1315,7 +1315,7 @@ class Poller:
                     if isinstance(reply, int):
                         continue
                     shards.remove(shard)
-                    code = reply_code(Exception(str(reply)))
+                    code = reply_code(str(reply))
                     if code == "FENCED":
                         # Kept: acknowledged once the coordinator writes our token again, or
                         # dropped with the shard when the member is told it is not ours.
