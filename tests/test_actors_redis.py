@@ -18,7 +18,7 @@ from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
 from rsc.actors.connect import RedisClient
 from rsc.actors.effects import DrainEvidence, GroupDrain, RedisEffects, topology_from_slots
-from rsc.actors.errors import ActorStopped, Fenced, StoreUnavailable
+from rsc.actors.errors import ActorStopped, StoreUnavailable, TermFenced
 from rsc.actors.keys import AggregateId, KeySpace, owner_key
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry
@@ -317,7 +317,7 @@ async def test_a_standby_that_takes_over_looks_at_streams_made_while_it_waited(
 
     def term() -> int:
         if not active:
-            raise Fenced("a standby")
+            raise TermFenced("a standby")
         return token
 
     quick = attrs.evolve(LONG, drain_check_s=0.2)

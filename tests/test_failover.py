@@ -35,7 +35,7 @@ import trio.testing
 from rsc import journal
 from rsc.actors.connect import RedisClient, open_redis
 from rsc.actors.effects import RedisEffects
-from rsc.actors.errors import Fenced, StoreUnavailable
+from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.keys import COORDINATOR_LEASE_KEY, owner_key
 from rsc.actors.leadership import (
     Acquired,
@@ -143,7 +143,7 @@ async def test_one_holder_renews_and_a_standby_waits(autojump_clock: trio.testin
         assert a.token() == 1
         await nursery.start(b.run)
         assert not b.active
-        with pytest.raises(Fenced):
+        with pytest.raises(TermFenced):
             b.token()
         await trio.sleep(10 * TTL_S)
         assert a.active
@@ -219,7 +219,7 @@ async def test_a_holder_resumed_after_a_pause_sees_its_term_over_before_anything
         assert a.active
         autojump_clock.jump(TTL_S)  # SIGSTOP ... SIGCONT: no task has run in between
         assert not a.active
-        with pytest.raises(Fenced):
+        with pytest.raises(TermFenced):
             a.token()
         nursery.cancel_scope.cancel()
 
@@ -312,7 +312,7 @@ async def test_data_plane_effects_are_written_only_in_an_active_term(
     effects = RedisEffects(lease_redis, fence_token=leadership.token)
     shard = f"{prefix}:{{{prefix}:0}}"
     token = OwnerToken("10.0.0.1/w/0", "inc", 1)
-    with pytest.raises(Fenced):  # a standby (no term yet)
+    with pytest.raises(TermFenced):  # a standby (no term yet)
         await effects.set_owners("billing", {shard: token})
     assert await lease_redis.hget(owner_key(shard), "billing") is None
     async with trio.open_nursery() as nursery:
@@ -804,16 +804,16 @@ async def test_owner_tokens_are_fenced_in_the_shard_slot(redis: RedisClient, pre
     old = RedisEffects(redis, fence_token=lambda: 6)
     mine, theirs = OwnerToken("b", "inc-b", 3), OwnerToken("a", "inc-a", 2)
     await new.set_owners("billing", {key: mine})
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await old.set_owners("billing", {key: theirs})
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await old.clear_owners("billing", {key: mine})
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await old.sync_owners("billing", [key], {})
     assert await new.owners("billing", [key]) == {key: mine}  # untouched by the deposed one
     await RedisEffects(redis, fence_token=lambda: 8).clear_owners("billing", {key: mine})  # a newer term
     assert await new.owners("billing", [key]) == {}
-    with pytest.raises(Fenced):  # and now the one before it is deposed too
+    with pytest.raises(TermFenced):  # and now the one before it is deposed too
         await new.set_owners("billing", {key: mine})
     await RedisEffects(redis).set_owners("billing", {key: mine})  # tools without a term: unfenced
     assert await new.owners("billing", [key]) == {key: mine}

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from rsc.actors.connect import open_redis
-from rsc.actors.errors import ConcurrencyConflict, Fenced
+from rsc.actors.errors import ConcurrencyConflict, TermFenced
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import FenceToken, MemoryStore, Store
@@ -146,10 +146,10 @@ async def test_a_deposed_token_cannot_append_once_the_new_one_has_only_loaded(
     old, new = writers(token(1)), writers(token(2))
     await old.append(agg, 0, events(1))
     loaded = await new.load(agg)  # the new term reads: from now on the old one is fenced
-    with pytest.raises(Fenced) as info:
+    with pytest.raises(TermFenced) as info:
         await old.append(agg, loaded.revision, events(2))
     assert (info.value.fence, info.value.token) == (2, 1)
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await old.load(agg)
     assert [e.data for e in (await new.load(agg)).events] == ['{"n":1}']
     await new.append(agg, 1, events(3))
@@ -161,9 +161,9 @@ async def test_the_fence_is_checked_before_the_revision(writers: Writers, prefix
     old, new = writers(token(1)), writers(token(2))
     await old.append(agg, 0, events(1))
     await new.append(agg, 1, events(2))
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await old.append(agg, 1, events(3))  # stale revision too: the fence says more
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await old.append(agg, 2, events(3))  # right revision, old token
     assert (await new.load(agg)).revision == 2
 
@@ -174,7 +174,7 @@ async def test_the_same_or_a_higher_token_writes_and_raises_the_fence(writers: W
     await first.append(agg, 0, events(1))
     await same.append(agg, 1, events(2))
     await higher.append(agg, 2, events(3))
-    with pytest.raises(Fenced) as info:
+    with pytest.raises(TermFenced) as info:
         await first.append(agg, 3, events(4))
     assert info.value.fence == 9
 
@@ -195,7 +195,7 @@ async def test_an_unfenced_reader_reads_a_fenced_aggregate_but_cannot_write_it(
     reader = writers(None)  # as `rsc journal`
     assert (await reader.load(agg)).revision == 2
     assert len(await reader.read(agg)) == 2
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await reader.append(agg, 2, events(3))
     await writers(token(3)).append(agg, 2, events(3))  # the reader raised no fence
 
@@ -204,14 +204,14 @@ async def test_a_writer_without_a_term_neither_loads_nor_appends(writers: Writer
     agg = AggregateId(prefix, "g")
 
     def no_term() -> int:
-        raise Fenced("no active term")
+        raise TermFenced("no active term")
 
     await writers(token(1)).append(agg, 0, events(1))
     standby = writers(no_term)
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await standby.load(agg)
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await standby.append(agg, 1, events(2))
-    with pytest.raises(Fenced):
+    with pytest.raises(TermFenced):
         await standby.load(AggregateId(prefix, "new"))
     assert (await writers(token(1)).load(agg)).revision == 1

@@ -11,7 +11,7 @@ its effect is repaired by running the effect again on recovery:
 `RedisEffects` does this on Redis; `MemoryEffects` is the fake used by the
 time-driven actor tests. Given the coordinator's fence-token provider,
 `RedisEffects` writes only while this process holds an active term (it
-raises `Fenced` otherwise), so an actor of a deposed coordinator resumed
+raises `TermFenced` otherwise), so an actor of a deposed coordinator resumed
 after a pause does not rewrite owner tokens after its deadline.
 """
 
@@ -27,7 +27,7 @@ import coredis
 from coredis.tokens import PureToken
 
 from rsc.actors.connect import RedisClient, redis_errors
-from rsc.actors.errors import Fenced, StoreUnavailable
+from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
 from rsc.connect import error_code
 from rsc.events import codec
@@ -369,7 +369,7 @@ class RedisEffects:
         self.redis = redis
         #: Where the keys are (the namespace new shard keys get, through `topology`).
         self.keys = keys
-        #: Raises `Fenced` when this coordinator holds no active term (None: always write).
+        #: Raises `TermFenced` when this coordinator holds no active term (None: always write).
         self.fence_token = fence_token
         #: Told of an owner-token fence above our token (`rsc.actors.redis_store.FenceFloor`).
         self.on_fenced: Callable[[int], Awaitable[bool]] | None = None
@@ -622,7 +622,7 @@ class RedisEffects:
                 fence = int(found.group(1)) if found else None
                 if fence is not None and self.on_fenced is not None:
                     await self.on_fenced(fence)  # Redis lost the token counter: the next try passes
-                raise Fenced(f"a newer coordinator term wrote there: {exc}", fence) from exc
+                raise TermFenced(f"a newer coordinator term wrote there: {exc}", fence) from exc
             raise
 
 

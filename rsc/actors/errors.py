@@ -30,7 +30,7 @@ class NotFinalized(StoreError):
     level lists) was about to be written: nothing was written. A bug, never a client's fault."""
 
 
-class Fenced(StoreError):
+class TermFenced(StoreError):
     """A newer coordinator term has taken over the aggregate, or this process holds no term.
 
     The writer must stop: `fence` is the token stored with the aggregate (None

@@ -51,7 +51,7 @@ import coredis
 import trio
 
 from rsc.actors.connect import redis_errors
-from rsc.actors.errors import Fenced, StoreUnavailable
+from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 
@@ -351,10 +351,10 @@ class Leadership:
         return self.term is not None
 
     def token(self) -> int:
-        """The active term's fencing token; raises `Fenced` when this process holds no active term."""
+        """The active term's fencing token; raises `TermFenced` when this process holds no active term."""
         term = self.term
         if term is None:
-            raise Fenced("this coordinator holds no active term (it is a standby)")
+            raise TermFenced("this coordinator holds no active term (it is a standby)")
         return term.token
 
     def active_elsewhere(self) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from rsc import __version__
 from rsc.actors.connect import redis_errors
-from rsc.actors.errors import ConcurrencyConflict, Fenced, UnsupportedSchema
+from rsc.actors.errors import ConcurrencyConflict, TermFenced, UnsupportedSchema
 from rsc.actors.features import Features, FeatureSource
 from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, level_of_events
@@ -152,10 +152,10 @@ class RedisStore:
         self._append = redis.register_script(APPEND)
         self._raise_fence = redis.register_script(RAISE_FENCE)
         self._restore = redis.register_script(RESTORE)
-        #: Asked when a fence is above our token (see `FenceFloor`); None: that is `Fenced`.
+        #: Asked when a fence is above our token (see `FenceFloor`); None: that is `TermFenced`.
         self.on_fenced: FenceFloor | None = None
 
-    async def _fenced_again(self, exc: Fenced) -> bool:
+    async def _fenced_again(self, exc: TermFenced) -> bool:
         """Whether to try once more after `exc` (our token was moved above its fence)."""
         return exc.fence is not None and self.on_fenced is not None and await self.on_fenced(exc.fence)
 
@@ -163,7 +163,7 @@ class RedisStore:
         if self.fence_token is not None:
             try:
                 await self._fence(aggregate, self.fence_token())
-            except Fenced as exc:
+            except TermFenced as exc:
                 if not await self._fenced_again(exc):
                     raise
                 await self._fence(aggregate, self.fence_token())
@@ -235,7 +235,7 @@ class RedisStore:
         return Appended(int(result[1]), str(result[2]))
 
     async def _fence(self, aggregate: AggregateId, token: int) -> None:
-        """Raise the aggregate's fence to `token` (if it exists); `Fenced` if it is higher already."""
+        """Raise the aggregate's fence to `token` (if it exists); `TermFenced` if it is higher already."""
         with redis_errors(f"fencing {aggregate}"):
             result = await self._raise_fence(keys=[self.keys.snapshot(aggregate)], args=[token])
         if result[0] == "fenced":
@@ -249,9 +249,9 @@ class RedisStore:
         return [_entry(e) for e in entries]
 
 
-def _fenced(aggregate: AggregateId, fence: int, token: int) -> Fenced:
+def _fenced(aggregate: AggregateId, fence: int, token: int) -> TermFenced:
     message = f"{aggregate}: a newer coordinator term (token {fence}) owns it; ours is {token}"
-    return Fenced(message, fence, token)
+    return TermFenced(message, fence, token)
 
 
 def check_schema(aggregate: AggregateId, schema: int) -> None:

@@ -26,7 +26,7 @@ from rsc.actors.aggregates import GroupAggregate, GroupObserver, StreamAggregate
 from rsc.actors.clock import Clock
 from rsc.actors.dataset import DATA_LOSS, EVERYTHING, LEASE, REBUILT, ROLLBACK, sweep
 from rsc.actors.effects import Effects
-from rsc.actors.errors import ActorStopped, Fenced, StoreError
+from rsc.actors.errors import ActorStopped, StoreError, TermFenced
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Store
 from rsc.events import quotas
@@ -869,7 +869,7 @@ class Registry:
                     load = busy is None or prefix in busy or prefix not in seen
                     if await self._drive(prefix, load=load):
                         still.add(prefix)
-                except Fenced:
+                except TermFenced:
                     # A standby (found on a stream it had not looked at): streams are created,
                     # scaled in and migrated by the active coordinator meanwhile, so once this
                     # one is active, it looks at every one of them.

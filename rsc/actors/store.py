@@ -11,7 +11,7 @@ counts events, not checkpoints.
 Fencing: a store may be given a fence-token provider (the current token of
 this coordinator's term, see `rsc.actors.leadership`). Each aggregate keeps
 the highest token that wrote or loaded it (its *fence*). `append` refuses
-with `Fenced` when the fence is above the writer's token, and otherwise
+with `TermFenced` when the fence is above the writer's token, and otherwise
 raises the fence to it, atomically with the revision check; `load` of an
 existing aggregate first raises the fence the same way, so a deposed
 coordinator cannot append after the new one has read. A store without a
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import attrs
 
-from rsc.actors.errors import ConcurrencyConflict, Fenced, NotFinalized
+from rsc.actors.errors import ConcurrencyConflict, NotFinalized, TermFenced
 from rsc.actors.features import FeatureSource, StaticFeatures
 from rsc.actors.keys import AggregateId
 from rsc.events.versions import (
@@ -43,7 +43,7 @@ from rsc.events.versions import (
 )
 
 CHECKPOINT = "Checkpoint"
-#: The current fence token of this writer; raises `Fenced` when it holds none.
+#: The current fence token of this writer; raises `TermFenced` when it holds none.
 FenceToken = Callable[[], int]
 
 
@@ -89,7 +89,7 @@ class Store(Protocol):
         """The aggregate's latest checkpoint and every event after it (revision 0: new).
 
         With a fence-token provider, first raises the aggregate's fence to the
-        token (`Fenced` if it is already higher).
+        token (`TermFenced` if it is already higher).
         """
         ...
 
@@ -102,7 +102,7 @@ class Store(Protocol):
     ) -> Appended:
         """Append `(kind, data)` events (and a checkpoint) atomically.
 
-        Raises `Fenced` (a newer term owns the aggregate) before
+        Raises `TermFenced` (a newer term owns the aggregate) before
         `ConcurrencyConflict` (another writer moved the revision); either way
         nothing is written.
         """
@@ -125,7 +125,7 @@ class Store(Protocol):
         revision is still `expected_revision` (what a load just found), the journal becomes
         one checkpoint at `revision` (above every revision written before the loss, so no
         revision, hence no ETag, is reused), marked `restored` with `reason`, and the
-        snapshot holds it. Fenced and conflicting like `append`."""
+        snapshot holds it. TermFenced and conflicting like `append`."""
         ...
 
 
@@ -184,11 +184,11 @@ class MemoryStore:
     @staticmethod
     def _raise_fence(aggregate: AggregateId, agg: _MemoryAggregate, token: int) -> None:
         if agg.fence > token:
-            raise Fenced(f"{aggregate}: fenced by token {agg.fence} (writer's {token})", agg.fence, token)
+            raise TermFenced(f"{aggregate}: fenced by token {agg.fence} (writer's {token})", agg.fence, token)
         agg.fence = token
 
     async def load(self, aggregate: AggregateId) -> Loaded:
-        token = self._token()  # no term, no load (a provider raises `Fenced`)
+        token = self._token()  # no term, no load (a provider raises `TermFenced`)
         agg = self.aggregates.get(aggregate)
         if agg is None:
             return Loaded(0, None, None, ())
