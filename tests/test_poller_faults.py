@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -159,8 +160,8 @@ async def test_the_poller_survives_a_redis_restart_and_loses_nothing(
         await trio.sleep(0.002)
 
     caplog.set_level(logging.WARNING, "rsc.client.poller")
-    with DurableServer(tmp_path / "redis") as server:
-        sync = redis.Redis.from_url(server.url, decode_responses=True)
+    with DurableServer(tmp_path / "redis") as server, contextlib.ExitStack() as clients:
+        sync = clients.enter_context(redis.Redis.from_url(server.url, decode_responses=True))
         key = f"{prefix}:{{{prefix}:0}}"
         sync.xgroup_create(key, "billing", "0", mkstream=True)
         own(sync, key, "w0")
@@ -178,7 +179,7 @@ async def test_the_poller_survives_a_redis_restart_and_loses_nothing(
             server.stop(how)  # mid-stream: handled entries wait for their acknowledgement
             await trio.sleep(2)
             server.start()
-            sync = redis.Redis.from_url(server.url, decode_responses=True)
+            sync = clients.enter_context(redis.Redis.from_url(server.url, decode_responses=True))
             published += [sync.xadd(key, {"n": f"after{n}"}) for n in range(100)]
             await wait_for(lambda: set(published) <= set(handled), 20)
             await wait_for(lambda: sync.xpending(key, "billing")["pending"] == 0, 10)

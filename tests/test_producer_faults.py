@@ -85,8 +85,8 @@ async def test_the_sync_producer_waits_out_a_restart_then_gives_up_on_a_long_out
     base_url: str, data: DurableServer, prefix: str
 ) -> None:
     def scenario() -> None:
-        client = redis.Redis.from_url(data.url, socket_timeout=0.5, socket_connect_timeout=0.5)
         with (
+            redis.Redis.from_url(data.url, socket_timeout=0.5, socket_connect_timeout=0.5) as client,
             SyncCoordinator(base_url) as coordinator,
             SyncProducer(coordinator, client, prefix, "api/sync", delivery_timeout_s=8) as producer,
         ):
@@ -152,8 +152,8 @@ async def test_an_outage_under_many_publishes_is_two_lines_per_producer(
     caplog.set_level(logging.INFO, "rsc.client")
 
     def sync_side() -> None:
-        client = redis.Redis.from_url(data.url, socket_timeout=0.5, socket_connect_timeout=0.5)
         with (
+            redis.Redis.from_url(data.url, socket_timeout=0.5, socket_connect_timeout=0.5) as client,
             SyncCoordinator(base_url) as coordinator,
             SyncProducer(coordinator, client, prefix, "api/sync", delivery_timeout_s=15) as producer,
         ):
