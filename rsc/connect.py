@@ -275,9 +275,17 @@ def reply_code(refusal: BaseException | str) -> str | None:
     """The code of a Redis error reply: its first word when that is a code (`BUSY`, `FENCED`,
     `NOGROUP`), for any client library's refusal (coredis or redis-py), or for the text of a
     refusal a script returns per shard (`'FENCED no owner'`, the `err` of a failed call). The
-    one place where a Redis refusal is classified: by its code, never by the rest of the text."""
-    code = str(refusal).split(" ", 1)[0]
+    one place where a Redis refusal is classified: by its code, never by the rest of the text.
+    (coredis words a refusal inside a pipeline as "Command # n (...) of pipeline caused error:
+    <reply>": the reply is read from after that.)"""
+    text = str(refusal)
+    _, wrapped, reply = text.partition(PIPELINE_ERROR)
+    code = (reply if wrapped else text).split(" ", 1)[0]
     return code if code.isupper() else None
+
+
+#: How coredis introduces the reply of a command that failed inside a pipeline.
+PIPELINE_ERROR = " of pipeline caused error: "
 
 
 def is_unavailable(exc: BaseException) -> bool:

@@ -97,3 +97,15 @@ def test_error_codes() -> None:
     assert error_code(E.ResponseError("FENCED no owner")) == "FENCED"
     assert error_code(E.ResponseError("something lower case")) is None
     assert error_code(E.ConnectionError("FENCED")) is None
+
+
+def test_a_refusal_is_classified_by_its_code_wherever_the_library_puts_it() -> None:
+    """`reply_code` reads the code of a refusal, a script's per-shard refusal text, and a
+    refusal coredis wraps inside a pipeline; text that is not a code is no code."""
+    from rsc.connect import reply_code
+
+    assert reply_code(Exception("FENCED no owner")) == "FENCED"
+    assert reply_code("NOGROUP No such key 'k' or consumer group 'g'") == "NOGROUP"
+    wrapped = "Command # 1 (EVALSHA abc 1 k:owners billing {} 6) of pipeline caused error: FENCED owner token"
+    assert reply_code(Exception(wrapped)) == "FENCED"
+    assert reply_code("Connection lost while receiving response") is None
