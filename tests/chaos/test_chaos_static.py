@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from tests.chaos.history import check, ownership_from_journal
 from tests.chaos.test_chaos import Chaos, Child, chaos, now, summary
 
@@ -37,6 +39,8 @@ STATIC_ENV = {
 }
 #: Scheduling and process start-up on a loaded 2-core machine.
 SLACK_S = 1.0
+#: The longest a worker process takes to start and send its first heartbeat here.
+STARTUP_S = 3.0
 
 
 def assigned(view: dict[str, Any] | None) -> dict[str, frozenset[int]]:
@@ -146,12 +150,20 @@ def crash_and_restart(run: Chaos, figures: dict[str, Any]) -> None:
     run.wait_converged("kill -9 and an immediate replacement", killed)
 
 
+#: Processes replaced while running -> when the newer one started: until that one's takeover plus
+#: a lease the older may still start handlers on entries it had read (it learns it was replaced
+#: at its next heartbeat; its acknowledgements are refused meanwhile). Never while the newer one
+#: reads them: that is the quarantine, checked as overlaps.
+REPLACED: dict[int, float] = {}
+
+
 def duplicate(run: Chaos, figures: dict[str, Any]) -> None:
     run.context = "two live processes with one static identity"
     older = run.busiest()
     watch = Watch(run, older)
     run.retire(older)  # it is expected to exit by itself
     started = now()
+    REPLACED[older.pid] = started
     newer = run.start_worker(ip=older.ip)
     try:
         code = older.process.wait(timeout=LEASE_S + 20)
@@ -206,6 +218,12 @@ def test_static_members_through_restarts_crashes_and_duplicates(tmp_path: Path) 
         offset = sum(run.offsets) / len(run.offsets)
         ownership = ownership_from_journal(run.journal(), offset)
         report = check(run.records(), publishes, run.faults, ownership)
+    # A replaced process's starts after its takeover, within a lease of it, are its last work on
+    # entries it had read before it learnt it was replaced: allowed (not overlapping, counted).
+    late = [s for s in report.stale_starts if s.record.pid in REPLACED]
+    allowed = [s for s in late if s.record.t <= REPLACED[s.record.pid] + STARTUP_S + LEASE_S]
+    report = attrs.evolve(report, stale_starts=tuple(s for s in report.stale_starts if s not in allowed))
+    figures["replaced process: starts after its takeover"] = len(allowed)
     text = summary(run, report, pending, drain, now() - began)
     text += "\n" + "\n".join(f"  {name}: {value}" for name, value in figures.items())
     print("\n" + text)
