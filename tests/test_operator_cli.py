@@ -549,9 +549,15 @@ async def test_groups_set_the_static_hold(http: httpx.AsyncClient, prefix: str) 
     assert "maxConcurrency 2, startFrom earliest, staticHoldMs 30000" in changed.output
     view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert view["config"]["staticHoldMs"] == 30000
-    assert (await rsc(http, "groups", "set", prefix, "billing", "--static-hold-ms", "-1")).exit_code == 2
+    assert (await rsc(http, "groups", "set", prefix, "billing", "--static-hold-ms", "-2")).exit_code == 2
     spec = (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
     assert spec == {"maxConcurrency": 2, "startFrom": "earliest", "staticHoldMs": 30000}
+    back = await rsc(http, "groups", "set", prefix, "billing", "--static-hold-ms", "-1")  # the default again
+    assert back.exit_code == 0, back.output
+    assert (
+        "staticHoldMs"
+        not in (await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)).json()["spec"]
+    )
     too_long = await http.patch(
         f"/v1/admin/streams/{prefix}/groups/billing", json={"staticHoldMs": 3_600_001}, auth=AUTH
     )
@@ -582,7 +588,14 @@ async def test_members_remove_fences_a_live_member_and_ends_a_static_hold(
     await http.post("/v1/heartbeat", json=hb(prefix, static, -1, static=True))
     view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert [h["memberId"] for h in view["holds"] if h["static"]] == [static]
-    assert (await rsc(http, "members", "remove", prefix, "billing", static)).exit_code == 0
+    listed = await rsc(http, "members", "list", prefix, "billing")
+    assert f"{static} (static)" in listed.output  # a held member is listed, HELD
+    assert "HELD" in listed.output
+    described = await rsc(http, "groups", "describe", prefix, "billing")
+    assert f"(held for {static})" in described.output
+    gone = await rsc(http, "members", "remove", prefix, "billing", static)
+    assert gone.exit_code == 0
+    assert "(revision None)" not in gone.output
     view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert not [h for h in view["holds"] if h["static"]]
     trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}/groups", "--limit", "5")

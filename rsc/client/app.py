@@ -175,6 +175,12 @@ class App:
         ip = instance_id(self.instance_id)
         static = static_members(self.static, self.instance_id)
         self.member_settings = attrs.evolve(self.member_settings, static=static)
+        if static and not (self.instance_id or os.environ.get(INSTANCE_ENV) or os.environ.get("POD_IP")):
+            log.warning(
+                "static members without an instance id (%s changes with every start): after a stop "
+                "their shards wait the hold for ids that never come back; set RSC_INSTANCE_ID",
+                ip,
+            )
         shown = ", ".join(coordinator_urls(coordinator_url))
         kind = "static " if static else ""
         log.info("coordinator %s, Redis %s, %smember ids %s/...", shown, redacted(redis_url), kind, ip)

@@ -745,8 +745,9 @@ class Poller:
         and try again soon; never recreate them here."""
         if shard.trouble is None:
             log.warning(
-                "%s: shard %s cannot be read: %s; asking the coordinator to recreate it (did Redis "
-                "lose data?)",
+                "%s: shard %s cannot be read: %s; telling the coordinator, which recreates what is "
+                "missing if the shard is still this member's (Redis lost data), or takes it away "
+                "(another member or process has it now)",
                 self.member_id,
                 shard.index,
                 why,

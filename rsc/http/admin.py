@@ -461,6 +461,7 @@ def _add_group_routes(app: QuartTrio, registry: Registry) -> None:
             raise
         except AggregateNotFound as exc:
             raise ApiError(404, "UNKNOWN_MEMBER", f"{exc} (nor one whose shards are held for it)") from exc
+        g.revision = actor.revision  # the group's, after the removal (audited)
         return Response(b"", status=204)
 
 

@@ -327,9 +327,14 @@ def groups_describe(admin: AdminClient, output: str, stream: str, group: str) ->
     """A group's members and which shard each holds."""
     view = admin.group_view(stream, group)
     owners = {int(s): m for s, m in view["currentAssignment"].items()}
+    held = {s: h["memberId"] for h in view.get("holds", ()) if h["static"] for s in h["shards"]}
     readable = [s["index"] for s in admin.stream_view(stream)["shards"] if s["state"] != "RETIRED"]
-    # Every shard the group reads, an unowned one with `-` (as `streams describe` shows them).
-    rows = [(i, owners.get(i)) for i in sorted({*readable, *owners})]
+    # Every shard the group reads, an unowned one with `-` (as `streams describe` shows them), one
+    # waiting for a static member that stopped as `(held for <member>)`.
+    rows = [
+        (i, owners.get(i) or (f"(held for {held[i]})" if i in held else None))
+        for i in sorted({*readable, *owners})
+    ]
 
     def text() -> str:
         config = view["config"]
@@ -344,9 +349,10 @@ def groups_describe(admin: AdminClient, output: str, stream: str, group: str) ->
 
 
 def _members_table(view: Mapping[str, Any]) -> str:
-    rows = [
+    """Live members, then static members that stopped (their shards wait for them: `HELD`)."""
+    rows: list[tuple[Any, ...]] = [
         (
-            m["memberId"],
+            m["memberId"] + (" (static)" if m.get("static") else ""),
             m["memberEpoch"],
             m["state"],
             f"{m['leaseLeftMs'] / 1000:.1f}s",
@@ -355,10 +361,25 @@ def _members_table(view: Mapping[str, Any]) -> str:
         )
         for m in view["members"]
     ]
+    now_ms = time.time() * 1000
+    rows += [
+        (
+            f"{h['memberId']} (static)",
+            "-",
+            "HELD",
+            f"{max(0.0, (h['untilMs'] - now_ms) / 1000):.1f}s",
+            h["shards"],
+            [],
+        )
+        for h in view.get("holds", ())
+        if h["static"]
+    ]
     return table(["MEMBER", "EPOCH", "STATE", "LEASE LEFT", "ASSIGNED", "REVOKING"], rows)
 
 
 STATIC_HOLD_HELP = "How long a static member's shards wait for it after it stopped (default: one lease)."
+#: `rsc groups set --static-hold-ms -1`: back to the default (one member lease).
+DEFAULT_HOLD = -1
 
 
 @groups.command("create")
@@ -395,7 +416,11 @@ def groups_create(
 @click.argument("group")
 @click.option("--max-concurrency", type=click.IntRange(1, 1_024), help="Workers per member.")
 @click.option("--start-from", type=click.Choice(["earliest", "latest"]), help="Fixed once created (409).")
-@click.option("--static-hold-ms", type=click.IntRange(0, MAX_STATIC_HOLD_MS), help=STATIC_HOLD_HELP)
+@click.option(
+    "--static-hold-ms",
+    type=click.IntRange(DEFAULT_HOLD, MAX_STATIC_HOLD_MS),
+    help=STATIC_HOLD_HELP + " -1: back to the default.",
+)
 @click.option("--if-match", "if_match", type=int, help="Only if the group is at this revision.")
 @connection_options
 def groups_set(
@@ -415,7 +440,7 @@ def groups_set(
     if start_from is not None:
         patch["startFrom"] = start_from
     if static_hold_ms is not None:
-        patch["staticHoldMs"] = static_hold_ms
+        patch["staticHoldMs"] = None if static_hold_ms == DEFAULT_HOLD else static_hold_ms
     # `If-Match: *` at least: a misspelt name is an error, not a new group.
     answer = _said_412(
         lambda: admin.patch_group(stream, group, patch, if_match="*" if if_match is None else if_match),
