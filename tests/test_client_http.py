@@ -368,6 +368,10 @@ async def test_each_shard_event_is_one_log_line_naming_the_member_and_the_shards
     assert "10.0.0.1/w/0: reads shards [0, 1, 2, 3] (epoch 1)" in lines
     assert f"10.0.0.1/w/0: revoking shards {moved}" in lines
     assert any(line.startswith(f"10.0.0.2/w/0: reads shards {moved} (epoch ") for line in lines), lines
+    assert (
+        f"10.0.0.2/w/0: waits for shards {moved} (their last holder hands them over, or its lease ends)"
+        in lines
+    )
     assert f"10.0.0.1/w/0: lost shards {kept}" in lines
     assert f"10.0.0.2/w/0: lost shards {moved}" in lines
     assert sum("no heartbeat succeeded within the lease" in line for line in lines) == 2, lines

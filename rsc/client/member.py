@@ -84,6 +84,8 @@ class Member:
         self._revokes: trio.Nursery | None = None
         self._revoke_scopes: dict[trio.CancelScope, frozenset[int]] = {}
         self._beat_scope: trio.CancelScope | None = None
+        #: The pending shards last said in the log (said again only when they change).
+        self._said_pending: frozenset[int] = frozenset()
 
     # --- what it believes (the machine's) ------------------------------------
 
@@ -252,6 +254,15 @@ class Member:
         if steps.start:
             log.info("%s: reads shards %s (epoch %d)", self.member_id, sorted(steps.start), self.epoch)
             await self.lifecycle.assigned(steps.start, steps.layout)
+        pending = self.machine.pending
+        if pending != self._said_pending:
+            if pending - self._said_pending:
+                log.info(
+                    "%s: waits for shards %s (their last holder hands them over, or its lease ends)",
+                    self.member_id,
+                    sorted(pending),
+                )
+            self._said_pending = pending
 
     def _start_revokes(self, shards: frozenset[int]) -> None:
         """Stop `shards` (in-flight work finishes) while heartbeats go on, then acknowledge
