@@ -4,14 +4,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Reinstalled when the dependencies or the version change (the package metadata holds the version).
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py | cksum | cut -d' ' -f1)
+# constraints.txt pins what the suite last passed with (a fresh machine gets the same versions;
+# refresh it with `make constraints` after a green run on newer ones).
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup run clean-demo test test-fast lint bench clean
+.PHONY: constraints setup run clean-demo test test-fast lint bench clean
 
-$(STAMP): pyproject.toml rsc/__init__.py
+$(STAMP): pyproject.toml rsc/__init__.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -52,3 +54,7 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis bench/results
+
+# Pin the versions in .venv (after a green `make test` on them) for every fresh machine.
+constraints: setup
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^rsc' > constraints.txt

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from rsc.client.app import App
 from rsc.client.poller import Message
+from rsc.client.worker import App
 
 app = App()
 

@@ -11,8 +11,8 @@ import atexit
 import os
 import time
 
-from rsc.client.app import App
 from rsc.client.poller import Message
+from rsc.client.worker import App
 
 app = App()
 OUT = os.environ["RSC_BENCH_OUT"]

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
-from rsc.actors.connect import open_redis
 from rsc.actors.effects import RedisEffects
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
+from rsc.actors.store_connection import open_redis
 from rsc.events.commands import Heartbeat
 from rsc.events.model import Member, Timing
 from tests import redis_servers

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._rounds import ratios, run_rounds, throughput
 from bench.consumer import process, wait_http
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer

@@ -27,7 +27,7 @@ Modes (`RSC_BENCH_MODE`):
 
 The bench needs two hooks the `App` has no option for: the trace wraps the member's transport and
 the poller's lifecycle calls, and eager mode replaces the poller. Both subclass `Member` and
-`Poller` and are installed into `rsc.client.app` before the `App` starts its members.
+`Poller` and are installed into `rsc.client.worker` before the `App` starts its members.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import rsc.client.app as app_module
-from rsc.client.app import App
+import rsc.client.worker as app_module
 from rsc.client.member import HeartbeatTransport, Member, MemberSettings
 from rsc.client.poller import Message, Poller
+from rsc.client.worker import App
 from rsc.events.model import Layout
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 

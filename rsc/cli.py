@@ -20,17 +20,17 @@ import trio
 from rsc import __version__
 from rsc import config as config_module
 from rsc import journal as journal_tool
-from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import AggregateId, KeySpace, check_namespace
 from rsc.actors.redis_store import RedisStore
-from rsc.client.app import App
+from rsc.actors.store_connection import DEFAULT_REDIS_URL, open_redis
 from rsc.client.errors import CoordinatorRejected, MemberReplaced, RscError
+from rsc.client.worker import App
 from rsc.connect import RedisRefused, first_leaf, redacted
 from rsc.demo import run_demo
-from rsc.http import serve as serving
+from rsc.http import service as serving
 from rsc.simulate import SimConfig, Simulation
-from rsc.tools import admin as admin_tools
+from rsc.tools import admin_commands as admin_tools
 from rsc.tools import apply as applying
 from rsc.tools.purge import purge_command
 from rsc.tools.running import run_on_redis

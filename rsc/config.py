@@ -79,8 +79,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from rsc.actors.connect import DEFAULT_REDIS_URL
 from rsc.actors.keys import check_namespace
+from rsc.actors.store_connection import DEFAULT_REDIS_URL
 from rsc.connect import is_sentinel_url, parse_sentinel_url, redacted
 from rsc.events import auth, quotas
 from rsc.events.versions import MAX_FEATURE_LEVEL

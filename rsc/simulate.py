@@ -3,7 +3,7 @@
 No Redis, no HTTP, no clock: a seeded random schedule of heartbeats, ticks
 and churn (joins, graceful leaves, crashes, restarts, slow revokes, lost
 responses, shard-count changes) drives one group aggregate. Each simulated
-member is the shipped member machine (`rsc.events.member.MemberMachine`, the
+member is the shipped member machine (`rsc.events.member_machine.MemberMachine`, the
 one the trio runtime drives), and the coordinator holds long-poll heartbeats
 by the shipped rules (`rsc.events.longpoll`), so what is checked here is
 what runs. Observers check the protocol from outside:
@@ -43,7 +43,7 @@ from rsc.events.commands import (
 from rsc.events.errors import CoordinationError, IncarnationMismatch
 from rsc.events.events import GroupEvent, ShardsInstalled, ShardsReleased, ShardsRevokeAcked
 from rsc.events.liveness import Leases
-from rsc.events.member import MemberMachine, MemberSettings, Steps
+from rsc.events.member_machine import MemberMachine, MemberSettings, Steps
 from rsc.events.model import ClientInfo, ReleaseReason, Timing
 from rsc.events.respond import respond
 from rsc.events.stream import StreamState

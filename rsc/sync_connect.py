@@ -91,7 +91,7 @@ def _sentinel_primary(target: SentinelTarget, kwargs: dict[str, Any]) -> redis.R
             ssl_check_hostname=reqs == "required" and tls_check_hostname(options),
         )
     node.update(kwargs)
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(target.sentinels),
         sentinel_kwargs={
             "socket_timeout": kwargs.get("socket_timeout") or SENTINEL_TIMEOUT_S,
@@ -99,7 +99,7 @@ def _sentinel_primary(target: SentinelTarget, kwargs: dict[str, Any]) -> redis.R
             "password": target.sentinel_password,
         },
     )
-    client = sentinel.master_for(target.service, redis_class=SentinelPrimary, **node)  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(target.service, redis_class=SentinelPrimary, **node)  # type: ignore[no-untyped-call,unused-ignore]
     assert isinstance(client, SentinelPrimary)
     client.sentinels = sentinel
     return client

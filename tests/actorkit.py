@@ -12,7 +12,7 @@ from rsc.actors.clock import TrioClock
 from rsc.actors.effects import Effects, MemoryEffects
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.actors.store import MemoryStore, Store
-from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo, Timing
 from rsc.events.respond import respond
 from rsc.events.versions import MAX_FEATURE_LEVEL

@@ -13,8 +13,8 @@ from hypothesis import settings
 from redis.cluster import RedisCluster
 
 from rsc import journal
-from rsc.actors.connect import RedisClient, open_redis
 from rsc.actors.redis_store import RedisStore
+from rsc.actors.store_connection import RedisClient, open_redis
 from tests import redis_servers
 
 #: Modules whose tests run real processes, several servers or long scenarios: `make test`

@@ -13,7 +13,7 @@ import httpx
 import trio
 
 from rsc.config import Settings
-from rsc.http.serve import serve
+from rsc.http.service import serve
 
 #: Leases long enough that a loaded machine never fences a test's member by accident.
 FAST = Settings(

@@ -16,12 +16,12 @@ import trio
 
 from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
-from rsc.actors.connect import RedisClient
 from rsc.actors.effects import DrainEvidence, GroupDrain, RedisEffects, topology_from_slots
 from rsc.actors.errors import ActorStopped, StoreUnavailable, TermFenced
 from rsc.actors.keys import AggregateId, KeySpace, owner_key
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry
+from rsc.actors.store_connection import RedisClient
 from rsc.events import codec, group
 from rsc.events.commands import ChangeShardCount
 from rsc.events.model import HeartbeatStatus, Timing

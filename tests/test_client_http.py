@@ -12,13 +12,13 @@ import httpx
 import pytest
 import trio
 
-from rsc.actors.connect import open_redis
-from rsc.client.app import App, instance_id
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Backoff, Coordinator, Failover, coordinator_urls
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
 from rsc.client.member import Member, MemberSettings
 from rsc.client.poller import Message
 from rsc.client.sync import SyncCoordinator
+from rsc.client.worker import App, instance_id
 from rsc.events.model import HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest
 from tests.clientkit import Recorder

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from redis.cluster import RedisCluster
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import open_producer
 from tests.httpkit import FAST, serve_on

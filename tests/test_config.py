@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from rsc.cli import main
 from rsc.config import ConfigError, Settings, load
-from rsc.http import serve as serving
+from rsc.http import service as serving
 
 
 def test_defaults_without_file_or_environment() -> None:

@@ -25,7 +25,7 @@ import yaml
 from click.testing import CliRunner
 
 from rsc.cli import _bind_address, main
-from rsc.client.app import App
+from rsc.client.worker import App
 from rsc.config import Settings
 from tests.httpkit import FAST, serve_on
 

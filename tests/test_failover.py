@@ -33,7 +33,6 @@ import trio
 import trio.testing
 
 from rsc import journal
-from rsc.actors.connect import RedisClient, open_redis
 from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.keys import COORDINATOR_LEASE_KEY, owner_key
@@ -47,14 +46,15 @@ from rsc.actors.leadership import (
     RedisLease,
 )
 from rsc.actors.redis_store import RedisStore
+from rsc.actors.store_connection import RedisClient, open_redis
 from rsc.client.coordinator import Backoff, Coordinator
 from rsc.client.member import Member
 from rsc.config import Settings
 from rsc.events import codec
-from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo
 from rsc.events.wire import HeartbeatResponse, OwnerToken
-from rsc.http.serve import serve
+from rsc.http.service import serve
 from tests import redis_servers
 from tests.clientkit import Recorder
 from tests.httpkit import FAST

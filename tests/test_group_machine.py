@@ -40,7 +40,7 @@ from rsc.events.events import (
     ShardsReleased,
     ShardsRevokeAcked,
 )
-from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import (
     ClientInfo,
     DrainCheck,

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 from rsc import journal
 from rsc.actors.actor import ActorSettings
-from rsc.actors.connect import RedisClient
 from rsc.actors.effects import RedisEffects
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry
 from rsc.actors.store import JournalEntry
+from rsc.actors.store_connection import RedisClient
 from rsc.cli import main
 from tests.actorkit import SETTINGS, Member, registry_on
 

@@ -18,13 +18,13 @@ import pytest
 import redis as redis_py
 import trio
 
-from rsc.actors.connect import open_redis
 from rsc.actors.keys import KeySpace, check_namespace
-from rsc.client.app import App
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 from rsc.client.producer import open_producer
+from rsc.client.worker import App
 from rsc.config import ConfigError, Settings, validate
 from tests import redis_servers
 from tests.httpkit import FAST, serve_on

@@ -1,5 +1,5 @@
 """The long-poll rules (`rsc.events.longpoll`), rechecks in the core, and the hold loop's
-limits (`rsc.http.longpoll.GroupChanges`) under trio's autojump clock."""
+limits (`rsc.http.held_answers.GroupChanges`) under trio's autojump clock."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from rsc.events import longpoll
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import StaleRecheck
 from rsc.events.events import QuarantineEnded, ShardsReleased, ShardsRevokeAcked, TargetAssignmentUpdated
-from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo, HeartbeatStatus, ReleaseReason
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
-from rsc.http.longpoll import GroupChanges
+from rsc.http.held_answers import GroupChanges
 from tests.groupkit import Group
 
 

@@ -8,7 +8,7 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rsc.events.member import MemberMachine, MemberSettings
+from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo, FenceReason, HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse, ShardAssignment
 

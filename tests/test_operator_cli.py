@@ -22,7 +22,7 @@ import trio
 from click.testing import CliRunner, Result
 
 from rsc.cli import main as rsc_main
-from rsc.client.admin import AdminClient, AdminError
+from rsc.client.admin_api import AdminClient, AdminError
 from rsc.tools import apply as applying
 from tests.httpkit import FAST, beat, hb, serve_on
 
@@ -404,7 +404,7 @@ async def test_dead_letters_are_listed_shown_and_replayed(
 
 
 def test_credentials_come_from_arguments_then_environment_then_a_netrc_file(tmp_path: Path) -> None:
-    from rsc.client.admin import credentials
+    from rsc.client.admin_api import credentials
 
     netrc_file = tmp_path / "netrc"
     netrc_file.write_text("machine rsc.example login ops password from-netrc\n")
@@ -482,7 +482,7 @@ async def test_a_usage_error_of_diff_or_apply_exits_1_never_2(http: httpx.AsyncC
 
 
 def test_a_broken_netrc_file_is_an_error_not_a_silent_skip(tmp_path: Path) -> None:
-    from rsc.client.admin import credentials
+    from rsc.client.admin_api import credentials
 
     broken = tmp_path / "netrc"
     broken.write_text("machin rsc.example login ops password x\n")  # a misspelt keyword

@@ -13,7 +13,7 @@ import pytest
 import redis
 import trio
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import Member
 from rsc.client.poller import Fenced, Handler, Message, Poller, PollerSettings

@@ -23,7 +23,7 @@ import pytest
 import redis
 import trio
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.poller import Message, Poller, PollerSettings
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key

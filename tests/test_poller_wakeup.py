@@ -33,7 +33,7 @@ import redis
 import trio
 from redis.cluster import RedisCluster
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.poller import Message, Poller, PollerSettings, _block_ms
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key

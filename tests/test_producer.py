@@ -10,7 +10,7 @@ import pytest
 import redis
 import trio
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorUnavailable, RscError
 from rsc.client.producer import Producer, ProducerPaused, PublishFailed, open_producer

@@ -17,10 +17,10 @@ import pytest
 import redis
 import trio
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import PublishFailed, open_producer
-from rsc.client.routing import DeliveryRetries
+from rsc.client.producer_state import DeliveryRetries
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from tests.httpkit import FAST, serve_on
 from tests.redis_servers import DurableServer

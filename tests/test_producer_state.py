@@ -5,9 +5,9 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from rsc.client import routing
+from rsc.client import producer_state
 from rsc.client.errors import RscError
-from rsc.client.routing import ProducerState, UnsupportedRouting
+from rsc.client.producer_state import ProducerState, UnsupportedRouting
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, Shard, ShardState
 from rsc.events.placement import shard_key
 from rsc.events.routing import route
@@ -48,7 +48,7 @@ def test_keyless_round_robin_skips_draining_shards_and_the_memo_stays_bounded(
     state = ProducerState("s", "p", ClientInfo())
     state.apply(answer(layout(1, 3, draining=2)))
     assert [state.shard_key(None) for _ in range(6)] == [shard_key("s", i) for i in (0, 1, 2, 0, 1, 2)]
-    monkeypatch.setattr(routing, "ROUTE_CACHE", 10)
+    monkeypatch.setattr(producer_state, "ROUTE_CACHE", 10)
     for n in range(25):
         assert state.shard_key(f"k{n}") == route(state.layout, b"k%d" % n).key
     assert len(state._routes) <= 10

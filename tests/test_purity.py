@@ -59,7 +59,7 @@ SERVER_ONLY = (
 
 
 @pytest.mark.parametrize(
-    "module", ["rsc.client", "rsc.client.app", "rsc.client.producer", "rsc.client.sync", "rsc.events.wire"]
+    "module", ["rsc.client", "rsc.client.worker", "rsc.client.producer", "rsc.client.sync", "rsc.events.wire"]
 )
 def test_a_client_loads_no_aggregate_and_no_server(module: str) -> None:
     """Importing a client module (in a fresh interpreter) loads the wire schema, never the server side."""

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import trio
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import ProducerPaused, open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer

@@ -20,7 +20,7 @@ import pytest
 import redis as redis_py
 import trio
 
-from rsc.actors.connect import open_redis
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.producer import NoWritableShards, Producer, open_producer
 from rsc.client.sync import SyncCoordinator, SyncProducer

@@ -18,12 +18,12 @@ import httpx
 import pytest
 import trio
 
-from rsc.actors.connect import open_redis
-from rsc.client.app import App
+from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 from rsc.client.producer import Producer, open_producer
+from rsc.client.worker import App
 from tests.httpkit import FAST, serve_on
 
 AUTH = ("admin", "pw")

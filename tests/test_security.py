@@ -18,7 +18,7 @@ from rsc.config import Settings
 from rsc.events.auth import credential
 from rsc.events.placement import shard_key
 from rsc.http.audit import AUDIT_KEY
-from rsc.http.serve import Exposed, serve
+from rsc.http.service import Exposed, serve
 from tests.httpkit import FAST, hb, serve_on
 
 MEMBER_TOKEN = "member-token-0123456789"
@@ -327,10 +327,10 @@ async def test_an_unexpected_error_is_a_500_whose_request_id_is_logged(
     standalone_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from rsc.actors.clock import WallClock
-    from rsc.actors.connect import open_redis
     from rsc.actors.effects import RedisEffects
     from rsc.actors.redis_store import RedisStore
     from rsc.actors.registry import RegistrySettings, open_registry
+    from rsc.actors.store_connection import open_redis
     from rsc.http.app import create_app
 
     async with (

@@ -34,7 +34,7 @@ from rsc.connect import (
     redacted,
     sync_redis,
 )
-from rsc.http.serve import embedded_redis, redis_answers
+from rsc.http.service import embedded_redis, redis_answers
 from tests.httpkit import FAST, serve_on
 from tests.redis_servers import SentinelSet, free_port
 from tests.test_redis_data_loss import Publisher, _flowing, stop_all, verify_journals

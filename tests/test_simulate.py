@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from rsc.cli import main
-from rsc.events.member import MemberMachine, Steps
+from rsc.events.member_machine import MemberMachine, Steps
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.simulate import SimConfig, Simulation
 

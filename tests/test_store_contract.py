@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
-from rsc.actors.connect import open_redis
 from rsc.actors.errors import ConcurrencyConflict, TermFenced
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import FenceToken, MemoryStore, Store
+from rsc.actors.store_connection import open_redis
 
 #: Makes another writer on the same data, with its own fence-token provider.
 Writers = Callable[[FenceToken | None], Store]

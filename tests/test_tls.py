@@ -16,16 +16,16 @@ import pytest
 import redis
 import trio
 
-from rsc.client.app import App
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorUnavailable
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 from rsc.client.producer import open_producer
+from rsc.client.worker import App
 from rsc.config import Settings
 from rsc.connect import open_redis
 from rsc.events.wire import HeartbeatRequest
-from rsc.http.serve import serve
+from rsc.http.service import serve
 from tests import redis_servers
 from tests.httpkit import FAST, hb
 

@@ -21,7 +21,6 @@ from click.testing import CliRunner
 
 import rsc
 from rsc.actors.aggregates import GroupAggregate
-from rsc.actors.connect import open_redis
 from rsc.actors.effects import MemoryEffects
 from rsc.actors.errors import NotFinalized, UnsupportedSchema
 from rsc.actors.features import (
@@ -35,6 +34,7 @@ from rsc.actors.features import (
 from rsc.actors.keys import COORDINATOR_TOKEN_KEY, STREAMS_KEY, AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import MemoryStore, check_writable
+from rsc.actors.store_connection import open_redis
 from rsc.cli import main
 from rsc.client.coordinator import Coordinator, Negotiation
 from rsc.client.errors import CoordinatorRejected

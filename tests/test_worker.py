@@ -516,7 +516,7 @@ async def _stable(http: httpx.AsyncClient, prefix: str, count: int) -> bool:
 def test_members_are_static_with_an_explicit_instance_id(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stable identity (RSC_INSTANCE_ID, `instance_id=`) makes members static; a pod IP or
     host-pid does not; `static=` / RSC_STATIC decide otherwise; a nonsense RSC_STATIC is refused."""
-    from rsc.client.app import static_members
+    from rsc.client.worker import static_members
 
     monkeypatch.delenv("RSC_INSTANCE_ID", raising=False)
     monkeypatch.delenv("RSC_STATIC", raising=False)

@@ -13,9 +13,9 @@ import os
 
 import trio
 
-from rsc.client.app import App
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
+from rsc.client.worker import App
 from rsc.connect import sync_redis
 
 # RSC_TEST_NO_SELF_FENCE=1 switches self-fencing off, to show the owner token alone stopping a late member.

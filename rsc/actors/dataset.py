@@ -48,9 +48,9 @@ import attrs
 import coredis
 import trio
 
-from rsc.actors.connect import redis_errors
 from rsc.actors.errors import StoreError
 from rsc.actors.health import store_failed
+from rsc.actors.store_connection import redis_errors
 
 log = logging.getLogger("rsc.dataset")
 

@@ -26,9 +26,9 @@ import attrs
 import coredis
 from coredis.tokens import PureToken
 
-from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
+from rsc.actors.store_connection import RedisClient, redis_errors
 from rsc.connect import error_code
 from rsc.events import codec
 from rsc.events.slots import Primary, Topology

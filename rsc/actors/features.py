@@ -31,10 +31,10 @@ import attrs
 import trio
 
 from rsc import __version__
-from rsc.actors.connect import redis_errors
 from rsc.actors.errors import StoreError, StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.leadership import LeaseBackend
+from rsc.actors.store_connection import redis_errors
 from rsc.events.versions import (
     BASELINE_FEATURE_LEVEL,
     MAX_FEATURE_LEVEL,

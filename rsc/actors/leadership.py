@@ -50,10 +50,10 @@ import attrs
 import coredis
 import trio
 
-from rsc.actors.connect import redis_errors
 from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
+from rsc.actors.store_connection import redis_errors
 
 log = logging.getLogger("rsc.leadership")
 

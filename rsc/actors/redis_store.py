@@ -27,11 +27,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rsc import __version__
-from rsc.actors.connect import redis_errors
 from rsc.actors.errors import ConcurrencyConflict, TermFenced, UnsupportedSchema
 from rsc.actors.features import Features, FeatureSource
 from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, level_of_events
+from rsc.actors.store_connection import redis_errors
 from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
 
 # KEYS: snapshot, journal, checkpoints

@@ -2,7 +2,7 @@
 
 Every protocol decision (what to report, what to stop, start or drop, the
 lease rule, when the next heartbeat is due, the graceful leave) is the pure
-machine's, in `rsc.events.member`; this module only sends its heartbeats,
+machine's, in `rsc.events.member_machine`; this module only sends its heartbeats,
 performs its `Steps` on a `ShardLifecycle`, runs revokes concurrently with
 heartbeats, and logs. Time is trio's clock, so tests run it under the
 autojump clock. The transport is anything with `heartbeat(request) ->
@@ -26,7 +26,7 @@ from rsc.client.errors import (
 )
 from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
 from rsc.connect import first_leaf
-from rsc.events.member import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
+from rsc.events.member_machine import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, ShardState
 from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse

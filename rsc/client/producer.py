@@ -36,8 +36,7 @@ from rsc.client.errors import (
     RscError,
 )
 from rsc.client.member import CLIENT
-from rsc.client.redis_calls import redis_call
-from rsc.client.routing import (
+from rsc.client.producer_state import (
     SEALED_APPEND,
     SEALED_APPEND_SHA,
     Append,
@@ -54,6 +53,7 @@ from rsc.client.routing import (
     publish_failed,
     take_replies,
 )
+from rsc.client.redis_calls import redis_call
 from rsc.outage import OutageLog
 
 __all__ = [

@@ -43,7 +43,7 @@ from rsc.client.coordinator import (
 )
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
-from rsc.client.routing import (
+from rsc.client.producer_state import (
     SEALED_APPEND,
     SEALED_APPEND_SHA,
     Append,

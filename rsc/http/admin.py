@@ -45,7 +45,7 @@ from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, 
 from rsc.events.wire import dead_letter_key
 from rsc.http.app import json_body, json_response, structure
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
-from rsc.http.auth import AdminAccount, Gate, basic_credentials
+from rsc.http.authenticate import AdminAccount, Gate, basic_credentials
 from rsc.http.errors import ApiError
 from rsc.http.throttle import Blocked
 from rsc.http.views import stream_view

@@ -47,9 +47,9 @@ from rsc.events.wire import (
     check_protocol_version,
 )
 from rsc.http import views
-from rsc.http.auth import PUBLIC_PATHS, AdminAccount, Gate, Refused
+from rsc.http.authenticate import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.errors import ApiError
-from rsc.http.longpoll import RegistryHold
+from rsc.http.held_answers import RegistryHold
 from rsc.http.metrics import QUOTA_REFUSALS, Metrics, scoped_registry
 from rsc.http.ratelimit import ADMIN_WRITES, HEARTBEATS, PARTY, VIEWS, RateLimits
 from rsc.http.throttle import FailureThrottle, client_key

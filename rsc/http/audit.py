@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 from coredis.tokens import PureToken
 
-from rsc.actors.connect import RedisClient, redis_errors
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
+from rsc.actors.store_connection import RedisClient, redis_errors
 from rsc.events import codec
 
 AUDIT_KEY = DEFAULT_KEYS.audit

@@ -45,7 +45,7 @@ from rsc.http.admin import (
     StreamSpec,
 )
 from rsc.http.audit import AuditRecord
-from rsc.http.auth import PUBLIC_PATHS
+from rsc.http.authenticate import PUBLIC_PATHS
 from rsc.http.pages import add_page_routes
 
 

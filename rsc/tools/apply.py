@@ -38,7 +38,7 @@ import attrs
 import click
 import yaml
 
-from rsc.client.admin import AdminClient, AdminError
+from rsc.client.admin_api import AdminClient, AdminError
 from rsc.events.model import MAX_STATIC_HOLD_MS
 
 STREAM_FIELDS = {"shardCount": None, "reshardMode": "online"}

@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from rsc.actors.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.actors.keys import KeySpace
+from rsc.actors.store_connection import DEFAULT_REDIS_URL, open_redis
 from rsc.connect import redacted
 from rsc.tools.running import run_on_redis
 

@@ -1,7 +1,7 @@
 """`terraform-provider-rsc`: a Terraform provider for rsc streams and groups (the `tf` package).
 
 Resources `rsc_stream` and `rsc_group`, data source `rsc_stream_layout`. Everything goes
-through `rsc.client.admin.AdminClient`, so the provider drives exactly the Admin API (each
+through `rsc.client.admin_api.AdminClient`, so the provider drives exactly the Admin API (each
 change audited as the admin). Install with `pip install 'rsc[terraform]'` and point a
 Terraform CLI config's `dev_overrides` at the directory holding the `terraform-provider-rsc`
 script (docs/operations.md, "Terraform").
@@ -34,7 +34,7 @@ from tf.iface import (
 from tf.runner import run_provider
 from tf.utils import Diagnostics
 
-from rsc.client.admin import AdminClient, AdminError
+from rsc.client.admin_api import AdminClient, AdminError
 from rsc.events.model import MAX_STATIC_HOLD_MS
 
 SOURCE = "registry.terraform.io/rsc/rsc"

@@ -26,9 +26,9 @@ import time
 
 import trio
 
-from rsc.client.app import App
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
+from rsc.client.worker import App
 
 RECORDS = os.environ.get("RSC_CHAOS_RECORDS", f"chaos-records-{os.getpid()}.jsonl")
 _low, _, _high = os.environ.get("RSC_CHAOS_DELAY_MS", "30,100").partition(",")

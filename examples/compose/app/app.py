@@ -2,7 +2,7 @@
 
 import logging
 
-from rsc.client.app import App
+from rsc.client.worker import App
 from rsc.client.poller import Message
 
 app = App()

@@ -1,7 +1,7 @@
 """`rsc streams|groups|members|producers|audit|dlq ...`: the Admin API from a terminal.
 
 Every command takes `--url` (or `RSC_COORDINATOR_URL`), `--user` and the password from
-`RSC_ADMIN_PASSWORD` or a netrc-style file (`rsc.client.admin.credentials`), and
+`RSC_ADMIN_PASSWORD` or a netrc-style file (`rsc.client.admin_api.credentials`), and
 `--output table|json`. Mutating commands print what changed, the request id, and the audit
 record of that request. Exit codes: 0 done, 1 the coordinator refused or failed (its error
 code is printed), 2 a usage error.
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rsc.client.admin import AdminClient, AdminError, Answer
+from rsc.client.admin_api import AdminClient, AdminError, Answer
 from rsc.events.model import MAX_STATIC_HOLD_MS
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -10,7 +10,7 @@ from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRe
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from rsc.client.app import App
+    from rsc.client.worker import App
 
 
 class WorkerMetrics:

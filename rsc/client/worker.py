@@ -40,11 +40,11 @@ from rsc.client.batching import BatchingTransport
 from rsc.client.coordinator import Coordinator, coordinator_urls
 from rsc.client.errors import MemberReplaced
 from rsc.client.member import Member, MemberSettings, coordinator_outage
-from rsc.client.metrics import WorkerMetrics
 from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
+from rsc.client.worker_metrics import WorkerMetrics
 from rsc.connect import DEFAULT_REDIS_URL, open_redis, redacted
 
-log = logging.getLogger("rsc.client.app")
+log = logging.getLogger("rsc.client.worker")
 DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
 #: The request timeout with several coordinators: a stalled one (paused, partitioned) is left
 #: for the next well within a member's lease (the single-URL default is 5 s).

@@ -34,7 +34,7 @@ from rsc.events.group import GroupState
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 
-log = logging.getLogger("rsc.http.longpoll")
+log = logging.getLogger("rsc.http.held_answers")
 #: Changes remembered per group, to catch one between a first decision and its wait.
 RECENT = 64
 

@@ -22,7 +22,6 @@ import trio
 from rsc.actors import dataset
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
-from rsc.actors.connect import open_redis
 from rsc.actors.dataset import DATA_LOSS, DatasetWatch
 from rsc.actors.effects import RedisEffects
 from rsc.actors.errors import StoreError
@@ -32,6 +31,7 @@ from rsc.actors.keys import KeySpace
 from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
+from rsc.actors.store_connection import open_redis
 from rsc.config import ConfigError, Settings
 from rsc.connect import RedisRefused
 from rsc.events import auth
@@ -40,7 +40,7 @@ from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.admin import AdminAccount, add_admin_routes
 from rsc.http.app import create_app
 from rsc.http.audit import AuditLog
-from rsc.http.auth import is_loopback_bind
+from rsc.http.authenticate import is_loopback_bind
 from rsc.http.openapi import add_openapi_route
 from rsc.http.server import Limits, hypercorn_config, serve_http
 from rsc.http.standby import add_standby_gate, default_advertise_url
