@@ -11,7 +11,7 @@ Shared by the coordinator (`rsc.actors`) and the embedded client (`rsc.client`).
 With a sentinel URL the client follows a promotion without a restart: each new connection asks
 the sentinels where the primary is and checks its ROLE, and a READONLY answer (the node was
 demoted under an open connection) drops every connection of the pool (`_FollowingPool`).
-`sync_redis(url)` gives a redis-py client for the same URLs (`rsc.sync_connect`), for the
+`rsc.sync_connect.sync_redis(url)` gives a redis-py client for the same URLs, for the
 synchronous producer.
 """
 
@@ -32,7 +32,7 @@ from coredis.pool import SentinelConnectionPool
 from coredis.retry import ConstantRetryPolicy
 
 if TYPE_CHECKING:
-    import redis
+    pass
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 
@@ -547,18 +547,10 @@ def _watch_demotion(connection: BaseConnection, demoted: Callable[[], None]) -> 
 
 
 def _says_demoted(response: object) -> bool:
-    """READONLY, or UNBLOCKED because the instance turned replica (Redis' own words)."""
-    if isinstance(response, coredis.exceptions.ReadOnlyError):
-        return True
-    return isinstance(response, coredis.exceptions.UnblockedError) and "master -> replica" in str(response)
-
-
-def sync_redis(url: str = DEFAULT_REDIS_URL, **kwargs: Any) -> redis.Redis:
-    """A redis-py client for `url` (redis://, rediss:// or a sentinel URL), for the synchronous
-    producer: see `rsc.sync_connect.sync_redis`. Needs redis-py (`pip install 'rsc[sync]'`)."""
-    from rsc import sync_connect  # noqa: PLC0415 - redis-py is an optional dependency
-
-    return sync_connect.sync_redis(url, **kwargs)
+    """READONLY, or UNBLOCKED (by its reply class, never its words): a blocked command that the
+    instance ended when it turned replica. `CLIENT UNBLOCK ... ERROR` also answers UNBLOCKED; the
+    sentinels are then asked again for nothing worse than one reconnection."""
+    return isinstance(response, (coredis.exceptions.ReadOnlyError, coredis.exceptions.UnblockedError))
 
 
 def first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

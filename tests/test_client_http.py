@@ -142,12 +142,12 @@ async def test_max_concurrency_from_the_admin_api_resizes_the_poller(
             with trio.fail_after(10):
                 while poller.workers != 3:
                     await trio.sleep(0.05)
-            assert len(poller._worker_slots) == 3
+            assert len(poller.dispatcher.workers) == 3
             await http.put(
                 f"/v1/admin/streams/{prefix}/groups/billing", json={"maxConcurrency": 1}, auth=("admin", "pw")
             )
             with trio.fail_after(10):
-                while len(poller._worker_slots) != 1:
+                while len(poller.dispatcher.workers) != 1:
                     await trio.sleep(0.05)
             app.stop()
 

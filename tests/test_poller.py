@@ -15,8 +15,9 @@ import trio
 
 from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
+from rsc.client.errors import Fenced
 from rsc.client.member import Member
-from rsc.client.poller import Fenced, Handler, Message, Poller, PollerSettings
+from rsc.client.poller import Handler, Message, Poller, PollerSettings
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key
 from tests.httpkit import FAST, serve_on
@@ -200,7 +201,7 @@ async def test_a_refused_ack_is_kept_reported_and_healed_by_the_coordinator(
         await wait_for(lambda: len(member.owned) == 4)
         key = (await shard_keys(base_url, prefix))[0]
         sync_redis.xadd(key, {"n": "1"})
-        await wait_for(lambda: poller.shards[0].handling is not None)
+        await wait_for(lambda: poller.shards[0].home.handling is not None)
         # Another member now owns shard 0 (as after this one was fenced and the shard moved).
         sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"x","memberEpoch":9}')
         seen_stalled = False
@@ -232,17 +233,19 @@ async def test_the_scripts_check_the_owner_token(
         assert sync_redis.xpending(key, "billing")["pending"] == 1
         shard = poller.shards[3]
         impostor = Poller(env.redis, "billing", "w0", "another-incarnation", _ignore)
+        someone_else = Poller(env.redis, "billing", "someone-else", "another-incarnation", _ignore)
         with pytest.raises(Fenced):
-            await impostor._call(impostor._claim, shard, ["w0", 0, 10, "0-0"])
+            await impostor.scripts.claim(shard, 0, 10, "0-0")
         with pytest.raises(Fenced):  # an entry idle under another consumer name: checked, refused
-            await impostor._call(impostor._reclaim, shard, ["someone-else", 0, 10])
+            await someone_else.scripts.reclaim(shard, 0, 10)
         # Reads and acknowledgements take several shards at once: a refusal per shard.
-        keys = [key, owner_key(key)]
-        read = await impostor._read(keys=keys, args=["billing", "w0", "another-incarnation", "w0", 10, "0-0"])
-        assert [r[0] for r in read] == ["FENCED owned by another member"]
-        assert await impostor._acknowledge([(shard, [entry])]) == ["FENCED owned by another member"]
+        [read] = await impostor.scripts.read([(shard, 10)])
+        assert isinstance(read.refused, Fenced)
+        assert "owned by another member" in str(read.refused)
+        [acked] = await impostor.scripts.ack([(shard, [entry])])
+        assert isinstance(acked, Fenced)
         assert sync_redis.xpending(key, "billing")["pending"] == 1
-        assert await poller._acknowledge([(shard, [entry])]) == [1]  # the owner's own ack goes through
+        assert await poller.scripts.ack([(shard, [entry])]) == [1]  # the owner's own ack goes through
 
 
 async def _ignore(message: Message) -> None:

@@ -25,6 +25,7 @@ import trio
 
 from rsc.actors.store_connection import open_redis
 from rsc.client.poller import Message, Poller, PollerSettings
+from rsc.client.poller.book import ReadState
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key
 from tests.redis_servers import DurableServer
@@ -281,7 +282,9 @@ async def test_entries_claimed_by_a_call_whose_reply_was_lost_do_not_stay_pendin
         await nursery.start(poller.run)
         poller.renewed(math.inf)
         await poller.assigned(frozenset({0}), layout(shard_key))
-        await wait_for(lambda: poller.shards[0].claimed_backlog)  # its takeover's claim is done
+        await wait_for(
+            lambda: poller.shards[0].state is not ReadState.CLAIMING
+        )  # its takeover's claim is done
         with sync_redis.pipeline(transaction=True) as pipe:  # read by a member that died with it
             pipe.xadd(shard_key, {"n": "0"})
             pipe.xreadgroup("billing", "gone-member", {shard_key: ">"})

@@ -34,7 +34,8 @@ import trio
 from redis.cluster import RedisCluster
 
 from rsc.actors.store_connection import open_redis
-from rsc.client.poller import Message, Poller, PollerSettings, _block_ms
+from rsc.client.poller import Message, Poller, PollerSettings
+from rsc.client.poller.wakeup import block_ms
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.wire import owner_key
 from tests.redis_servers import DurableServer
@@ -173,7 +174,9 @@ async def test_an_entry_appended_between_the_read_and_the_block_is_not_missed(
 
     [key] = shard_keys(prefix, 1, sync_redis)
     async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
-        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS, wakeups=AppendFirst(r))
+        poller = Poller(
+            r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS, wake_client=AppendFirst(r)
+        )
         await nursery.start(poller.run)
         poller.renewed(math.inf)
         await poller.assigned(frozenset({0}), layout([key]))
@@ -235,11 +238,11 @@ async def test_revoke_loss_and_stop_end_a_blocked_wake_up_at_once(
                     return len(now) == 1 and (now[0] in before) == (expected == 2)
 
                 await wait_for(after)
-                watch = poller.shards[1].watch
+                watch = poller.shards[1].home.watch
                 assert watch is not None
                 assert watch.blocked_on == frozenset({1})
                 await poller.lost(frozenset({1}))
-                assert poller._watches == {}
+                assert poller.wakeups.watches == {}
                 await wait_for(lambda: blocked_reads(nodes) == [])
                 nursery.cancel_scope.cancel()
         await wait_for(lambda: blocked_reads(nodes) == [])
@@ -297,7 +300,7 @@ async def test_a_redis_restart_under_a_blocked_wake_up_is_survived(
             open_redis(server.url, connect_timeout_s=1, command_timeout_s=HOUR) as wakeups,
             trio.open_nursery() as nursery,
         ):
-            poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, settings, wakeups=wakeups)
+            poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, settings, wake_client=wakeups)
             await nursery.start(poller.run)
             poller.renewed(math.inf)
             await poller.assigned(frozenset({0}), layout([key]))
@@ -340,7 +343,7 @@ async def test_on_a_cluster_each_hash_slot_blocks_on_a_connection_of_its_own(
             poller.renewed(math.inf)
             await poller.assigned(frozenset(range(5)), layout(keys))
             await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == 4)
-            assert sorted(len(w.shards) for w in poller._watches.values()) == [1, 1, 1, 2]
+            assert sorted(len(w.shards) for w in poller.wakeups.watches.values()) == [1, 1, 1, 2]
             for n, key in enumerate(keys):
                 checker.xadd(key, {"n": str(n)})
             await wait_for(lambda: len(handled) == 5)
@@ -424,10 +427,10 @@ def test_a_wake_up_blocks_for_less_than_its_clients_command_timeout() -> None:
         def __init__(self, timeout: float | None) -> None:
             self.connection_pool = type("Pool", (), {"connection_kwargs": {"stream_timeout": timeout}})()
 
-    assert _block_ms(Client(None), 10.0) == 10_000
-    assert _block_ms(Client(5.0), 10.0) == 2_500  # the App's command client
-    assert _block_ms(Client(15.0), 10.0) == 10_000  # the App's wake-up client: 10 s + 5 s
-    assert _block_ms(Client(1.0), 10.0) == 500
+    assert block_ms(Client(None), 10.0) == 10_000
+    assert block_ms(Client(5.0), 10.0) == 2_500  # the App's command client
+    assert block_ms(Client(15.0), 10.0) == 10_000  # the App's wake-up client: 10 s + 5 s
+    assert block_ms(Client(1.0), 10.0) == 500
 
 
 async def _ignore(message: Message) -> None:
@@ -455,17 +458,17 @@ async def test_a_missed_wake_up_is_a_stall_found_reported_and_read_again(
         poller.renewed(math.inf)
         await poller.assigned(frozenset(range(2)), layout(keys))
         await wait_for(lambda: caught_up(poller))
-        for watch in poller._watches.values():
+        for watch in poller.wakeups.watches.values():
             watch.scope.cancel()  # no wake-up will come
         await trio.sleep(0.1)
         reported: list[frozenset[int]] = []
-        stall = poller._stall
+        stall = poller.reclaimer.stall
 
         def stalled(shard: Any, why: str) -> None:
             stall(shard, why)
             reported.append(poller.stalled_shards())  # what the next heartbeat says
 
-        poller._stall = stalled  # type: ignore[method-assign]
+        poller.reclaimer.stall = stalled  # type: ignore[method-assign]
         with caplog.at_level(logging.WARNING, "rsc.client.poller"):
             entry = sync_redis.xadd(keys[1], {"n": "1"})
             await wait_for(lambda: bool(handled), 10)

@@ -72,3 +72,62 @@ def test_a_client_loads_no_aggregate_and_no_server(module: str) -> None:
         m for m in loaded if m in SERVER_ONLY or m.startswith(tuple(f"{s}." for s in SERVER_ONLY))
     )
     assert leaked == []
+
+
+def test_the_shard_book_is_pure() -> None:
+    """The poller's per-shard lifecycle machine imports no I/O, no clock, no trio, nothing of rsc."""
+    book = CORE.parent / "client" / "poller" / "book.py"
+    assert imported_roots(book).isdisjoint(FORBIDDEN | FORBIDDEN_RANDOM | {"rsc"})
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The rsc modules `path` imports (anywhere in it, lazy imports too)."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], base]
+                ).strip(".")
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for imported in targets:
+            module = imported
+            while module and module not in known:
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                found.add(module)
+    return found
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """The import graph of rsc/ has no cycle (a package importing its own modules aside)."""
+    root = CORE.parent
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {name: _imports(path, name, set(paths)) for name, path in paths.items()}
+    # A package's __init__ may import its own modules (and they it): not a cycle between modules.
+    graph = {
+        name: {t for t in targets if not t.startswith(f"{name}.") and not name.startswith(f"{t}.")}
+        for name, targets in graph.items()
+    }
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for target in graph[node]:
+                if target == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*path, target]))
+    assert cycles == []

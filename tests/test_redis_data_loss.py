@@ -17,7 +17,7 @@ import redis
 import trio
 
 from rsc.client.sync import SyncCoordinator, SyncProducer
-from rsc.connect import sync_redis
+from rsc.sync_connect import sync_redis
 from tests.httpkit import FAST, serve_on
 from tests.redis_servers import DurableServer, free_port
 from tests.test_worker import ROOT, group_view, result_lines, start_worker, until

@@ -16,7 +16,7 @@ import trio
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 from rsc.client.worker import App
-from rsc.connect import sync_redis
+from rsc.sync_connect import sync_redis
 
 # RSC_TEST_NO_SELF_FENCE=1 switches self-fencing off, to show the owner token alone stopping a late member.
 SELF_FENCE = os.environ.get("RSC_TEST_NO_SELF_FENCE") != "1"

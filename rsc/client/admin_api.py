@@ -99,6 +99,8 @@ class AdminClient:
                 0, "BAD_URL", f"the coordinator URL must start with http:// or https://, not {self.url!r}"
             )
         auth = credentials(self.url, user, password)
+        #: Whether requests carry credentials (a 401 without them: say where to set them).
+        self.sends_credentials = auth is not None
         verify: Any = ca_bundle or os.environ.get(CA_BUNDLE_ENV) or True
         self.http = httpx.Client(base_url=self.url, auth=auth, timeout=timeout_s, verify=verify)
 

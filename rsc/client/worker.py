@@ -202,7 +202,7 @@ class App:
                 connect_timeout_s=REDIS_TIMEOUT_S,
                 command_timeout_s=self._wake_block_s() + REDIS_TIMEOUT_S,
                 max_connections=WAKEUP_CONNECTIONS,
-            ) as wakeups,
+            ) as wake_client,
             trio.open_nursery() as services,
         ):
             transport = BatchingTransport(coordinator)
@@ -211,7 +211,7 @@ class App:
                 for listener in self.listeners:
                     for index in range(listener.concurrency):
                         await self._start_member(
-                            members, services, transport, (redis, wakeups), ip, listener, index
+                            members, services, transport, (redis, wake_client), ip, listener, index
                         )
                 task_status.started()
                 await self._stop.wait()
@@ -236,7 +236,7 @@ class App:
     ) -> None:
         member_id = f"{ip}/{listener.name}/{index}"
         incarnation = uuid.uuid4().hex
-        redis, wakeups = clients
+        redis, wake_client = clients
         poller = Poller(
             redis,
             listener.group,
@@ -245,7 +245,7 @@ class App:
             listener.handler,
             listener.poller,
             self.redis_health,
-            wakeups,
+            wake_client,
         )
         if self.metrics is not None:
             latency = self.metrics.handler_seconds.labels(listener.stream, listener.group)

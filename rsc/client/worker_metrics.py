@@ -3,20 +3,30 @@ how long handlers took, what failed and was dead-lettered, which shards each mem
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from rsc.client.worker import App
+from rsc.client.member import Member
+from rsc.client.poller import Poller
+
+
+class Workers(Protocol):
+    """What the metrics read from a worker's `App`: its members and their pollers, pairwise."""
+
+    @property
+    def members(self) -> Sequence[Member]: ...
+
+    @property
+    def pollers(self) -> Sequence[Poller]: ...
 
 
 class WorkerMetrics:
     """One registry per App; counters are read from the pollers at scrape time."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Workers) -> None:
         self.prometheus = CollectorRegistry()
         self.prometheus.register(PROCESS_COLLECTOR)
         self.prometheus.register(PLATFORM_COLLECTOR)
@@ -31,7 +41,7 @@ class WorkerMetrics:
 
 
 class _PollerCollector:
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Workers) -> None:
         self.app = app
 
     def collect(self) -> Iterator[Metric]:

@@ -32,13 +32,14 @@ def connection_options(command: F) -> F:
     @click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
     @functools.wraps(command)
     def wrapper(url: str | None, user: str | None, output: str, **kwargs: Any) -> Any:
+        admin: AdminClient | None = None
         try:
             with AdminClient(url, user) as admin:
                 return command(admin=admin, output=output, **kwargs)
         except AdminError as exc:
             where = f" (request {exc.request_id})" if exc.request_id else ""
             hint = ""
-            if exc.status == 401 and exc.message.startswith("no credentials"):
+            if exc.status == 401 and admin is not None and not admin.sends_credentials:
                 hint = "; set RSC_ADMIN_PASSWORD or a netrc entry (RSC_NETRC, ~/.netrc)"
             raise click.ClickException(f"{exc}{hint}{where}") from None
 
