@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
-from rsc.actors.effects import RedisEffects
+from rsc.actors.effects.redis_effects import RedisEffects
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.actors.store_connection import open_redis

@@ -21,7 +21,7 @@ import attrs
 
 from rsc.actors.actor import Aggregate, fold_loaded
 from rsc.actors.aggregates import GroupAggregate, StreamAggregate
-from rsc.actors.effects import MemoryEffects
+from rsc.actors.effects.memory_effects import MemoryEffects
 from rsc.actors.errors import UnsupportedSchema
 from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import JournalEntry, Store

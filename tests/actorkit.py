@@ -9,7 +9,8 @@ import attrs
 
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import TrioClock
-from rsc.actors.effects import Effects, MemoryEffects
+from rsc.actors.effects.memory_effects import MemoryEffects
+from rsc.actors.effects.port import Effects
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
 from rsc.actors.store import MemoryStore, Store
 from rsc.events.member_machine import MemberMachine, MemberSettings

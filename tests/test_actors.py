@@ -14,7 +14,7 @@ import trio.testing
 from rsc.actors.actor import Actor, ActorSettings, fold_loaded
 from rsc.actors.aggregates import GroupAggregate
 from rsc.actors.clock import TrioClock
-from rsc.actors.effects import MemoryEffects
+from rsc.actors.effects.memory_effects import MemoryEffects
 from rsc.actors.errors import ActorStopped
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import MemoryStore

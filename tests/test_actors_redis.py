@@ -16,7 +16,8 @@ import trio
 
 from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
-from rsc.actors.effects import DrainEvidence, GroupDrain, RedisEffects, topology_from_slots
+from rsc.actors.effects.inspection import topology_from_slots
+from rsc.actors.effects.redis_effects import RedisEffects
 from rsc.actors.errors import ActorStopped, StoreUnavailable, TermFenced
 from rsc.actors.keys import AggregateId, KeySpace, owner_key
 from rsc.actors.redis_store import RedisStore
@@ -24,6 +25,7 @@ from rsc.actors.registry import Registry
 from rsc.actors.store_connection import RedisClient
 from rsc.events import codec, group
 from rsc.events.commands import ChangeShardCount
+from rsc.events.drain import DrainEvidence, GroupDrain, drained
 from rsc.events.model import HeartbeatStatus, Timing
 from rsc.events.wire import OwnerToken, seal_key
 from rsc.http.metrics import Metrics
@@ -189,31 +191,31 @@ async def test_drain_evidence_holds_only_with_nothing_pending_or_undelivered(
     await effects.ensure_consumer_groups([key], "billing", "0")
     seen = await effects.drain_evidence([key, missing])
     assert seen[missing] == DrainEvidence(False, False, ())
-    assert seen[key].drained(["billing"])
+    assert drained(seen[key], ["billing"])
     assert not seen[key].sealed
     entry = await redis.xadd(key, {"n": "1"})
     seen = await effects.drain_evidence([key])
     assert seen[key].groups == (GroupDrain("billing", 0, True),)  # undelivered
-    assert not seen[key].drained(["billing"])
+    assert not drained(seen[key], ["billing"])
     await redis.xreadgroup("billing", "m", streams={key: ">"}, count=10)
     await redis.xdel(key, [entry])  # the key is empty, the entry still pending
     seen = await effects.drain_evidence([key])
     assert seen[key].exists
     assert seen[key].groups == (GroupDrain("billing", 1, False),)
-    assert not seen[key].drained(["billing"])
+    assert not drained(seen[key], ["billing"])
     await redis.xack(key, "billing", [entry])
     await redis.set(seal_key(key), "3")
     seen = await effects.drain_evidence([key])
     assert seen[key].sealed
     assert not seen[key].exists  # nothing in it, nothing pending: drained whatever the groups
-    assert seen[key].drained(["billing", "audit"])
+    assert drained(seen[key], ["billing", "audit"])
     kept = await redis.xadd(key, {"n": "2"})  # read and acknowledged, still in the key
     await redis.xreadgroup("billing", "m", streams={key: ">"}, count=10)
     await redis.xack(key, "billing", [kept])
     seen = await effects.drain_evidence([key])
     assert seen[key].exists
-    assert seen[key].drained(["billing"])
-    assert not seen[key].drained(["billing", "audit"])  # a group of the stream missing on the key
+    assert drained(seen[key], ["billing"])
+    assert not drained(seen[key], ["billing", "audit"])  # a group of the stream missing on the key
     await redis.delete([seal_key(key)])
 
 

@@ -15,7 +15,7 @@ import trio.testing
 
 from rsc import journal
 from rsc.actors.dataset import DATA_LOSS, EVERYTHING, ROLLBACK, DatasetWatch
-from rsc.actors.effects import MemoryEffects
+from rsc.actors.effects.memory_effects import MemoryEffects
 from rsc.actors.keys import AggregateId, KeySpace
 from rsc.actors.leadership import Acquired, Leadership, MemoryLease, RedisLease
 from rsc.actors.redis_store import RedisStore

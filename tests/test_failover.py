@@ -33,7 +33,7 @@ import trio
 import trio.testing
 
 from rsc import journal
-from rsc.actors.effects import RedisEffects
+from rsc.actors.effects.redis_effects import RedisEffects
 from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.keys import COORDINATOR_LEASE_KEY, owner_key
 from rsc.actors.leadership import (
@@ -796,7 +796,7 @@ async def test_owner_tokens_are_fenced_in_the_shard_slot(redis: RedisClient, pre
     """A deposed coordinator that passed its term check just before a pause cannot overwrite the
     owner tokens its successor wrote: the write itself checks the coordinator token, next to the
     shard key (so on a cluster too)."""
-    from rsc.actors.effects import RedisEffects
+    from rsc.actors.effects.redis_effects import RedisEffects
     from rsc.events.wire import OwnerToken
 
     key = f"{prefix}:0"
@@ -804,8 +804,9 @@ async def test_owner_tokens_are_fenced_in_the_shard_slot(redis: RedisClient, pre
     old = RedisEffects(redis, fence_token=lambda: 6)
     mine, theirs = OwnerToken("b", "inc-b", 3), OwnerToken("a", "inc-a", 2)
     await new.set_owners("billing", {key: mine})
-    with pytest.raises(TermFenced):
+    with pytest.raises(TermFenced) as fenced:
         await old.set_owners("billing", {key: theirs})
+    assert fenced.value.fence == 7  # the stored fence, the figure the refusal carries
     with pytest.raises(TermFenced):
         await old.clear_owners("billing", {key: mine})
     with pytest.raises(TermFenced):

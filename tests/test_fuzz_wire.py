@@ -22,7 +22,7 @@ from rsc.events.commands import CreateGroup, CreateStream
 from rsc.events.errors import CoordinationError
 from rsc.events.model import Layout, Shard, Timing
 from rsc.events.wire import HeartbeatRequest, ProducerHeartbeatRequest
-from rsc.http.admin import GroupSpec, PauseRequest, StreamSpec
+from rsc.http.admin.bodies import GroupSpec, PauseRequest, StreamSpec
 from rsc.http.app import HeartbeatBatch, parse_json, structure
 from rsc.http.errors import ApiError
 from tests.httpkit import FAST, serve_on

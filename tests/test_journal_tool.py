@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from rsc import journal
 from rsc.actors.actor import ActorSettings
-from rsc.actors.effects import RedisEffects
+from rsc.actors.effects.redis_effects import RedisEffects
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry
 from rsc.actors.store import JournalEntry

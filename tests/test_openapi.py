@@ -11,8 +11,9 @@ import httpx
 import jsonschema
 import pytest
 
-from rsc.http.admin import AdminAccount, add_admin_routes
+from rsc.http.admin import add_admin_routes
 from rsc.http.app import create_app
+from rsc.http.authenticate import AdminAccount
 from rsc.http.openapi import add_openapi_route, document
 from tests.actorkit import registry_on
 from tests.httpkit import FAST, beat, hb, serve_on

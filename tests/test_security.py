@@ -327,7 +327,7 @@ async def test_an_unexpected_error_is_a_500_whose_request_id_is_logged(
     standalone_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from rsc.actors.clock import WallClock
-    from rsc.actors.effects import RedisEffects
+    from rsc.actors.effects.redis_effects import RedisEffects
     from rsc.actors.redis_store import RedisStore
     from rsc.actors.registry import RegistrySettings, open_registry
     from rsc.actors.store_connection import open_redis

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import rsc
 from rsc.actors.aggregates import GroupAggregate
-from rsc.actors.effects import MemoryEffects
+from rsc.actors.effects.memory_effects import MemoryEffects
 from rsc.actors.errors import NotFinalized, UnsupportedSchema
 from rsc.actors.features import (
     COORDINATORS_KEY,

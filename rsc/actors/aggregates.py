@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from rsc.actors.dataset import DATA_LOSS
-from rsc.actors.effects import Effects
+from rsc.actors.effects.port import Effects
 from rsc.actors.errors import UnsupportedSchema
 from rsc.actors.keys import AggregateId
 from rsc.events import codec, group, stream

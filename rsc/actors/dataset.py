@@ -51,6 +51,7 @@ import trio
 from rsc.actors.errors import StoreError
 from rsc.actors.health import store_failed
 from rsc.actors.store_connection import redis_errors
+from rsc.lua import script
 
 log = logging.getLogger("rsc.dataset")
 
@@ -125,30 +126,6 @@ class DataLoss:
 
 DATA_LOSS = DataLoss()
 
-# KEYS: marker; ARGV: the dataset id this coordinator knows ('' for none), the seq it last wrote,
-# a new id (used when the marker is gone or first written)
-# Returns {verdict, id, seq}: 'ok' (seq moved on), 'absent' (marker gone: written anew with the
-# new id), 'other' (another id) or 'behind' (an older seq): for both of those it moves on from
-# the caller's seq, so the next check is 'ok'.
-MARK = """
-local id = redis.call('HGET', KEYS[1], 'id')
-local known = tonumber(ARGV[2])
-if not id then
-  redis.call('HSET', KEYS[1], 'id', ARGV[3], 'seq', known + 1)
-  return {'absent', ARGV[3], known + 1}
-end
-local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-if ARGV[1] ~= '' and id ~= ARGV[1] then
-  redis.call('HSET', KEYS[1], 'seq', math.max(seq, known) + 1)
-  return {'other', id, math.max(seq, known) + 1}
-end
-if seq < known then
-  redis.call('HSET', KEYS[1], 'seq', known + 1)
-  return {'behind', id, known + 1}
-end
-return {'ok', id, redis.call('HINCRBY', KEYS[1], 'seq', 1)}
-"""
-
 
 @attrs.frozen
 class Identity:
@@ -183,7 +160,7 @@ class DatasetWatch:
         self.identity: Identity | None = None
         #: Told (synchronously) when Redis' identity changed: compare every aggregate.
         self.on_identity_change: Callable[[str], None] = lambda why: None
-        self._mark = redis.register_script(MARK)
+        self._mark = redis.register_script(script("coordinator/mark_dataset"))
         self.checks = 0
         #: The first check of a term after this process was not active.
         self.new_term = False

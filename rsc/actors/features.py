@@ -42,6 +42,7 @@ from rsc.events.versions import (
     feature_level,
     level_of_schema,
 )
+from rsc.lua import script
 
 log = logging.getLogger("rsc.features")
 
@@ -51,38 +52,6 @@ COORDINATORS_KEY = DEFAULT_KEYS.coordinators
 REGISTRATION_FRESH_MS = 30_000
 #: How often a coordinator writes its registry entry.
 REGISTER_EVERY_S = 5.0
-
-# KEYS: features; ARGV: the level to start at, baseline level, now ms
-# Returns {level, written}.
-INIT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'level', ARGV[1], 'written', ARGV[2], 'changedAtMs', ARGV[3],
-             'changedBy', 'initialized')
-end
-return {redis.call('HGET', KEYS[1], 'level'), redis.call('HGET', KEYS[1], 'written')}
-"""
-
-# KEYS: features; ARGV: level (the caller's view of it), written
-# Raise `written` (never lower it); refused if the level changed meanwhile.
-MARK_WRITTEN = """
-local level = redis.call('HGET', KEYS[1], 'level')
-if level ~= ARGV[1] or tonumber(level) < tonumber(ARGV[2]) then return 0 end
-if tonumber(redis.call('HGET', KEYS[1], 'written') or '1') < tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], 'written', ARGV[2])
-end
-return 1
-"""
-
-# KEYS: features; ARGV: expected level, new level, now ms, by
-# Change the level if it is still the expected one and nothing above the new level was written.
-FINALIZE = """
-local level = redis.call('HGET', KEYS[1], 'level')
-local written = tonumber(redis.call('HGET', KEYS[1], 'written') or '1')
-if level ~= ARGV[1] then return {'moved', level, written} end
-if written > tonumber(ARGV[2]) then return {'written', level, written} end
-redis.call('HSET', KEYS[1], 'level', ARGV[2], 'changedAtMs', ARGV[3], 'changedBy', ARGV[4])
-return {'ok', ARGV[2], written}
-"""
 
 
 class UnsupportedFeatureLevel(StoreError):
@@ -201,9 +170,9 @@ class Features:
         #: reports): a record initialized now starts at the baseline, as for an upgrade, not at
         #: `initial_level` (which would lock N-1 coordinators and their journal readers out).
         self.history_found = False
-        self._init = redis.register_script(INIT)
-        self._mark = redis.register_script(MARK_WRITTEN)
-        self._finalize = redis.register_script(FINALIZE)
+        self._init = redis.register_script(script("coordinator/init_features"))
+        self._mark = redis.register_script(script("coordinator/mark_level_written"))
+        self._finalize = redis.register_script(script("coordinator/finalize_level"))
 
     @property
     def level(self) -> int:

@@ -54,6 +54,7 @@ from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import redis_errors
+from rsc.lua import script
 
 log = logging.getLogger("rsc.leadership")
 
@@ -113,44 +114,6 @@ class LeaseBackend(Protocol):
         ...
 
 
-# KEYS: lease, token counter; ARGV: holder, url ('' for none), ttl ms, floor (the highest
-# token this process has seen: after Redis lost or rolled back the counter, tokens go on above it)
-ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-if current and cjson.decode(current).holder ~= ARGV[1] then
-  return {'held', current, redis.call('PTTL', KEYS[1])}
-end
-local token = redis.call('INCR', KEYS[2])
-local floor = tonumber(ARGV[4] or '0')
-if token <= floor then
-  token = floor + 1
-  redis.call('SET', KEYS[2], token)
-end
-redis.call('SET', KEYS[1], cjson.encode({holder = ARGV[1], token = token, url = ARGV[2]}), 'PX', ARGV[3])
-return {'acquired', token}
-"""
-
-# KEYS: lease; ARGV: holder, token, url, ttl ms
-RENEW = """
-local current = redis.call('GET', KEYS[1])
-if not current then return 0 end
-local lease = cjson.decode(current)
-if lease.holder ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
-local renewed = cjson.encode({holder = ARGV[1], token = lease.token, url = ARGV[3]})
-redis.call('SET', KEYS[1], renewed, 'PX', ARGV[4])
-return 1
-"""
-
-# KEYS: lease; ARGV: holder, token
-RELEASE = """
-local current = redis.call('GET', KEYS[1])
-if not current then return 0 end
-local lease = cjson.decode(current)
-if lease.holder ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
-return redis.call('DEL', KEYS[1])
-"""
-
-
 def lease_holder(raw: str) -> LeaseHolder:
     """The lease key's JSON as a `LeaseHolder`."""
     data = json.loads(raw)
@@ -174,9 +137,9 @@ class RedisLease:
         self.keys = keys
         self.replicas = replicas
         self.wait_ms = wait_ms
-        self._acquire = redis.register_script(ACQUIRE)
-        self._renew = redis.register_script(RENEW)
-        self._release = redis.register_script(RELEASE)
+        self._acquire = redis.register_script(script("coordinator/acquire_lease"))
+        self._renew = redis.register_script(script("coordinator/renew_lease"))
+        self._release = redis.register_script(script("coordinator/release_lease"))
 
     @contextlib.contextmanager
     def _replicated(self, what: str) -> Iterator[None]:

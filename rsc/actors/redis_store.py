@@ -33,97 +33,7 @@ from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, level_of_events
 from rsc.actors.store_connection import redis_errors
 from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
-
-# KEYS: snapshot, journal, checkpoints
-# ARGV: expected revision, schema version, retention, fence token, n, n x (kind, data, version
-#       or '' for none: schema 1), checkpoint state or ''
-APPEND = """
-local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
-local token = tonumber(ARGV[4])
-if fence > token then
-  return {'fenced', fence}
-end
-local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
-if current ~= tonumber(ARGV[1]) then
-  return {'conflict', current}
-end
-local n = tonumber(ARGV[5])
-local rev = current
-local id = redis.call('HGET', KEYS[1], 'lastId') or ''
-for i = 0, n - 1 do
-  rev = rev + 1
-  local kind, data, v = ARGV[6 + 3 * i], ARGV[7 + 3 * i], ARGV[8 + 3 * i]
-  if v == '' then
-    id = redis.call('XADD', KEYS[2], '*', 'kind', kind, 'rev', rev, 'data', data)
-  else
-    id = redis.call('XADD', KEYS[2], '*', 'kind', kind, 'rev', rev, 'data', data, 'v', v)
-  end
-end
-local state = ARGV[6 + 3 * n]
-if state ~= '' then
-  id = redis.call('XADD', KEYS[2], '*', 'kind', 'Checkpoint', 'rev', rev, 'data', state)
-  redis.call('RPUSH', KEYS[3], id .. ' ' .. rev)
-  redis.call('HSET', KEYS[1], 'state', state, 'stateRevision', rev, 'stateId', id)
-  local retention = tonumber(ARGV[3])
-  local trimmed = false
-  while redis.call('LLEN', KEYS[3]) >= 2 do
-    local second = redis.call('LINDEX', KEYS[3], 1)
-    if rev - tonumber(string.match(second, ' (%d+)$')) < retention then break end
-    redis.call('LPOP', KEYS[3])
-    trimmed = true
-  end
-  if trimmed then
-    local first = redis.call('LINDEX', KEYS[3], 0)
-    redis.call('XTRIM', KEYS[2], 'MINID', string.match(first, '^(%S+)'))
-  end
-end
-redis.call('HSET', KEYS[1], 'revision', rev, 'lastId', id, 'schemaVersion', ARGV[2])
-if token > fence then
-  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
-end
-return {'ok', rev, id}
-"""
-
-# Before loading: raise the fence of an existing aggregate to the loader's token.
-# KEYS: snapshot; ARGV: fence token
-RAISE_FENCE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {'absent', 0}
-end
-local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
-if fence > tonumber(ARGV[1]) then
-  return {'fenced', fence}
-end
-redis.call('HSET', KEYS[1], 'fence', ARGV[1])
-return {'ok', fence}
-"""
-
-
-# Write a whole state back after Redis lost or rolled back the aggregate (`Store.restore`).
-# KEYS: snapshot, journal, checkpoints; ARGV: expected revision, new revision, schema version,
-# fence token, state, reason
-RESTORE = """
-local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
-local token = tonumber(ARGV[4])
-if fence > token then
-  return {'fenced', fence}
-end
-local current = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
-if current ~= tonumber(ARGV[1]) then
-  return {'conflict', current}
-end
-local id = redis.call('XADD', KEYS[2], '*', 'kind', 'Checkpoint', 'rev', ARGV[2], 'data', ARGV[5],
-                      'restored', ARGV[6])
-redis.call('XTRIM', KEYS[2], 'MINID', id)
-redis.call('DEL', KEYS[3])
-redis.call('RPUSH', KEYS[3], id .. ' ' .. ARGV[2])
-redis.call('HSET', KEYS[1], 'state', ARGV[5], 'stateRevision', ARGV[2], 'stateId', id,
-           'revision', ARGV[2], 'lastId', id, 'schemaVersion', ARGV[3])
-if token > fence then
-  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
-end
-return {'ok', ARGV[2], id}
-"""
+from rsc.lua import script
 
 #: Told of a fence above this coordinator's token (the highest fence); True when the term's
 #: token was moved above it (the lease is ours: Redis lost the token counter), so trying again
@@ -149,9 +59,9 @@ class RedisStore:
         self.fence_token = fence_token
         #: The finalized feature level, which says what may be written (one of its own if None).
         self.features: FeatureSource = features or Features(redis, term=fence_token, keys=keys)
-        self._append = redis.register_script(APPEND)
-        self._raise_fence = redis.register_script(RAISE_FENCE)
-        self._restore = redis.register_script(RESTORE)
+        self._append = redis.register_script(script("coordinator/append"))
+        self._raise_fence = redis.register_script(script("coordinator/raise_fence"))
+        self._restore = redis.register_script(script("coordinator/restore"))
         #: Asked when a fence is above our token (see `FenceFloor`); None: that is `TermFenced`.
         self.on_fenced: FenceFloor | None = None
 

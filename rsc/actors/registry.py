@@ -15,21 +15,24 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
 import trio
 
+from rsc.actors import stream_dead_letters
 from rsc.actors.actor import Actor, ActorSettings, Reply
 from rsc.actors.aggregates import GroupAggregate, GroupObserver, StreamAggregate
 from rsc.actors.clock import Clock
 from rsc.actors.dataset import DATA_LOSS, EVERYTHING, LEASE, REBUILT, ROLLBACK, sweep
-from rsc.actors.effects import Effects
+from rsc.actors.effects.port import Effects
 from rsc.actors.errors import ActorStopped, StoreError, TermFenced
+from rsc.actors.features import FeatureState
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Store
-from rsc.events import quotas
+from rsc.actors.stream_dead_letters import DeadLetterCount, DeadLetterEntry, ReplayOutcome
+from rsc.events import admin_rules, quotas
 from rsc.events.commands import (
     AbortMigration,
     AdvanceMigration,
@@ -47,6 +50,7 @@ from rsc.events.commands import (
     StreamCommand,
     UnregisterGroup,
 )
+from rsc.events.drain import drain_check
 from rsc.events.errors import (
     CoordinationError,
     PreconditionFailed,
@@ -58,7 +62,6 @@ from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.group import GroupState
 from rsc.events.model import (
     MAX_COUNTER,
-    DrainCheck,
     GroupConfig,
     Layout,
     MigrationBounds,
@@ -71,6 +74,7 @@ from rsc.events.model import (
 from rsc.events.placement import shard_key
 from rsc.events.quotas import Quota
 from rsc.events.stream import StreamState, moving, retirable
+from rsc.events.versions import Party
 
 log = logging.getLogger("rsc.registry")
 
@@ -910,7 +914,7 @@ class Registry:
             read_at = self.clock.now_ms()
             index_of = {s.key: s.index for s in state.layout.shards if s.readable}
             found = await self.effects.drain_evidence(index_of)
-            evidence = {index_of[k]: DrainCheck(e.sealed, e.drained(state.groups)) for k, e in found.items()}
+            evidence = {index_of[k]: drain_check(e, state.groups) for k, e in found.items()}
             topology = await self.effects.topology() if m.to_count > state.shard_count else None
             advance = AdvanceMigration(self.clock.now_ms(), evidence, topology, m.migration_id, read_at)
             await self.ask_stream(stream_prefix, advance)
@@ -925,7 +929,7 @@ class Registry:
         """Retire what may be retired; whether DRAINING shards remain."""
         index_of = {s.key: s.index for s in state.layout.draining}
         found = await self.effects.drain_evidence(index_of)
-        evidence = {index_of[key]: DrainCheck(e.sealed, e.drained(state.groups)) for key, e in found.items()}
+        evidence = {index_of[key]: drain_check(e, state.groups) for key, e in found.items()}
         ready = retirable(state, evidence)
         if ready:
             log.info("retiring drained shards %s of %s", sorted(ready), stream_prefix)
@@ -935,6 +939,103 @@ class Registry:
     async def stream_prefixes(self) -> list[str]:
         """Every stream the coordinator has created, sorted."""
         return sorted(await self.effects.streams())
+
+    # --- what the Admin API asks ----------------------------------------
+
+    async def feature_level(self) -> int:
+        """The deployment's finalized feature level (read from Redis once a term).
+
+        Raises `StoreError` (`UnsupportedFeatureLevel`: finalized at a level this release does
+        not know)."""
+        return (await self.store.features.current()).level
+
+    async def feature_state(self) -> FeatureState:
+        """The finalized feature level and the highest level written, read from Redis now.
+
+        Raises `StoreError` as `feature_level` does."""
+        return await self.store.features.load()
+
+    async def finalize_feature_level(
+        self, level: int, by: str, parties: Callable[[], Awaitable[Sequence[Party]]]
+    ) -> tuple[FeatureState, FeatureState]:
+        """Finalize the deployment's feature `level` (`by`: who asked); the state before and after.
+
+        Raising the level first asks `parties` (every coordinator, member and producer) and
+        waits for none of them (`rsc.events.admin_rules`). Raises `InvalidCommand` or
+        `UnknownFeatureLevel` for a level this release does not know,
+        `FeatureLevelNotSupported` if a party does not support it, `FeatureLevelMoved` if the
+        level changed meanwhile or data above `level` was written, `StoreError`."""
+        admin_rules.check_known_level(level)
+        before = await self.store.features.load()
+        if admin_rules.raises_level(level, before.level):
+            admin_rules.check_supported(level, await parties())
+        after = await self.store.features.finalize(level, by, expected=before.level)
+        return before, after
+
+    async def live_parties(self) -> list[Party]:
+        """Every live member and live producer of every stream, with its client's feature level
+        (a stream or group deleted meanwhile is left out).
+
+        Raises `StoreError` or `ActorStopped` if an aggregate cannot be read."""
+        parties: list[Party] = []
+        for prefix in await self.stream_prefixes():
+            try:
+                actor = await self.stream(prefix, create=False)
+            except UnknownStream:
+                continue
+            state = actor.state
+            if state is None:
+                continue
+            for producer in state.producers.values():
+                who = producer.client
+                name = f"{prefix}/{producer.producer_id}"
+                parties.append(Party("producer", name, who.version, who.feature_level))
+            for group_name in sorted(state.groups):
+                try:
+                    group = await self.group(prefix, group_name, create=False)
+                except (UnknownGroup, UnknownStream):
+                    continue
+                if group.state is None:
+                    continue
+                for member in group.state.members.values():
+                    who = member.client
+                    name = f"{prefix}/{group_name}/{member.member_id}"
+                    parties.append(Party("member", name, who.version, who.feature_level))
+        return parties
+
+    async def dead_letter_counts(self, stream_prefix: str) -> list[DeadLetterCount]:
+        """How many dead letters each shard of the stream's layout holds.
+
+        Raises `UnknownStream`, `StoreError`."""
+        shards = stream_dead_letters.shards_of(await self._stream_state(stream_prefix), stream_prefix)
+        return await stream_dead_letters.counts(self.effects, shards)
+
+    async def dead_letter_entries(
+        self, stream_prefix: str, shard: int | None, limit: int
+    ) -> list[DeadLetterEntry]:
+        """The oldest dead letters of the stream (of `shard` only, if given), at most `limit`.
+
+        Raises `UnknownStream`, `UnknownShard` (no such shard), `StoreError`."""
+        state = await self._stream_state(stream_prefix)
+        shards = stream_dead_letters.shards_of(state, stream_prefix, shard)
+        return await stream_dead_letters.entries(self.effects, shards, limit)
+
+    async def replay_dead_letters(
+        self, stream_prefix: str, shard: int | None, ids: Sequence[str], limit: int
+    ) -> ReplayOutcome:
+        """Put dead letters (`ids`, or the oldest; of `shard` only, if given) back on their
+        ACTIVE shards, at most `limit`.
+
+        Raises `UnknownStream`, `UnknownShard` (no such shard), `StoreError`."""
+        state = await self._stream_state(stream_prefix)
+        shards = stream_dead_letters.shards_of(state, stream_prefix, shard)
+        return await stream_dead_letters.replay(self.effects, shards, ids, limit)
+
+    async def _stream_state(self, stream_prefix: str) -> StreamState:
+        """The state of an existing stream (never creates one; `UnknownStream`)."""
+        actor = await self.stream(stream_prefix, create=False)
+        assert actor.state is not None  # `stream` refuses a stream that does not exist
+        return actor.state
 
     # --- stream -> groups -------------------------------------------------
 

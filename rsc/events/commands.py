@@ -95,7 +95,7 @@ class ApplyLayout:
 @attrs.frozen
 class ConfigureGroup:
     """Change per-group settings (Admin API), at `now_ms` (a shorter static hold applies to the
-    holds under way from then)."""
+    holds under way from then); `startFrom` cannot change (`ImmutableField`)."""
 
     config: GroupConfig
     now_ms: int = 0

@@ -108,3 +108,51 @@ class QuotaExceeded(CoordinationError):
         super().__init__(message)
         self.quota = quota
         self.details = {"quota": quota, "limit": limit}
+
+
+class UnknownShard(AggregateNotFound):
+    """A shard index the stream's layout does not have."""
+
+
+class ImmutableField(CoordinationError):
+    """A change of a field that applies only when its aggregate is created (a group's
+    `startFrom`); `details` name the field and its stored value."""
+
+    code = "IMMUTABLE_FIELD"
+
+    def __init__(self, message: str, field: str, stored: object) -> None:
+        super().__init__(message)
+        self.details = {"field": field, "stored": stored}
+
+
+class FeatureLevelRequired(CoordinationError):
+    """A change the deployment's finalized feature level does not allow yet; `details`: the
+    level it needs and the finalized one."""
+
+    code = "FEATURE_LEVEL_REQUIRED"
+
+    def __init__(self, message: str, required: int, finalized: int) -> None:
+        super().__init__(message)
+        self.details = {"required": required, "finalized": finalized}
+
+
+class UnknownFeatureLevel(CoordinationError):
+    """A feature level to finalize that this release does not know; `details.supported`: the
+    range it knows."""
+
+    code = "UNSUPPORTED_FEATURE_LEVEL"
+
+    def __init__(self, message: str, lowest: int, highest: int) -> None:
+        super().__init__(message)
+        self.details = {"supported": [lowest, highest]}
+
+
+class FeatureLevelNotSupported(CoordinationError):
+    """Raising the finalized feature level waits for parties that do not support it;
+    `details.blockers`: each of them (as the wire shows a party)."""
+
+    code = "FEATURE_LEVEL_NOT_SUPPORTED"
+
+    def __init__(self, message: str, blockers: list[object]) -> None:
+        super().__init__(message)
+        self.details = {"blockers": blockers}

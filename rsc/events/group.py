@@ -32,6 +32,7 @@ from typing import Any, assert_never
 import attrs
 
 from rsc.events import assignor, quotas
+from rsc.events.admin_rules import check_group_change
 from rsc.events.commands import (
     ApplyLayout,
     ConfigureGroup,
@@ -512,6 +513,7 @@ def _decide(
         case ApplyLayout():
             _apply_layout(decision, command)
         case ConfigureGroup():
+            check_group_change(decision.group.config, command.config)
             if not 1 <= command.config.max_concurrency <= MAX_CONCURRENCY:
                 raise InvalidCommand(f"maxConcurrency must be between 1 and {MAX_CONCURRENCY}")
             hold_ms = command.config.static_hold_ms

@@ -29,7 +29,7 @@ from rsc.events.wire import (
     ProducerHeartbeatResponse,
 )
 from rsc.http import views
-from rsc.http.admin import (
+from rsc.http.admin.bodies import (
     STRICT_BODIES,
     AbortRequest,
     DeadLetterEntries,

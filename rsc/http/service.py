@@ -23,7 +23,7 @@ from rsc.actors import dataset
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
 from rsc.actors.dataset import DATA_LOSS, DatasetWatch
-from rsc.actors.effects import RedisEffects
+from rsc.actors.effects.redis_effects import RedisEffects
 from rsc.actors.errors import StoreError
 from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register, unsupported
 from rsc.actors.health import REDIS_OUTAGE
@@ -37,10 +37,10 @@ from rsc.connect import RedisRefused
 from rsc.events import auth
 from rsc.events.model import MigrationBounds, Timing
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
-from rsc.http.admin import AdminAccount, add_admin_routes
+from rsc.http.admin import add_admin_routes
 from rsc.http.app import create_app
 from rsc.http.audit import AuditLog
-from rsc.http.authenticate import is_loopback_bind
+from rsc.http.authenticate import AdminAccount, is_loopback_bind
 from rsc.http.openapi import add_openapi_route
 from rsc.http.server import Limits, hypercorn_config, serve_http
 from rsc.http.standby import add_standby_gate, default_advertise_url

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 import attrs
 
 from rsc import __version__
-from rsc.actors.effects import DrainEvidence, GroupDrain, GroupLag, ShardStats
+from rsc.actors.effects.inspection import GroupLag, ShardStats
+from rsc.events.drain import DrainEvidence, GroupDrain, drained
 from rsc.events.group import GroupState
 from rsc.events.liveness import Leases
 from rsc.events.model import (
@@ -326,8 +327,7 @@ def stream_view(
         seen = evidence.get(shard.key)
         drain = None
         if seen is not None:
-            drained = seen.drained(state.groups)
-            drain = DrainStatusView(seen.sealed, drained, seen.groups, waiting)
+            drain = DrainStatusView(seen.sealed, drained(seen, state.groups), seen.groups, waiting)
         if found is None:
             shards.append(ShardStatusView(shard.index, shard.key, shard.state, drain=drain))
             continue

@@ -2,8 +2,8 @@
 
 import logging
 
-from rsc.client.worker import App
 from rsc.client.poller import Message
+from rsc.client.worker import App
 
 app = App()
 log = logging.getLogger("orders")

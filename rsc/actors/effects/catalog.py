@@ -1,0 +1,89 @@
+"""The stream catalog: the set of streams that exist, and who created each (stream quotas).
+
+Keys (`{coordinator}` hash tag, one slot): `KeySpace.streams` (a set of stream prefixes),
+`KeySpace.created(owner)` (the streams `owner` created) and `KeySpace.creators` (stream
+prefix -> owner), the last two written together or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rsc.actors.effects.pipelines import RedisEffectsBase, guard
+from rsc.actors.store_connection import redis_errors
+
+
+class StreamCatalog(Protocol):
+    """Which streams exist and who created each: the registry's and the quotas' view."""
+
+    async def register_stream(self, stream_prefix: str) -> None:
+        """Record that the stream exists. Raises `TermFenced` outside an active term,
+        `StoreUnavailable` when Redis does not answer."""
+        ...
+
+    async def unregister_stream(self, stream_prefix: str) -> None:
+        """Forget the stream, and release the quota of whoever created it. Raises `TermFenced`
+        outside an active term, `StoreUnavailable` when Redis does not answer."""
+        ...
+
+    async def stream_count(self) -> int:
+        """How many streams exist (the registry's set). Raises `StoreUnavailable` when Redis
+        does not answer."""
+        ...
+
+    async def created_count(self, owner: str) -> int:
+        """How many existing streams `owner` created (its `streams` quota's use). Raises
+        `StoreUnavailable` when Redis does not answer."""
+        ...
+
+    async def record_created(self, owner: str, stream_prefix: str) -> None:
+        """`owner` created `stream_prefix` (counted until the stream is deleted). Raises
+        `TermFenced` outside an active term, `StoreUnavailable` when Redis does not answer."""
+        ...
+
+    async def streams(self) -> set[str]:
+        """Every registered stream prefix. Raises `StoreUnavailable` when Redis does not answer."""
+        ...
+
+
+class RedisStreamCatalog(RedisEffectsBase):
+    """`StreamCatalog` on Redis (the `{coordinator}` keys)."""
+
+    async def register_stream(self, stream_prefix: str) -> None:
+        """See `StreamCatalog.register_stream`."""
+        self._in_term()
+        await guard(self.redis.sadd(self.keys.streams, [stream_prefix]))
+
+    async def unregister_stream(self, stream_prefix: str) -> None:
+        """See `StreamCatalog.unregister_stream`."""
+        self._in_term()
+        await guard(self.redis.srem(self.keys.streams, [stream_prefix]))
+        with redis_errors("releasing a stream quota"):
+            owner = await self.redis.hget(self.keys.creators, stream_prefix)
+            if owner is not None:
+                await self.redis.srem(self.keys.created(owner), [stream_prefix])
+                await self.redis.hdel(self.keys.creators, [stream_prefix])
+
+    async def stream_count(self) -> int:
+        """See `StreamCatalog.stream_count`."""
+        with redis_errors("counting streams"):
+            return int(await self.redis.scard(self.keys.streams))
+
+    async def created_count(self, owner: str) -> int:
+        """See `StreamCatalog.created_count`."""
+        with redis_errors("counting a stream quota"):
+            return int(await self.redis.scard(self.keys.created(owner)))
+
+    async def record_created(self, owner: str, stream_prefix: str) -> None:
+        """See `StreamCatalog.record_created`."""
+        self._in_term()
+        with redis_errors("recording a stream quota"):
+            # One slot ({coordinator}): both or neither.
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.sadd(self.keys.created(owner), [stream_prefix])
+                pipe.hset(self.keys.creators, {stream_prefix: owner})
+
+    async def streams(self) -> set[str]:
+        """See `StreamCatalog.streams`."""
+        with redis_errors("listing streams"):
+            return set(await self.redis.smembers(self.keys.streams))

@@ -1,0 +1,92 @@
+"""What every Redis effect shares: the client, the term check, fenced pipelines, key chunks.
+
+Given the coordinator's fence-token provider, an effect writes only while this process holds
+an active term (`TermFenced` otherwise), so an actor of a deposed coordinator resumed after a
+pause does not rewrite owner tokens after its deadline. Each concern's Redis half
+(`RedisStreamCatalog`, `RedisShardKeys`, ...) extends `RedisEffectsBase`, registering its own
+scripts in `__init__` (cooperatively: `RedisEffects` is all of them at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any
+
+import coredis
+
+from rsc.actors.errors import TermFenced
+from rsc.actors.keys import DEFAULT_KEYS, KeySpace
+from rsc.actors.store_connection import RedisClient, redis_errors
+from rsc.connect import error_code
+
+#: Commands per pipeline when creating many shard keys or consumer groups.
+CHUNK = 512
+
+
+class RedisEffectsBase:
+    """The client and the fencing every Redis effect uses; one call per shard key (each in its
+    own slot), pipelined per node."""
+
+    def __init__(
+        self, redis: RedisClient, fence_token: Callable[[], int] | None = None, keys: KeySpace = DEFAULT_KEYS
+    ) -> None:
+        self.redis = redis
+        #: Where the keys are (the namespace new shard keys get, through `topology`).
+        self.keys = keys
+        #: Raises `TermFenced` when this coordinator holds no active term (None: always write).
+        self.fence_token = fence_token
+        #: Told of an owner-token fence above our token (`rsc.actors.redis_store.FenceFloor`).
+        self.on_fenced: Callable[[int], Awaitable[bool]] | None = None
+
+    def _in_term(self) -> None:
+        """Raises `TermFenced` when this coordinator holds no active term."""
+        if self.fence_token is not None:
+            self.fence_token()
+
+    def _token_arg(self) -> str:
+        """This term's coordinator token for the owner-token scripts ('' without fencing).
+        Raises `TermFenced` when this coordinator holds no active term."""
+        return "" if self.fence_token is None else str(self.fence_token())
+
+    @contextlib.asynccontextmanager
+    async def _pipeline(self) -> AsyncIterator[Any]:
+        """One round trip per node for many single-key commands (they run when the block exits).
+
+        Raises `TermFenced` when this coordinator holds no active term, or a script refused a
+        write with `FENCED` (a newer term wrote there), `StoreUnavailable` when Redis does not
+        answer, and coredis' `ResponseError` for any other refusal."""
+        self._in_term()
+        try:
+            with redis_errors("side effect"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    yield pipe
+        except coredis.exceptions.ResponseError as exc:
+            if error_code(exc) == "FENCED":
+                # Classified by its code above; the stored fence is then read from the text of
+                # the refusal ('FENCED owner token of <key> fence <n>'): the one figure it carries.
+                found = re.search(r" fence (\d+)", str(exc))
+                fence = int(found.group(1)) if found else None
+                if fence is not None and self.on_fenced is not None:
+                    await self.on_fenced(fence)  # Redis lost the token counter: the next try passes
+                raise TermFenced(f"a newer coordinator term wrote there: {exc}", fence) from exc
+            raise
+
+
+async def guard(awaitable: Awaitable[object]) -> None:
+    """Await one effect's command; raises `StoreUnavailable` when Redis does not answer."""
+    with redis_errors("side effect"):
+        await awaitable
+
+
+def chunks(keys: Iterable[str]) -> Iterator[list[str]]:
+    """`keys` in lists of at most `CHUNK` (one pipeline each)."""
+    batch: list[str] = []
+    for key in keys:
+        batch.append(key)
+        if len(batch) == CHUNK:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,56 @@
+"""The dead letters of a stream in the Admin API: count, read, replay.
+
+`GET .../dlq` (each shard's dead-letter stream and its length), `GET .../dlq/entries`
+(`shard`, `limit`), `POST .../dlq/replay`. Which shards are listed and replayed to is the
+registry's (`rsc.actors.stream_dead_letters`).
+"""
+
+from __future__ import annotations
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from rsc.actors.registry import Registry
+from rsc.events.stream import MAX_SHARDS
+from rsc.http.admin.bodies import (
+    DeadLetter,
+    DeadLetterEntries,
+    DeadLetters,
+    DeadLetterShard,
+    Replayed,
+    ReplayRequest,
+    int_query,
+    optional_body,
+)
+from rsc.http.app import json_response
+from rsc.http.errors import ApiError
+
+
+def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
+    """The dead-letter streams of a stream's shards: count, read, replay."""
+
+    @app.get("/v1/admin/streams/<stream_prefix>/dlq")
+    async def dead_letters(stream_prefix: str) -> Response:
+        counts = await registry.dead_letter_counts(stream_prefix)
+        listed = tuple(DeadLetterShard(c.shard, c.key, c.length) for c in counts)
+        return json_response(DeadLetters(stream_prefix, listed, sum(d.length for d in listed)))
+
+    @app.get("/v1/admin/streams/<stream_prefix>/dlq/entries")
+    async def dead_letter_entries(stream_prefix: str) -> Response:
+        args = request.args
+        unknown = sorted(set(args) - {"shard", "limit"})
+        if unknown:
+            raise ApiError(
+                400, "INVALID_REQUEST", f"unknown query parameter(s) {unknown}; known: shard, limit"
+            )
+        wanted = int_query("shard", None, 0, MAX_SHARDS)
+        limit = int_query("limit", 100, 1, 1_000) or 100
+        found = await registry.dead_letter_entries(stream_prefix, wanted, limit)
+        entries = tuple(DeadLetter(e.shard, e.id, e.original_id, e.deliveries, e.fields) for e in found)
+        return json_response(DeadLetterEntries(stream_prefix, entries))
+
+    @app.post("/v1/admin/streams/<stream_prefix>/dlq/replay")
+    async def replay(stream_prefix: str) -> Response:
+        body = await optional_body(ReplayRequest)
+        done = await registry.replay_dead_letters(stream_prefix, body.shard, body.ids, body.limit)
+        return json_response(Replayed(len(done.entries), done.entries, done.skipped_shards))

@@ -1,0 +1,137 @@
+"""The group resource of the Admin API: a consumer group's spec.
+
+`PUT` the whole spec, `PATCH` a merge patch, `GET` spec + status (with an `ETag`), `DELETE`.
+Which field needs which feature level is `rsc.events.admin_rules`'; that `startFrom` applies
+only when a group is created, the group aggregate's (409 `IMMUTABLE_FIELD`).
+"""
+
+from __future__ import annotations
+
+from quart import Response, g
+from quart_trio import QuartTrio
+
+from rsc.actors.registry import Registry
+from rsc.events import admin_rules, codec
+from rsc.events.commands import ConfigureGroup
+from rsc.events.model import GroupConfig
+from rsc.events.quotas import Quota
+from rsc.http.admin.bodies import (
+    GroupPatch,
+    GroupSpec,
+    config_of,
+    merge_patch,
+    merge_patch_body,
+    spec_of,
+    strict,
+)
+from rsc.http.admin.lookup import conditional_stream, existing_group, stream_actor
+from rsc.http.admin.preconditions import (
+    check_if_match,
+    check_if_none_match,
+    missing_with_if_match,
+    with_etag,
+)
+from rsc.http.app import json_body, json_response
+from rsc.http.errors import ApiError
+
+GROUP = "/v1/admin/streams/<stream_prefix>/groups/<consumer_group>"
+
+
+def add_group_routes(app: QuartTrio, registry: Registry) -> None:
+    """`PUT` (the whole spec), `PATCH` (a merge patch), `GET` and `DELETE` of a group."""
+    quota: Quota = app.extensions["rsc.admin_quota"]  # the admin's: the deployment's own
+
+    @app.get(GROUP)
+    async def get_group(stream_prefix: str, consumer_group: str) -> Response:
+        return await group_resource(registry, stream_prefix, consumer_group, create=None)
+
+    @app.put(GROUP)
+    async def put_group(stream_prefix: str, consumer_group: str) -> Response:
+        spec = strict(await json_body(), GroupSpec)
+        config = await apply_group(registry, stream_prefix, consumer_group, spec, quota)
+        return await group_resource(registry, stream_prefix, consumer_group, create=config)
+
+    @app.patch(GROUP)
+    async def patch_group(stream_prefix: str, consumer_group: str) -> Response:
+        patch = merge_patch_body(await json_body(), GroupPatch)
+        actor = await existing_group(registry, stream_prefix, consumer_group)
+        now = codec.wire.unstructure(spec_of(actor.state.config)) if actor is not None else {}
+        spec = strict(merge_patch(now, patch), GroupSpec)
+        config = await apply_group(registry, stream_prefix, consumer_group, spec, quota)
+        return await group_resource(registry, stream_prefix, consumer_group, create=config)
+
+    @app.delete(GROUP)
+    async def delete_group(stream_prefix: str, consumer_group: str) -> Response:
+        stream = await conditional_stream(registry, stream_prefix)
+        if consumer_group not in stream.state.groups:
+            missing_with_if_match(f"group {consumer_group!r} of {stream_prefix!r}")
+            raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
+        actor = await existing_group(registry, stream_prefix, consumer_group)  # never creates
+        if actor is None:
+            # Deleted, and still listed by the stream: a delete that stopped between its two
+            # writes. Finishing it is this DELETE's work (nothing to compare `If-Match` with).
+            missing_with_if_match(f"group {consumer_group!r} of {stream_prefix!r}")
+            await registry.delete_group(stream_prefix, consumer_group)
+            return Response(b"", status=204)
+        expect = check_if_match(actor.revision)
+        await registry.delete_group(stream_prefix, consumer_group, expect)
+        g.revision = actor.revision
+        return Response(b"", status=204)
+
+
+async def apply_group(
+    registry: Registry, stream_prefix: str, group: str, spec: GroupSpec, quota: Quota
+) -> GroupConfig:
+    """Create the group with `spec`, or change it; the config asked for.
+
+    Raises `FeatureLevelRequired` for a spec the finalized feature level does not allow
+    (nothing is created), `ApiError` 404 if the stream does not exist, 412 as for streams
+    (`If-Match`, `If-None-Match`), `ImmutableField` (409) for a change of `startFrom`,
+    `PreconditionFailed`, `QuotaExceeded`, `Deleted` and `StoreError` as the registry does."""
+    config = config_of(spec)
+    gate = admin_rules.group_spec_gate(config)
+    if gate is not None:  # (the level is read only for a spec that needs one)
+        admin_rules.require(gate, await registry.feature_level())
+    actor = await existing_group(registry, stream_prefix, group)
+    only_new = check_if_none_match(actor, f"group {group!r} of {stream_prefix!r}")
+    if actor is None:
+        missing_with_if_match(f"group {group!r} of {stream_prefix!r}")
+        # A group reads a stream that exists: a misspelt stream name is a 404, not a new stream.
+        await stream_actor(registry, stream_prefix, None)
+        # A member's join may create the group first (with the default config): then
+        # this is a change of the group it made, checked and applied below.
+        actor = await registry.group(stream_prefix, group, config=config, only_new=only_new, quota=quota)
+        expect = None
+    else:
+        expect = check_if_match(actor.revision)
+    # Never creates: a group deleted meanwhile is not brought back with the default config.
+    configure = ConfigureGroup(config, registry.clock.now_ms())
+    await registry.ask_group(stream_prefix, group, configure, create=False, expect=expect)
+    return config
+
+
+async def group_resource(
+    registry: Registry, stream_prefix: str, consumer_group: str, create: GroupConfig | None
+) -> Response:
+    """The group's spec, status and revision, with its `ETag` (the revision is audited);
+    never creates it (a read, or the answer to a write that a `DELETE` may have followed).
+
+    Raises `ApiError` (404) if there is no such stream or (`create` None) group, and
+    `UnknownGroup` if the group is gone by the time it is read."""
+    stream = await stream_actor(registry, stream_prefix, None)
+    if create is None and consumer_group not in stream.state.groups:
+        raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
+    actor = await registry.group(stream_prefix, consumer_group, create=False)
+    state = actor.state
+    assert state is not None  # registry.group refuses a group that does not exist
+    g.revision = actor.revision
+    body = {
+        "spec": spec_of(state.config),
+        "status": {
+            "groupEpoch": state.group_epoch,
+            "assignmentEpoch": state.assignment_epoch,
+            "members": len(state.members),
+        },
+        "revision": actor.revision,
+    }
+    return with_etag(json_response(body), actor.revision)
