@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # refresh it with `make constraints` after a green run on newer ones).
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: constraints setup run clean-demo test test-fast lint bench clean
+.PHONY: constraints setup run $(addprefix test-,$(TIERS)) clean-demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml rsc/__init__.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,9 +34,16 @@ clean-demo: setup
 test: setup
 	$(BIN)/pytest
 
-# The inner loop (about two minutes): everything but the tests marked slow in tests/conftest.py.
+# The inner loop (under two minutes): the in-process tiers (core, actors, http, clients) without
+# the modules tests/conftest.py marks slow, and 10 examples per property.
 test-fast: setup
 	$(BIN)/pytest -m "not slow" -q --hypothesis-profile=fast
+
+# One tier: make test-core, test-actors, test-http, test-clients, test-processes, test-chaos,
+# test-browser, test-compat (docs/development.md says which to run when).
+TIERS := core actors http clients processes chaos browser compat
+$(addprefix test-,$(TIERS)): test-%: setup
+	$(BIN)/pytest -q tests/$*
 
 lint: setup
 	$(BIN)/ruff check .

@@ -17,42 +17,30 @@ from rsc.actors.redis_store import RedisStore
 from rsc.actors.store_connection import RedisClient, open_redis
 from tests import redis_servers
 
-#: Modules whose tests run real processes, several servers or long scenarios: `make test`
+#: The tiers, one folder each (docs/development.md says which to run when); each test is
+#: marked with its folder's tier, so `-m core`, `-m "http or clients"`... select them too.
+TIERS = ("core", "actors", "http", "clients", "processes", "chaos", "browser", "compat")
+#: Tiers of real processes, several servers, a browser or the previous release: `make test`
 #: runs them, `make test-fast` (`-m "not slow"`, the inner loop) leaves them out.
+SLOW_TIERS = frozenset({"processes", "chaos", "browser", "compat"})
+#: In-process modules that take long all the same (several servers, long scenarios, many
+#: examples): left out of `make test-fast` too.
 SLOW_MODULES = frozenset(
     {
-        "test_auth_end_to_end",
+        "test_actors_redis",
+        "test_admin_strict",
+        "test_client_http",
+        "test_docs_examples",
+        "test_poller_faults",
+        "test_poller_wakeup",
+        "test_producer_faults",
         "test_producers_http",
-        "test_sync_producer",
-        "test_security",
         "test_redis_calls",
         "test_scale_out",
-        "test_store_contract",
-        "test_http_robustness",
-        "test_admin_strict",
-        "test_poller_wakeup",
-        "test_actors_redis",
-        "test_client_http",
-        "test_cluster_failover",
-        "test_docs_examples",
-        "test_examples",
-        "test_failover",
-        "test_key_prefix",
-        "test_operator_cli",
-        "test_outage",
-        "test_poller_faults",
-        "test_producer_faults",
-        "test_quiesce",
-        "test_redis_data_loss",
-        "test_redis_faults",
-        "test_reshard",
         "test_schemathesis",
-        "test_sentinel",
-        "test_serve_process",
-        "test_terraform",
-        "test_tls",
-        "test_ui",
-        "test_worker",
+        "test_security",
+        "test_store_contract",
+        "test_sync_producer",
     }
 )
 
@@ -63,8 +51,11 @@ settings.register_profile("fast", max_examples=10)
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        module = item.path.stem
-        if module in SLOW_MODULES or item.path.parent.name in ("chaos", "compat"):
+        tier = item.path.parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test module belongs in a tier's folder: {TIERS}")
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier in SLOW_TIERS or item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
 
 

@@ -15,7 +15,7 @@ measured; `rsc journal verify` passes. And what the coordinators' own logs show:
 coordinator terms overlap in time (the lease is active only on renewals a replica holds, so
 the promoted replica never gives it to a second coordinator while the first still acts), and
 no fencing token is handed to two terms. (Cluster `CLUSTER FAILOVER` is in
-`tests/test_cluster_failover.py`, a process test: the chaos producer is the synchronous one,
+`tests/processes/test_cluster_failover.py`, a process test: the chaos producer is the synchronous one,
 which speaks to one Redis, not to a Cluster.)
 """
 

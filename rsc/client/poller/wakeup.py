@@ -66,7 +66,7 @@ class Wakeups:
         self.state = state
         self.redis = redis
         #: The client of the blocking wake-up reads (a Redis client of its own, see `Poller`).
-        self.client = client
+        self.wake_client = client
         self.scripts = scripts
         self.block_ms = block_ms(client, state.settings.wake_block_s)
         self.clustered = isinstance(client, coredis.RedisCluster)
@@ -196,9 +196,9 @@ class Wakeups:
         `block` ms), and `read` of `reads` right behind it (its reply; None if it failed)."""
         with redis_call(f"XREAD BLOCK {', '.join(streams)}"):
             if not reads:
-                return await self.client.xread(streams, count=1, block=block), None
+                return await self.wake_client.xread(streams, count=1, block=block), None
             keys, args = self.scripts.read_arguments(reads, known_tails=True)
-            async with self.client.pipeline(transaction=False, raise_on_error=False) as pipe:
+            async with self.wake_client.pipeline(transaction=False, raise_on_error=False) as pipe:
                 pipe.xread(streams, count=1, block=block)
                 pipe.evalsha(self.scripts.read_sha, keys=keys, args=args)
             woken, read = pipe.results or (None, None)

@@ -19,8 +19,8 @@ import trio
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.sync_connect import sync_redis
 from tests.httpkit import FAST, serve_on
+from tests.processes.test_worker import ROOT, group_view, result_lines, start_worker, until
 from tests.redis_servers import DurableServer, free_port
-from tests.test_worker import ROOT, group_view, result_lines, start_worker, until
 
 SHARDS = 4
 

@@ -65,11 +65,11 @@ AUTH = ("admin", "s3cret")
 
 def test_the_release_is_named_in_one_place() -> None:
     """`rsc --version`, the package metadata and `rsc.__version__` agree (`/v1/version` says
-    `rsc.__version__`: tests/test_http.py); the changelog has a section for it."""
+    `rsc.__version__`: tests/http/test_http.py); the changelog has a section for it."""
     printed = CliRunner().invoke(main, ["--version"]).output
     assert printed.strip() == f"rsc, version {rsc.__version__}"
     assert importlib.metadata.version("rsc") == rsc.__version__
-    changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+    changelog = (Path(__file__).parents[2] / "CHANGELOG.md").read_text()
     assert f"— {rsc.__version__}" in changelog or f"[{rsc.__version__}]" in changelog
 
 

@@ -22,7 +22,7 @@ from rsc.connect import open_redis
 from rsc.events.auth import credential
 from tests.httpkit import FAST, exited, serve_on
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MEMBER_TOKEN = "e2e-member-token-0123456789"
 PRODUCER_TOKEN = "e2e-producer-token-0123456789"
 ADMIN = ("admin", "s3cret")

@@ -22,7 +22,7 @@ NAMES = lua.names()
 #: A shared fragment: `-- begin <name>` ... `-- end <name>`, each marker on a line of its own.
 FRAGMENT = re.compile(r"^-- begin (?P<name>\S+)\n(?P<body>.*?)^-- end (?P=name)$", re.MULTILINE | re.DOTALL)
 MARKER = re.compile(r"^-- (begin|end) (\S+)$", re.MULTILINE)
-ACTORS = Path(__file__).parent.parent / "rsc" / "actors"
+ACTORS = Path(__file__).parents[2] / "rsc" / "actors"
 
 
 def test_there_are_scripts_and_each_file_is_found_by_its_name() -> None:

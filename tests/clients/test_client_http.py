@@ -22,9 +22,9 @@ from rsc.client.worker import App, instance_id
 from rsc.events.model import HeartbeatStatus
 from rsc.events.wire import HeartbeatRequest
 from tests.clientkit import Recorder
+from tests.clients.test_member import Log, never_overlapping
 from tests.httpkit import FAST, serve_on
 from tests.redis_servers import free_port
-from tests.test_member import Log, never_overlapping
 
 
 @pytest.fixture

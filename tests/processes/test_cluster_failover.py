@@ -21,9 +21,9 @@ from redis.cluster import RedisCluster
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.events.slots import key_slot
 from tests.httpkit import FAST, serve_on
+from tests.processes.test_redis_data_loss import _flowing, verify_journals
+from tests.processes.test_worker import group_view, start_worker, until
 from tests.redis_servers import cluster
-from tests.test_redis_data_loss import _flowing, verify_journals
-from tests.test_worker import group_view, start_worker, until
 
 SHARDS = 4
 

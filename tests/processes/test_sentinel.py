@@ -32,13 +32,13 @@ from rsc.connect import (
     open_redis,
     parse_sentinel_url,
     redacted,
-    sync_redis,
 )
 from rsc.http.service import embedded_redis, redis_answers
+from rsc.sync_connect import sync_redis
 from tests.httpkit import FAST, serve_on
+from tests.processes.test_redis_data_loss import Publisher, _flowing, stop_all, verify_journals
+from tests.processes.test_worker import group_view, start_worker, until
 from tests.redis_servers import SentinelSet, free_port
-from tests.test_redis_data_loss import Publisher, _flowing, stop_all, verify_journals
-from tests.test_worker import group_view, start_worker, until
 
 SHARDS = 4
 

@@ -22,8 +22,8 @@ from tests.httpkit import FAST, serve_on
 
 TERRAFORM = shutil.which("terraform")
 AUTH = ("admin", "s3cret")
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "terraform" / "main.tf"
-OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "terraform" / "main.tf"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 pytestmark = pytest.mark.skipif(
     TERRAFORM is None,
     reason="terraform is not on the PATH: install Terraform 1.x "

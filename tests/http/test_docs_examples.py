@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from rsc.cli import main as rsc_main
 from tests.httpkit import FAST, serve_on
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 EXAMPLE = re.compile(r"<!-- docs-example: (\w+) -->\n```console\n(.*?)```", re.S)
 FILE = re.compile(r"```(?:toml|yaml)\n# ([\w.-]+)\n(.*?)```", re.S)
 

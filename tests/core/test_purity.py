@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).parent.parent / "rsc" / "events"
+CORE = Path(__file__).parents[2] / "rsc" / "events"
 FORBIDDEN = {
     "trio",
     "anyio",

@@ -31,8 +31,8 @@ from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest
 from tests import redis_servers
 from tests.httpkit import FAST, serve_on
-from tests.test_reshard import checker_for
-from tests.test_worker import group_view, result_lines, start_worker, stop_workers, until
+from tests.processes.test_reshard import checker_for
+from tests.processes.test_worker import group_view, result_lines, start_worker, stop_workers, until
 
 AUTH = ("admin", "s3cret")
 KEYS = 12

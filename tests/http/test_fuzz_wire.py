@@ -27,7 +27,7 @@ from rsc.http.app import HeartbeatBatch, parse_json, structure
 from rsc.http.errors import ApiError
 from tests.httpkit import FAST, serve_on
 
-CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.json"))
+CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))
 SEEDS = [path.read_bytes() for path in CORPUS]
 WIRE_TYPES: list[type[Any]] = [
     HeartbeatRequest,

@@ -393,7 +393,7 @@ def test_settings_never_show_secrets() -> None:
 )
 async def test_what_is_not_text_is_not_json(open_client: httpx.AsyncClient, name: str) -> None:
     """A surrogate, encoded in UTF-8, escaped, or in UTF-16, can never reach Redis or a log."""
-    body = (Path(__file__).parent / "corpus" / name).read_bytes()
+    body = (Path(__file__).parents[1] / "corpus" / name).read_bytes()
     for path in ("/v1/heartbeat", "/v1/producers/heartbeat"):
         response = await open_client.post(path, content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == 400, (name, path, response.text)

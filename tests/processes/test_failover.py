@@ -57,8 +57,8 @@ from rsc.events.wire import HeartbeatResponse, OwnerToken
 from rsc.http.service import serve
 from tests import redis_servers
 from tests.clientkit import Recorder
+from tests.clients.test_member import Log, never_overlapping
 from tests.httpkit import FAST
-from tests.test_member import Log, never_overlapping
 
 TTL_MS = 3_000
 TTL_S = TTL_MS / 1000

@@ -92,7 +92,7 @@ async def test_anonymous_stream_creation_stops_at_its_quota_and_nothing_beyond_e
         async def created() -> bool:
             return (await http.post("/v1/heartbeat", json=hb("s5", "m", 0))).status_code == 200
 
-        from tests.test_worker import until
+        from tests.processes.test_worker import until
 
         await until(created, 20)
 

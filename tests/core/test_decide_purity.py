@@ -1,7 +1,7 @@
 """`decide` and `execute` never change what they are given, for both aggregates.
 
-The group and stream state machines (tests/test_group_machine.py,
-tests/test_stream_machine.py) generate the command sequences: joins, leaves,
+The group and stream state machines (tests/core/test_group_machine.py,
+tests/core/test_stream_machine.py) generate the command sequences: joins, leaves,
 crashes, rogue heartbeats, ticks, reshards, removals, deletions, producers
 coming and going. Here every command they run is decided and executed
 against the current state and lease table, and both are compared with deep
@@ -23,7 +23,7 @@ from rsc.events.errors import CoordinationError
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.liveness import Leases
 from rsc.events.stream import StreamState
-from tests import test_group_machine, test_stream_machine  # modules: their Test* classes run there only
+from tests.core import test_group_machine, test_stream_machine  # modules: their Test* classes run there only
 from tests.groupkit import Group
 
 

@@ -20,7 +20,7 @@ import trio
 from tests.httpkit import FAST, hb, serve_on
 from tests.redis_servers import DurableServer, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_worker(

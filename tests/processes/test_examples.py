@@ -29,7 +29,7 @@ from rsc.client.worker import App
 from rsc.config import Settings
 from tests.httpkit import FAST, serve_on
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 CONFIG_ENV = {f"RSC_{a.name.upper()}" for a in attrs.fields(Settings)}
 CLIENT_ENV = {"RSC_COORDINATOR_URL", "RSC_REDIS_URL", "RSC_TOKEN", "RSC_CA_BUNDLE", "RSC_INSTANCE_ID"}

@@ -27,7 +27,7 @@ from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.events.routing import Router
 from rsc.events.wire import seal_key
 from tests.httpkit import FAST, beat, hb, serve_on
-from tests.test_worker import (
+from tests.processes.test_worker import (
     group_view,
     handled_entries,
     result_lines,
