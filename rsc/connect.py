@@ -216,6 +216,10 @@ def client_options(
     TLS options follow redis-py's URL form: `rediss://host:port?ssl_ca_certs=/ca.pem`
     (also `ssl_certfile`, `ssl_keyfile`, `ssl_cert_reqs=none|optional|required`,
     `ssl_check_hostname=false`).
+
+    Raises `ValueError` for another scheme, a malformed URL (a port out of range...) or a bad
+    `ssl_cert_reqs`;
+    `OSError` (`FileNotFoundError`, `ssl.SSLError`) when a TLS file cannot be loaded.
     """
     parsed = urlsplit(url)
     if parsed.scheme not in ("redis", "rediss"):
@@ -242,7 +246,10 @@ def client_options(
 
 
 def tls_context(query: dict[str, str]) -> ssl.SSLContext:
-    """The TLS context the `ssl_*` options of a rediss:// URL ask for."""
+    """The TLS context the `ssl_*` options of a rediss:// URL ask for.
+
+    Raises `ValueError` for a bad `ssl_cert_reqs`; `OSError` (`FileNotFoundError`,
+    `ssl.SSLError`) when the CA, certificate or key file cannot be loaded."""
     context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
     if "ssl_certfile" in query:
         context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
@@ -322,11 +329,15 @@ async def open_redis(
     refuses the credentials. With `command_timeout_s`, a command that gets no answer
     in time fails with `TimeoutError` (a blocking read must block for less). Blocking
     commands hold a connection each: `max_connections` (per node on a cluster) bounds them.
+    `RedisRefused` also for a URL that cannot work (its password never in the message). A
+    refusal (a database out of range) or failure of the first PING after the probe, and the
+    block's own exceptions, come out inside an exception group (coredis' task groups).
 
     A sentinel URL (`redis+sentinel://...`, see the module doc) yields a client of the primary
     the sentinels name, with the same timeouts and `max_connections`; it follows a promotion
     without a restart. `RedisUnreachable` then means that no sentinel answers or none knows
-    the service, or that the primary it names does not answer.
+    the service, or that the primary it names does not answer; `RedisRefused`, that a
+    sentinel refuses its password (`?sentinel_password=`) or is none, or the primary refuses.
     """
     if is_sentinel_url(url):
         async with _open_sentinel(

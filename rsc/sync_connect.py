@@ -46,6 +46,8 @@ def sync_redis(url: str = DEFAULT_REDIS_URL, **kwargs: Any) -> redis.Redis:
     primary's connections, e.g. `decode_responses=True`, `socket_timeout=5`).
 
     Raises `RedisRefused` when the URL cannot work (its password never in the message).
+    Nothing connects here: a Redis that does not answer or refuses the credential fails the
+    first command, with redis-py's own errors (`ConnectionError`, `AuthenticationError`...).
     """
     if is_sentinel_url(url):
         try:

@@ -57,13 +57,17 @@ class Answer:
 
     @property
     def revision(self) -> int | None:
+        """The `ETag` as a revision number (None without one); `ValueError` for a non-numeric one."""
         return int(self.etag.strip('"')) if self.etag else None
 
 
 def credentials(
     url: str, user: str | None = None, password: str | None = None, environ: Mapping[str, str] | None = None
 ) -> tuple[str, str] | None:
-    """(user, password) for `url`: the arguments, the environment, then a netrc-style file."""
+    """(user, password) for `url`: the arguments, the environment, then a netrc-style file.
+
+    Raises `AdminError` (status 0, `BAD_NETRC`) when the file cannot be parsed; `OSError` when it
+    exists but cannot be read (a missing file is no error)."""
     environ = os.environ if environ is None else environ
     user = user or environ.get(USER_ENV) or None
     password = password if password is not None else environ.get(PASSWORD_ENV) or None
@@ -83,7 +87,10 @@ def credentials(
 
 
 class AdminClient:
-    """The Admin API and the views of one coordinator."""
+    """The Admin API and the views of one coordinator.
+
+    Constructing raises `AdminError` (status 0): `BAD_URL` for a URL that is not http(s),
+    `BAD_NETRC` (see `credentials`); and `OSError` for a CA bundle it cannot read."""
 
     def __init__(
         self,
@@ -126,7 +133,11 @@ class AdminClient:
         params: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> Answer:
-        """`create_only`: `If-None-Match: *` (412 if the resource exists or is created meanwhile)."""
+        """`create_only`: `If-None-Match: *` (412 if the resource exists or is created meanwhile).
+
+        Raises `AdminError`: status 0 `UNREACHABLE` when no answer came (connection, timeout), else
+        the coordinator's status and code for any 4xx/5xx (429 `RATE_LIMITED` only after 20 tries,
+        each after the wait it names). A 2xx body that is not JSON raises `ValueError`."""
         headers = {}
         if if_match is not None:
             headers["If-Match"] = if_match if isinstance(if_match, str) else f'"{if_match}"'
@@ -167,16 +178,18 @@ class AdminClient:
     # --- streams -------------------------------------------------------------
 
     def streams(self) -> list[dict[str, Any]]:
-        """Every stream with its version, shard count and groups."""
+        """Every stream with its version, shard count and groups. Raises `AdminError` as `request` does."""
         streams: list[dict[str, Any]] = self.request("GET", "/v1/streams").body["streams"]
         return streams
 
     def stream(self, prefix: str) -> Answer:
-        """`{spec, status, revision}` of a stream (`AdminError` 404 if none)."""
+        """`{spec, status, revision}` of a stream. Raises `AdminError` as `request` does (404 if none)."""
         return self.request("GET", f"/v1/admin/streams/{_seg(prefix)}")
 
     def stream_view(self, prefix: str) -> dict[str, Any]:
-        """The monitoring view: shards with Redis figures and drain evidence, producers, migration."""
+        """The monitoring view: shards with Redis figures and drain evidence, producers, migration.
+
+        Raises `AdminError` as `request` does (404 if there is no such stream)."""
         view: dict[str, Any] = self.request("GET", f"/v1/streams/{_seg(prefix)}").body
         return view
 
@@ -187,35 +200,45 @@ class AdminClient:
         if_match: int | str | None = None,
         create_only: bool = False,
     ) -> Answer:
+        """Create or replace a stream's spec. Raises `AdminError` as `request` does
+        (412 `PRECONDITION_FAILED` when `if_match` is not its revision, or `create_only` and it exists)."""
         path = f"/v1/admin/streams/{_seg(prefix)}"
         return self.request("PUT", path, dict(spec), if_match=if_match, create_only=create_only)
 
     def patch_stream(
         self, prefix: str, patch: Mapping[str, Any], if_match: int | str | None = None
     ) -> Answer:
+        """Merge-patch a stream's spec.
+
+        Raises `AdminError` as `request` does (404, or 412 for a stale `if_match`)."""
         return self._patch(f"/v1/admin/streams/{_seg(prefix)}", patch, if_match)
 
     def delete_stream(self, prefix: str, if_match: int | str | None = None) -> Answer:
+        """Delete a stream. Raises `AdminError` as `request` does (404, or 412 for a stale `if_match`)."""
         return self.request("DELETE", f"/v1/admin/streams/{_seg(prefix)}", if_match=if_match)
 
     def pause(self, prefix: str, reason: str | None = None) -> Answer:
+        """Pause the stream's producers. Raises `AdminError` as `request` does."""
         body = {"reason": reason} if reason else None
         return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/pause", body)
 
     def resume(self, prefix: str) -> Answer:
+        """Resume a paused stream. Raises `AdminError` as `request` does."""
         return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/resume")
 
     def migration(self, prefix: str, action: str, reason: str | None = None) -> Answer:
-        """`action`: `resume` (a stalled migration) or `abort`."""
+        """`action`: `resume` (a stalled migration) or `abort`. Raises `AdminError` as `request` does."""
         body = {"reason": reason} if reason and action == "abort" else None
         return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/migration/{action}", body)
 
     # --- groups --------------------------------------------------------------
 
     def group(self, prefix: str, group: str) -> Answer:
+        """`{spec, status, revision}` of a group. Raises `AdminError` as `request` does (404 if none)."""
         return self.request("GET", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}")
 
     def group_view(self, prefix: str, group: str) -> dict[str, Any]:
+        """The monitoring view of a group. Raises `AdminError` as `request` does (404 if none)."""
         view: dict[str, Any] = self.request("GET", f"/v1/streams/{_seg(prefix)}/groups/{_seg(group)}").body
         return view
 
@@ -227,31 +250,42 @@ class AdminClient:
         if_match: int | str | None = None,
         create_only: bool = False,
     ) -> Answer:
+        """Create or replace a group's spec. Raises `AdminError` as `request` does
+        (404 for an unknown stream; 412 as for `put_stream`)."""
         path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
         return self.request("PUT", path, dict(spec), if_match=if_match, create_only=create_only)
 
     def patch_group(
         self, prefix: str, group: str, patch: Mapping[str, Any], if_match: int | str | None = None
     ) -> Answer:
+        """Merge-patch a group's spec.
+
+        Raises `AdminError` as `request` does (404, or 412 for a stale `if_match`)."""
         return self._patch(f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}", patch, if_match)
 
     def delete_group(self, prefix: str, group: str, if_match: int | str | None = None) -> Answer:
+        """Delete a group. Raises `AdminError` as `request` does (404, or 412 for a stale `if_match`)."""
         path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
         return self.request("DELETE", path, if_match=if_match)
 
     def remove_member(self, prefix: str, group: str, member_id: str) -> Answer:
-        """Fence a live member (`REMOVED`), or end a static member's hold."""
+        """Fence a live member (`REMOVED`), or end a static member's hold.
+
+        Raises `AdminError` as `request` does."""
         path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/members/{quote(member_id, safe='/')}"
         return self.request("DELETE", path)
 
     # --- dead letters --------------------------------------------------------
 
     def dead_letters(self, prefix: str) -> dict[str, Any]:
-        """Per shard the dead-letter stream's key and length."""
+        """Per shard the dead-letter stream's key and length. Raises `AdminError` as `request` does."""
         body: dict[str, Any] = self.request("GET", f"/v1/admin/streams/{_seg(prefix)}/dlq").body
         return body
 
     def dead_letter_entries(self, prefix: str, shard: int | None = None, limit: int = 100) -> dict[str, Any]:
+        """Dead letters of the stream (of one shard), at most `limit`.
+
+        Raises `AdminError` as `request` does."""
         params = {"shard": shard, "limit": limit}
         body: dict[str, Any] = self.request(
             "GET", f"/v1/admin/streams/{_seg(prefix)}/dlq/entries", params=params
@@ -261,6 +295,9 @@ class AdminClient:
     def replay_dead_letters(
         self, prefix: str, shard: int | None = None, ids: list[str] | None = None, limit: int = 100
     ) -> Answer:
+        """Replay dead letters (`ids`, or up to `limit`; of one shard).
+
+        Raises `AdminError` as `request` does."""
         body: dict[str, Any] = {"limit": limit}
         if shard is not None:
             body["shard"] = shard
@@ -271,10 +308,14 @@ class AdminClient:
     # --- audit and features ----------------------------------------------------
 
     def audit(self, **filters: Any) -> list[dict[str, Any]]:
+        """Audit records matching `filters` (query parameters). Raises `AdminError` as `request` does."""
         records: list[dict[str, Any]] = self.request("GET", "/v1/admin/audit", params=filters).body["records"]
         return records
 
     def features(self) -> dict[str, Any]:
+        """The deployment's feature level (`GET /v1/admin/features`).
+
+        Raises `AdminError` as `request` does."""
         body: dict[str, Any] = self.request("GET", "/v1/admin/features").body
         return body
 

@@ -28,6 +28,8 @@ class _Slot:
 
 
 class BatchingTransport:
+    """A member transport that batches heartbeats (see the module doc); `run` it first."""
+
     def __init__(
         self,
         coordinator: Coordinator,
@@ -46,13 +48,22 @@ class BatchingTransport:
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve batches until cancelled (start it in the nursery the members run in)."""
+        """Serve batches until cancelled (start it in the nursery the members run in).
+
+        A batch the coordinator failed or refused is each waiting member's error (`heartbeat`);
+        only what `Coordinator.heartbeats` raises beyond its own errors (none expected) ends it."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             await trio.sleep_forever()
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        """This member's answer: batched with the others while `run` runs, else sent alone.
+
+        Raises as `Coordinator.heartbeats` does, for the whole batch (`CoordinatorUnavailable`,
+        `CoordinatorUnintelligible`, `CoordinatorRejected`: the same exception object in every
+        member of it), or `CoordinatorRejected` (status 400) for this member's refused item; a
+        heartbeat sent alone (before `run`, or a long poll) raises as `Coordinator.heartbeat`."""
         if self._nursery is None:
             return await self.coordinator.heartbeat(request)
         if request.wait_ms:

@@ -52,7 +52,8 @@ CA_BUNDLE_ENV = "RSC_CA_BUNDLE"
 def http_options(token: str | None, ca_bundle: str | None) -> dict[str, Any]:
     """httpx client options: `Authorization: Bearer` and the CA bundle for `https://` coordinators.
 
-    Each falls back to its environment variable (`RSC_TOKEN`, `RSC_CA_BUNDLE`).
+    Each falls back to its environment variable (`RSC_TOKEN`, `RSC_CA_BUNDLE`). Raises `OSError`
+    (`FileNotFoundError`, `ssl.SSLError`) when the CA bundle cannot be read or holds no certificate.
     """
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     ca_bundle = ca_bundle if ca_bundle is not None else os.environ.get(CA_BUNDLE_ENV) or None
@@ -76,7 +77,9 @@ class Backoff:
 
 
 def coordinator_urls(base_url: str | Sequence[str]) -> tuple[str, ...]:
-    """Every coordinator URL: a list, or one string with commas between URLs (trailing `/` dropped)."""
+    """Every coordinator URL: a list, or one string with commas between URLs (trailing `/` dropped).
+
+    Raises `ValueError` when there is none. The URLs are not checked here."""
     parts = base_url.split(",") if isinstance(base_url, str) else list(base_url)
     urls = tuple(part.strip().rstrip("/") for part in parts if part.strip())
     if not urls:
@@ -85,7 +88,9 @@ def coordinator_urls(base_url: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class Failover:
-    """The coordinator URLs a client knows and the one it uses now (shared by all its calls)."""
+    """The coordinator URLs a client knows and the one it uses now (shared by all its calls).
+
+    Raises `ValueError` (constructing) when no URL is given."""
 
     def __init__(self, base_url: str | Sequence[str]) -> None:
         self.urls = coordinator_urls(base_url)
@@ -179,6 +184,10 @@ class Coordinator:
 
     `token` is the bearer credential sent with every request and `ca_bundle` the CA
     file that checks an `https://` coordinator (defaults: `RSC_TOKEN`, `RSC_CA_BUNDLE`).
+
+    Constructing raises `ValueError` when no URL is given, `OSError` when the CA bundle cannot
+    be read, and `httpx.InvalidURL` when the first URL is malformed (a later one raises it from
+    the first call that moves to it); otherwise the calls raise only `rsc.client.errors`.
     """
 
     def __init__(
@@ -219,7 +228,13 @@ class Coordinator:
     # --- the protocol ---------------------------------------------------
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        """One member's heartbeat (`POST /v1/heartbeat`); a long poll (`wait_ms`) may be held."""
+        """One member's heartbeat (`POST /v1/heartbeat`); a long poll (`wait_ms`) may be held.
+
+        Raises `CoordinatorUnavailable` when no coordinator answered (transport error, timeout,
+        502/503/504) in `retries` more attempts, every URL tried at least once;
+        `CoordinatorUnintelligible` at once for a 2xx answer that is not a `HeartbeatResponse`;
+        `CoordinatorRejected` at once for any other 4xx/5xx (a refused protocol version is first
+        stepped down and sent again)."""
         body = codec.wire.unstructure(request)
         data = await self._send("POST", "/v1/heartbeat", body, request.wait_ms / 1000)
         return structure(data, HeartbeatResponse)
@@ -227,7 +242,11 @@ class Coordinator:
     async def heartbeats(
         self, requests: Sequence[HeartbeatRequest]
     ) -> list[HeartbeatResponse | CoordinatorRejected]:
-        """The heartbeats of one process's members in one request; a refused item gives its error."""
+        """The heartbeats of one process's members in one request; a refused item gives its error.
+
+        A refused item is returned as a `CoordinatorRejected` (status 400), not raised. The whole
+        request raises as `heartbeat` does; `CoordinatorUnintelligible` also when the answer has
+        not one response per heartbeat or an item is not a `HeartbeatResponse`."""
         while True:
             body = {"heartbeats": [self.negotiation.stamp(codec.wire.unstructure(r)) for r in requests]}
             data = await self._send("POST", "/v1/heartbeats", body, stamp=False)
@@ -262,11 +281,22 @@ class Coordinator:
         return out
 
     async def producer_heartbeat(self, request: ProducerHeartbeatRequest) -> ProducerHeartbeatResponse:
+        """One producer heartbeat (`POST /v1/producers/heartbeat`).
+
+        Raises `CoordinatorUnavailable` when no coordinator answered (transport error, timeout,
+        502/503/504) in `retries` more attempts, every URL tried at least once;
+        `CoordinatorUnintelligible` at once for a 2xx answer that is not a
+        `ProducerHeartbeatResponse`; `CoordinatorRejected` at once for any other 4xx/5xx."""
         data = await self._post("/v1/producers/heartbeat", codec.wire.unstructure(request))
         return structure(data, ProducerHeartbeatResponse)
 
     async def routing(self, stream_prefix: str) -> dict[str, Any]:
-        """Routing metadata without registering (`GET /v1/streams/{p}/routing`)."""
+        """Routing metadata without registering (`GET /v1/streams/{p}/routing`).
+
+        Raises `CoordinatorUnavailable` when no coordinator answered (transport error, timeout,
+        502/503/504) in `retries` more attempts, every URL tried at least once;
+        `CoordinatorUnintelligible` at once for a 2xx answer that is not JSON (its shape is not
+        checked); `CoordinatorRejected` at once for any other 4xx/5xx (404 `UNKNOWN_STREAM`...)."""
         data: dict[str, Any] = await self._send("GET", f"/v1/streams/{stream_prefix}/routing", None)
         return data
 
@@ -324,7 +354,8 @@ def settle(
 ) -> Any:
     """An answer's JSON (the negotiation noting its version), or `AGAIN` when the coordinator
     refused the protocol version of `sent` (None: not negotiated) and the client stepped down.
-    Raises `Retry` (a 503 moves the failover on) or `CoordinatorRejected`."""
+    Raises `Retry` (a 503 moves the failover on), `CoordinatorRejected`, or
+    `CoordinatorUnintelligible` for a successful answer that is not JSON."""
     try:
         data = answer(method, path, response)
     except CoordinatorRejected as rejected:
@@ -364,7 +395,9 @@ def describe(error: BaseException | None) -> str:
 
 
 def answer(method: str, path: str, response: httpx.Response) -> Any:
-    """The JSON of a successful answer; raise `Retry` or `CoordinatorRejected` for the others."""
+    """The JSON of a successful answer; raise `Retry` or `CoordinatorRejected` for the others.
+
+    Raises `CoordinatorUnintelligible` when a successful answer is not JSON."""
     if response.status_code in RETRYABLE:
         raise Retry(_rejection(response))
     if response.status_code >= 400:
@@ -392,6 +425,9 @@ def _rejection(response: httpx.Response) -> CoordinatorRejected:
 
 
 def structure(data: Any, as_type: type[T]) -> T:
+    """`data` (an answer's JSON) as `as_type`.
+
+    Raises `CoordinatorUnintelligible` when it does not match (a field missing or of the wrong type)."""
     try:
         return codec.converter.structure(data, as_type)
     except Exception as exc:

@@ -1,4 +1,33 @@
-"""The client's own exceptions: every transport or protocol failure maps to one of these, once."""
+"""The client's own exceptions: every transport or protocol failure maps to one of these, once.
+
+Who raises what, and what the caller does:
+
+* `RscError` (the base): raised as itself by a producer used wrongly (`publish` after `aclose`
+  or `close`; the synchronous one before `start`). Catch it to catch everything below.
+* `CoordinatorUnavailable`: a `Coordinator`/`SyncCoordinator` call after its retries (no
+  coordinator answered, or only 502/503/504); `open_producer` and `SyncProducer.start` when no
+  layout came within `start_timeout_s`. Retry later; check the coordinator URLs. `Member`
+  treats it as a failed heartbeat and never raises it.
+* `CoordinatorUnintelligible` (a `CoordinatorUnavailable`): an answer that is not JSON or not
+  of the expected shape, raised at once by a call; by `Member.run` after a lease of them.
+  Upgrade this client, or check that the URL names a coordinator.
+* `CoordinatorRejected`: a call the coordinator refused (4xx, and 5xx other than 502/503/504),
+  at once; `Member.run` for a heartbeat refused for good (401/403...); a producer's `run`/start
+  for a credential refused (401/403) before it registered. Fix the credential or the request.
+* `MemberReplaced`: `Member.run` and `App.run`, when a newer process took the static member id
+  over. Stop for good: do not restart with the same `RSC_INSTANCE_ID` (`rsc worker` exits 3).
+* `RedisUnavailable`: `redis_call` (the poller's Redis calls), when Redis cannot answer now.
+  Retry after a pause (the poller does; producers retry within `delivery_timeout_s`).
+* `RedisCommandFailed`: `redis_call`, when Redis refuses a command (`code`: `NOPERM`, `NOGROUP`...).
+  Retrying will not help until what `code` names is fixed (an ACL, a lost key).
+* `Fenced` (a `RedisCommandFailed`): `redis_call`, when a fenced script says the shard is not
+  this member's. Touch the shard no more (the poller reports it stalled until the coordinator
+  says whose it is).
+
+Elsewhere: `rsc.client.producer_state` (`PublishFailed`, `ProducerPaused`, `NoWritableShards`,
+`UnsupportedRouting`, all `RscError`s), `rsc.connect` (`RedisUnreachable`, `RedisRefused`:
+`ConnectionError`s) and `rsc.client.admin_api.AdminError` (an `Exception`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +39,9 @@ class RscError(Exception):
 
 
 class CoordinatorUnavailable(RscError):
-    """The coordinator could not be reached, or answered 5xx, even after retries."""
+    """The coordinator could not be reached, or answered 5xx, even after retries.
+
+    Only 502/503/504 are retried and end here; another 5xx is a `CoordinatorRejected`."""
 
 
 #: Refusals a producer that has not registered yet gives up on at once: its credential is
@@ -19,7 +50,10 @@ REFUSED_FOR_GOOD = frozenset({401, 403})
 
 
 class CoordinatorRejected(RscError):
-    """The coordinator refused the request (4xx): `code` is the protocol's error code."""
+    """The coordinator refused the request (4xx): `code` is the protocol's error code.
+
+    Also a 5xx other than 502/503/504 (not retried), and the refused item of a batch of
+    heartbeats (`status` 400 whatever the item's code)."""
 
     def __init__(
         self, status: int, code: str, message: str, request_id: str = "", details: Any = None

@@ -30,6 +30,9 @@ from rsc.events.model import DrainProgress, Layout
 
 
 class ShardLifecycle(Protocol):
+    """What the member runtime calls (see the module doc). Whatever a method raises is not
+    caught: it leaves `Member.beat`, and ends `Member.run` (and `App.run`) with it."""
+
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None: ...
 
     async def revoke(self, shards: frozenset[int]) -> None: ...

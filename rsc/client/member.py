@@ -52,6 +52,9 @@ CLIENT = ClientInfo("rsc-python", __version__, MAX_FEATURE_LEVEL)
 
 
 class HeartbeatTransport(Protocol):
+    """What sends a member's heartbeat. `heartbeat` raises as `Coordinator.heartbeat` does:
+    `Member.beat` counts `CoordinatorUnavailable` and some refusals as failed heartbeats."""
+
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse: ...
 
 
@@ -125,6 +128,9 @@ class Member:
         Raises `CoordinatorUnintelligible` after leaving the group when, for a whole lease,
         no answer of the coordinator could be read (a coordinator newer than this client);
         `MemberReplaced` when a newer process took its static member id over.
+        `CoordinatorRejected` (a heartbeat refused for good, see `beat`) and whatever a lifecycle
+        method raises end it at once, without leaving (the lease ends the membership); of
+        several such errors at once (concurrent revokes), only the first is raised.
         """
         machine = self.machine
         task_status.started()
@@ -175,7 +181,9 @@ class Member:
         return frozenset(stalled()) if stalled is not None else frozenset()
 
     def request(self) -> HeartbeatRequest:
-        """The heartbeat this member would send now (nothing is sent or marked sent)."""
+        """The heartbeat this member would send now (nothing is sent or marked sent).
+
+        Raises what the lifecycle's `drain_progress` or `stalled_shards` raises."""
         return self.machine.preview(tuple(self.lifecycle.drain_progress()), self._stalled())
 
     async def beat(self) -> None:
@@ -183,7 +191,10 @@ class Member:
 
         A transport failure, a 5xx, a timeout and an answer this client cannot read are all
         a failed heartbeat: retried (sooner than the interval) until the lease rule says to
-        stop every shard.
+        stop every shard. So are a refused leave and the refusals that end by themselves (5xx,
+        408, 429, `UNKNOWN_STREAM`, `UNKNOWN_GROUP`, `INCARNATION_MISMATCH`); any other
+        refusal (401, 403, 400 `INVALID_REQUEST`...) raises `CoordinatorRejected`. Whatever a
+        lifecycle method called here raises leaves as itself.
         """
         machine = self.machine
         request = machine.request(

@@ -113,7 +113,10 @@ class Producer(RoutingView):
         self._closing = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Register, then heartbeat until `aclose` (or cancelled); `started` once a layout is known."""
+        """Register, then heartbeat until `aclose` (or cancelled); `started` once a layout is known.
+
+        Raises `CoordinatorRejected` when the coordinator refuses the credential (401/403) before
+        a layout is known; every other failed or refused heartbeat is logged and tried again."""
         started = False
         while not self._closing.is_set():
             try:
@@ -147,7 +150,10 @@ class Producer(RoutingView):
                     log.warning("%s: could not leave (the lease will expire): %s", self.producer_id, exc)
 
     async def heartbeat(self) -> None:
-        """One producer heartbeat: acknowledge the routed version, learn layout and pause state."""
+        """One producer heartbeat: acknowledge the routed version, learn layout and pause state.
+
+        Raises as `Coordinator.producer_heartbeat`: `CoordinatorUnavailable` (no answer after the
+        retries), `CoordinatorUnintelligible` (an answer it cannot read), `CoordinatorRejected`."""
         change = self.state.apply(await self.coordinator.producer_heartbeat(self.state.request()))
         self._ready.set()
         if change.paused:
@@ -156,7 +162,7 @@ class Producer(RoutingView):
             self._resumed.set()
 
     async def publish(self, fields: Fields, key: Key = None) -> str:
-        """Append one message to its shard; returns the entry id."""
+        """Append one message to its shard; returns the entry id. Raises as `publish_many`."""
         return (await self.publish_many([(fields, key)]))[0]
 
     async def publish_many(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
@@ -165,7 +171,14 @@ class Producer(RoutingView):
         Each goes through `SEALED_APPEND`: a message refused because its shard is sealed (it
         drains: this producer's layout is stale) is routed again with the layout a heartbeat
         brings, and sent again; the others were written once. `NoWritableShards` when the
-        stream has no ACTIVE shard."""
+        stream has no ACTIVE shard.
+
+        Raises `RscError` after `aclose`; `ProducerPaused` when the stream stays paused past
+        `pause_timeout_s`; `UnsupportedRouting` or `NoWritableShards` before sending anything;
+        `PublishFailed` when Redis refuses a command (at once) or stays unavailable, or a sealed
+        shard gets no new layout, for `delivery_timeout_s`. Before `run` has a layout it waits,
+        without a limit. A script reload (NOSCRIPT) that fails raises `RedisUnavailable` or
+        `RedisCommandFailed` as they are, neither retried nor a `PublishFailed`."""
         await self._wait_until_open()
         state = self.state
         state.in_flight += 1
@@ -269,6 +282,8 @@ async def open_producer(
     Raises `CoordinatorUnavailable` if no layout arrives within `start_timeout_s`, and
     `CoordinatorRejected` at once if the coordinator refuses the credential (401/403).
     An exception of the block comes out as itself, not wrapped in an exception group.
+    Other refusals (404 `UNKNOWN_STREAM`...) are only logged: they end as that
+    `CoordinatorUnavailable`. Several exceptions at once come out as their exception group.
     """
     producer = Producer(
         coordinator,

@@ -243,7 +243,10 @@ class ProducerState:
         return change
 
     def shard_key(self, key: Key) -> str:
-        """The Redis key a message with `key` goes to now (keyless: round robin over ACTIVE shards)."""
+        """The Redis key a message with `key` goes to now (keyless: round robin over ACTIVE shards).
+
+        Raises `UnsupportedRouting` when the stream routes with a protocol this client does not
+        know (even for a key routed before), `NoWritableShards` when it has no ACTIVE shard."""
         if self.unsupported is not None:
             raise UnsupportedRouting(
                 f"stream {self.stream_prefix!r} routes with {self.unsupported!r}; this client knows only "
@@ -265,7 +268,7 @@ class ProducerState:
         return shard
 
     def targets(self, messages: Iterable[tuple[Fields, Key]]) -> list[tuple[str, Fields]]:
-        """Each message with the shard key it goes to, in order."""
+        """Each message with the shard key it goes to, in order. Raises as `shard_key`."""
         return [(self.shard_key(key), fields) for fields, key in messages]
 
 
@@ -297,5 +300,8 @@ class RoutingView:
         return self.state.published
 
     def shard_key(self, key: Key) -> str:
-        """The Redis key a message with `key` goes to under the current layout."""
+        """The Redis key a message with `key` goes to under the current layout.
+
+        Raises `UnsupportedRouting` (a routing protocol this client does not know) or
+        `NoWritableShards` (no ACTIVE shard), as `ProducerState.shard_key`."""
         return self.state.shard_key(key)

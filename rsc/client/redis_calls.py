@@ -21,7 +21,11 @@ from rsc.connect import REDIS_FAILURES, error_code, is_unavailable, redis_leaf
 
 @contextlib.contextmanager
 def redis_call(context: str) -> Iterator[None]:
-    """Map the Redis failures of the block (see the module doc); `context` says what was tried."""
+    """Map the Redis failures of the block (see the module doc); `context` says what was tried.
+
+    Raises `Fenced` when a fenced script refused (`FENCED`); `RedisUnavailable` when Redis could
+    not answer (`rsc.connect.is_unavailable`); `RedisCommandFailed` when it refused the command.
+    Anything else (a cancellation, a group holding more than Redis failures) leaves untouched."""
     try:
         yield
     except BaseException as exc:

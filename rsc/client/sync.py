@@ -103,7 +103,10 @@ def _unavailable(exc: BaseException) -> bool:
 
 class SyncCoordinator:
     """The blocking twin of `Coordinator` for producers: the same retries, error mapping and
-    credentials (`token`, `ca_bundle`; defaults `RSC_TOKEN`, `RSC_CA_BUNDLE`)."""
+    credentials (`token`, `ca_bundle`; defaults `RSC_TOKEN`, `RSC_CA_BUNDLE`).
+
+    Constructing raises as `Coordinator` does: `ValueError` (no URL), `OSError` (a CA bundle
+    it cannot read), `httpx.InvalidURL` (a malformed first URL)."""
 
     def __init__(
         self,
@@ -141,11 +144,20 @@ class SyncCoordinator:
         self.http.close()
 
     def producer_heartbeat(self, request: ProducerHeartbeatRequest) -> ProducerHeartbeatResponse:
+        """One producer heartbeat (`POST /v1/producers/heartbeat`), blocking.
+
+        Raises `CoordinatorUnavailable` when no coordinator answered (transport error, timeout,
+        502/503/504) in `retries` more attempts, every URL tried at least once;
+        `CoordinatorUnintelligible` at once for a 2xx answer it cannot read; `CoordinatorRejected`
+        at once for any other 4xx/5xx."""
         data = self._send("POST", "/v1/producers/heartbeat", codec.wire.unstructure(request))
         return structure(data, ProducerHeartbeatResponse)
 
     def routing(self, stream_prefix: str) -> dict[str, Any]:
-        """Routing metadata without registering (`GET /v1/streams/{p}/routing`)."""
+        """Routing metadata without registering (`GET /v1/streams/{p}/routing`).
+
+        Raises as `producer_heartbeat` (`CoordinatorUnintelligible` only for an answer that is
+        not JSON: its shape is not checked)."""
         data: dict[str, Any] = self._send("GET", f"/v1/streams/{stream_prefix}/routing", None)
         return data
 
@@ -222,7 +234,11 @@ class SyncProducer(RoutingView):
         self.close()
 
     def start(self) -> SyncProducer:
-        """Start the heartbeat thread; return once registered, or raise `CoordinatorUnavailable`."""
+        """Start the heartbeat thread; return once registered, or raise `CoordinatorUnavailable`.
+
+        `CoordinatorUnavailable` when no layout came within `start_timeout_s` (other refusals,
+        such as 404 `UNKNOWN_STREAM`, are only logged until then); `CoordinatorRejected` as soon
+        as the coordinator refuses the credential (401/403). Either way the producer is closed."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._heartbeats, name=f"rsc-producer {self.producer_id}", daemon=True
@@ -241,7 +257,10 @@ class SyncProducer(RoutingView):
         return self
 
     def heartbeat(self) -> None:
-        """One producer heartbeat: acknowledge the routed version, learn layout and pause state."""
+        """One producer heartbeat: acknowledge the routed version, learn layout and pause state.
+
+        Raises as `SyncCoordinator.producer_heartbeat`: `CoordinatorUnavailable`,
+        `CoordinatorUnintelligible`, `CoordinatorRejected`."""
         with self._lock:
             request = self.state.request()
         response = self.coordinator.producer_heartbeat(request)
@@ -254,14 +273,21 @@ class SyncProducer(RoutingView):
             self._resumed.set()
 
     def publish(self, fields: Fields, key: Key = None) -> str:
-        """Append one message to its shard; returns the entry id."""
+        """Append one message to its shard; returns the entry id. Raises as `publish_many`."""
         return self.publish_many([(fields, key)])[0]
 
     def publish_many(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
         """Append several messages in one pipeline; ids in order.
 
         As the trio producer: each through `SEALED_APPEND`; one refused by a seal is routed
-        again with the layout a heartbeat brings; `NoWritableShards` with no ACTIVE shard."""
+        again with the layout a heartbeat brings; `NoWritableShards` with no ACTIVE shard.
+
+        Raises `RscError` before `start` and after `close`; `ProducerPaused` when the stream stays
+        paused past `pause_timeout_s`; `UnsupportedRouting` or `NoWritableShards` before sending;
+        `PublishFailed` at once when Redis refuses a command, the credential or the script reload,
+        else once Redis stayed unavailable (or a sealed shard got no new layout) for
+        `delivery_timeout_s`, or `close` began. redis-py's cluster errors that are no `RedisError`
+        (`RedisClusterException`, `SlotNotCoveredError`) leave as they are."""
         self._wait_until_open()
         with self._lock:
             self.state.in_flight += 1

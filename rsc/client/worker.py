@@ -86,7 +86,7 @@ STATIC_ENV = "RSC_STATIC"
 def static_members(given: bool | None = None, instance: str | None = None) -> bool:
     """Whether members are static: `given`, else `RSC_STATIC` (true/false), else whether the
     instance id is explicit (`instance` or `RSC_INSTANCE_ID`: a stable identity; a pod IP or
-    `<host>-<pid>` is not)."""
+    `<host>-<pid>` is not). Raises `ValueError` when `RSC_STATIC` is set to neither."""
     if given is not None:
         return given
     flag = os.environ.get(STATIC_ENV, "").strip().lower()
@@ -143,7 +143,10 @@ class App:
         name: str | None = None,
         poller: PollerSettings | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register `handler` for `stream`/`group`; `concurrency` member ids join the group."""
+        """Register `handler` for `stream`/`group`; `concurrency` member ids join the group.
+
+        Raises `ValueError` when `concurrency` is below 1, or (decorating) when the listener name
+        is not letters, digits, '.', '_', ':' and '-' (at most 100)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
 
@@ -159,7 +162,9 @@ class App:
 
     def serve_metrics(self, port: int, host: str = "0.0.0.0") -> None:
         """Serve this worker's Prometheus metrics on `host:port` (`/metrics`, in a thread), from
-        now on: call it before `run`, so that every member's handler is timed."""
+        now on: call it before `run`, so that every member's handler is timed.
+
+        Raises `OSError` when it cannot listen there (the port is taken, or not allowed)."""
         self.metrics = WorkerMetrics(self)
         start_http_server(port, host, registry=self.metrics.prometheus)
 
@@ -168,6 +173,15 @@ class App:
         self._stop.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every listener's members and pollers until `stop()`; `started` once all joined.
+
+        Raises at start `ValueError` (`RSC_STATIC` or the coordinator URLs unusable), `OSError`
+        (a CA bundle it cannot read), `rsc.connect.RedisUnreachable` or `RedisRefused` (Redis
+        cannot be used: not retried; a database out of range comes inside an exception group).
+        `MemberReplaced`, as itself, once the other members left. What ends a member or poller
+        (`CoordinatorRejected`: a heartbeat refused for good, e.g. 401/403;
+        `CoordinatorUnintelligible`; a lifecycle error) comes inside nested exception groups,
+        the other members cancelled, not left."""
         coordinator_url = (
             self.coordinator_url or os.environ.get("RSC_COORDINATOR_URL") or DEFAULT_COORDINATOR_URL
         )

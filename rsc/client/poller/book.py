@@ -23,7 +23,7 @@ The rules the shell asks the book, rather than deciding itself:
   no longer held: outcomes that arrive late for it change nothing.
 
 Pure: no I/O, no clock (time is an argument), no trio. `rsc/client/poller/` drives it;
-tests/test_shard_book.py checks it with hypothesis.
+tests/core/test_shard_book.py checks it with hypothesis.
 """
 
 from __future__ import annotations
