@@ -73,3 +73,11 @@ def test_the_coordinator_keeps_no_lua_in_python_and_no_owner_fence_field_in_lua(
         assert "redis.call(" not in path.read_text(), f"{path}: Lua belongs in rsc/lua/coordinator/"
     for name in NAMES:
         assert OWNER_FENCE_FIELD not in lua.script(name), f"{name}: pass the fence field in ARGV"
+
+
+def test_docs_protocol_lists_every_script_with_its_sha1() -> None:
+    """docs/protocol.md ("Data-plane scripts") names each file with the SHA1 Redis knows it by:
+    what a client in another language checks its copy against."""
+    page = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+    listed = dict(re.findall(r"^\| `([a-z]+/[a-z0-9_]+)\.lua` \|.*`([0-9a-f]{40})` \|$", page, re.MULTILINE))
+    assert listed == {name: lua.sha1(name) for name in NAMES}
