@@ -23,7 +23,7 @@ from urllib.parse import quote, urlsplit
 import attrs
 import httpx
 
-from rsc.client.coordinator import CA_BUNDLE_ENV
+from rsc.client.coordinator import CA_BUNDLE_ENV, ca_context, unusable_ca_bundle
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "RSC_COORDINATOR_URL"
@@ -33,7 +33,8 @@ NETRC_ENV = "RSC_NETRC"
 
 
 class AdminError(Exception):
-    """The coordinator refused or failed a request (`status` 0: it could not be reached)."""
+    """The coordinator refused or failed a request (`status` 0: it could not be reached, or the
+    client could not be set up; a 2xx `status` with `NOT_JSON`: its answer could not be read)."""
 
     def __init__(
         self, status: int, code: str, message: str, request_id: str = "", details: Any = None
@@ -66,8 +67,8 @@ def credentials(
 ) -> tuple[str, str] | None:
     """(user, password) for `url`: the arguments, the environment, then a netrc-style file.
 
-    Raises `AdminError` (status 0, `BAD_NETRC`) when the file cannot be parsed; `OSError` when it
-    exists but cannot be read (a missing file is no error)."""
+    Raises `AdminError` (status 0, `BAD_NETRC`) when the file cannot be parsed, or exists but
+    cannot be read (a missing file is no error)."""
     environ = os.environ if environ is None else environ
     user = user or environ.get(USER_ENV) or None
     password = password if password is not None else environ.get(PASSWORD_ENV) or None
@@ -79,7 +80,7 @@ def credentials(
         found = netrc.netrc(str(path)).authenticators(host)
     except FileNotFoundError:
         return None
-    except netrc.NetrcParseError as exc:  # a broken file is said, not silently skipped
+    except (netrc.NetrcParseError, OSError) as exc:  # a broken or unreadable file is said, not skipped
         raise AdminError(0, "BAD_NETRC", f"cannot read credentials from {path}: {exc}") from exc
     if found is None or found[2] is None:
         return None
@@ -90,7 +91,8 @@ class AdminClient:
     """The Admin API and the views of one coordinator.
 
     Constructing raises `AdminError` (status 0): `BAD_URL` for a URL that is not http(s),
-    `BAD_NETRC` (see `credentials`); and `OSError` for a CA bundle it cannot read."""
+    `BAD_NETRC` (see `credentials`), `BAD_CA_BUNDLE` for a CA bundle it cannot read (naming
+    the file and why)."""
 
     def __init__(
         self,
@@ -108,7 +110,13 @@ class AdminClient:
         auth = credentials(self.url, user, password)
         #: Whether requests carry credentials (a 401 without them: say where to set them).
         self.sends_credentials = auth is not None
-        verify: Any = ca_bundle or os.environ.get(CA_BUNDLE_ENV) or True
+        ca_bundle = ca_bundle or os.environ.get(CA_BUNDLE_ENV) or None
+        verify: Any = True
+        if ca_bundle:
+            try:
+                verify = ca_context(ca_bundle)
+            except OSError as exc:
+                raise AdminError(0, "BAD_CA_BUNDLE", unusable_ca_bundle(ca_bundle, exc)) from exc
         self.http = httpx.Client(base_url=self.url, auth=auth, timeout=timeout_s, verify=verify)
 
     def __enter__(self) -> AdminClient:
@@ -137,7 +145,8 @@ class AdminClient:
 
         Raises `AdminError`: status 0 `UNREACHABLE` when no answer came (connection, timeout), else
         the coordinator's status and code for any 4xx/5xx (429 `RATE_LIMITED` only after 20 tries,
-        each after the wait it names). A 2xx body that is not JSON raises `ValueError`."""
+        each after the wait it names), and the 2xx status with `NOT_JSON` for a successful answer
+        that is not JSON (not a coordinator, or not its API)."""
         headers = {}
         if if_match is not None:
             headers["If-Match"] = if_match if isinstance(if_match, str) else f'"{if_match}"'
@@ -172,7 +181,17 @@ class AdminClient:
             if code == "NOT_FOUND" and message.startswith("The requested URL was not found"):
                 message = f"no such path on {self.url}: is it the coordinator's base URL (without /v1)?"
             raise AdminError(response.status_code, code, message, request_id, details)
-        content = response.json() if response.content else None
+        try:
+            content = response.json() if response.content else None
+        except ValueError as exc:
+            kind = response.headers.get("Content-Type", "no content type")
+            raise AdminError(
+                response.status_code,
+                "NOT_JSON",
+                f"the answer to {method} {path} from {self.url} is not JSON ({kind}): "
+                "is it the coordinator's base URL (without /v1)?",
+                request_id,
+            ) from exc
         return Answer(content, response.headers.get("ETag"), request_id, response.status_code)
 
     # --- streams -------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import ssl
 import time
 from collections.abc import Iterator, Sequence
@@ -52,8 +53,9 @@ CA_BUNDLE_ENV = "RSC_CA_BUNDLE"
 def http_options(token: str | None, ca_bundle: str | None) -> dict[str, Any]:
     """httpx client options: `Authorization: Bearer` and the CA bundle for `https://` coordinators.
 
-    Each falls back to its environment variable (`RSC_TOKEN`, `RSC_CA_BUNDLE`). Raises `OSError`
-    (`FileNotFoundError`, `ssl.SSLError`) when the CA bundle cannot be read or holds no certificate.
+    Each falls back to its environment variable (`RSC_TOKEN`, `RSC_CA_BUNDLE`). Raises
+    `CoordinatorUnavailable` naming the file and why when the CA bundle cannot be read or holds
+    no certificate (no coordinator can be checked without it; not retried).
     """
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     ca_bundle = ca_bundle if ca_bundle is not None else os.environ.get(CA_BUNDLE_ENV) or None
@@ -61,8 +63,28 @@ def http_options(token: str | None, ca_bundle: str | None) -> dict[str, Any]:
     if token:
         options["headers"] = {"Authorization": f"Bearer {token}"}
     if ca_bundle:
-        options["verify"] = ssl.create_default_context(cafile=ca_bundle)
+        try:
+            options["verify"] = ca_context(ca_bundle)
+        except OSError as exc:
+            raise CoordinatorUnavailable(unusable_ca_bundle(ca_bundle, exc)) from exc
     return options
+
+
+def ca_context(ca_bundle: str) -> ssl.SSLContext:
+    """A TLS context that trusts the CAs of the PEM file `ca_bundle` (and no others).
+
+    Raises `OSError`: `FileNotFoundError`, `PermissionError`... when the file cannot be read,
+    `ssl.SSLError` when it holds no certificate (each client maps it to its own error)."""
+    return ssl.create_default_context(cafile=ca_bundle)
+
+
+def unusable_ca_bundle(ca_bundle: str, exc: OSError) -> str:
+    """Why `ca_bundle` could not be loaded (`ca_context` raised `exc`), in words naming the file."""
+    if isinstance(exc, ssl.SSLError):
+        why = f"it holds no certificate ({exc.reason or exc})"
+    else:
+        why = exc.strerror or str(exc) or type(exc).__name__
+    return f"cannot use the CA bundle {ca_bundle!r}: {why}"
 
 
 @attrs.frozen
@@ -79,18 +101,44 @@ class Backoff:
 def coordinator_urls(base_url: str | Sequence[str]) -> tuple[str, ...]:
     """Every coordinator URL: a list, or one string with commas between URLs (trailing `/` dropped).
 
-    Raises `ValueError` when there is none. The URLs are not checked here."""
+    Raises `ValueError` when there is none, or naming the URL and what is wrong with it when one
+    is not an `http://` or `https://` URL with a host (`check_url`)."""
     parts = base_url.split(",") if isinstance(base_url, str) else list(base_url)
     urls = tuple(part.strip().rstrip("/") for part in parts if part.strip())
     if not urls:
         raise ValueError("no coordinator URL given")
+    for url in urls:
+        check_url(url)
     return urls
+
+
+def check_url(url: str) -> None:
+    """Refuse a coordinator URL that no request could use: malformed, without `http://` or
+    `https://`, without a host, or with a port out of range.
+
+    Raises `ValueError` naming the URL (its password hidden) and what is wrong."""
+    shown = _USERINFO.sub(r"\1:***@", url)
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"the coordinator URL {shown!r} is malformed: {exc}") from exc
+    if parsed.scheme not in ("http", "https"):
+        what = f"the scheme {parsed.scheme!r}" if "://" in url else "no scheme"
+        raise ValueError(f"the coordinator URL {shown!r} has {what}: it must start with http:// or https://")
+    if not parsed.host:
+        raise ValueError(f"the coordinator URL {shown!r} names no host")
+    if parsed.port is not None and not 0 < parsed.port < 65_536:
+        raise ValueError(f"the coordinator URL {shown!r} has a port out of range: {parsed.port}")
+
+
+#: The user and password of a URL (hidden from messages).
+_USERINFO = re.compile(r"(?<=://)([^/?#@]*?):[^/?#]*@")
 
 
 class Failover:
     """The coordinator URLs a client knows and the one it uses now (shared by all its calls).
 
-    Raises `ValueError` (constructing) when no URL is given."""
+    Raises `ValueError` (constructing) when no URL is given or one is unusable (`check_url`)."""
 
     def __init__(self, base_url: str | Sequence[str]) -> None:
         self.urls = coordinator_urls(base_url)
@@ -185,9 +233,10 @@ class Coordinator:
     `token` is the bearer credential sent with every request and `ca_bundle` the CA
     file that checks an `https://` coordinator (defaults: `RSC_TOKEN`, `RSC_CA_BUNDLE`).
 
-    Constructing raises `ValueError` when no URL is given, `OSError` when the CA bundle cannot
-    be read, and `httpx.InvalidURL` when the first URL is malformed (a later one raises it from
-    the first call that moves to it); otherwise the calls raise only `rsc.client.errors`.
+    Constructing raises `ValueError` when no URL is given or one is unusable (malformed, not
+    `http://` or `https://`, no host: see `check_url`), and `CoordinatorUnavailable` when the
+    CA bundle cannot be read (each naming the URL or file and what is wrong); otherwise the
+    calls raise only `rsc.client.errors`.
     """
 
     def __init__(

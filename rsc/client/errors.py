@@ -3,11 +3,15 @@
 Who raises what, and what the caller does:
 
 * `RscError` (the base): raised as itself by a producer used wrongly (`publish` after `aclose`
-  or `close`; the synchronous one before `start`). Catch it to catch everything below.
+  or `close`, or before it has a layout: the trio one before `run` started, the synchronous
+  one before `start`). Catch it to catch everything below.
 * `CoordinatorUnavailable`: a `Coordinator`/`SyncCoordinator` call after its retries (no
   coordinator answered, or only 502/503/504); `open_producer` and `SyncProducer.start` when no
   layout came within `start_timeout_s`. Retry later; check the coordinator URLs. `Member`
-  treats it as a failed heartbeat and never raises it.
+  treats it as a failed heartbeat and never raises it. Also, at once, constructing a
+  `Coordinator`/`SyncCoordinator` with a CA bundle it cannot read (the message names the file
+  and why): fix the file or `RSC_CA_BUNDLE`. (A coordinator URL that is malformed, not
+  `http://` or `https://`, or without a host is a `ValueError` when constructing.)
 * `CoordinatorUnintelligible` (a `CoordinatorUnavailable`): an answer that is not JSON or not
   of the expected shape, raised at once by a call; by `Member.run` after a lease of them.
   Upgrade this client, or check that the URL names a coordinator.
@@ -17,7 +21,8 @@ Who raises what, and what the caller does:
 * `MemberReplaced`: `Member.run` and `App.run`, when a newer process took the static member id
   over. Stop for good: do not restart with the same `RSC_INSTANCE_ID` (`rsc worker` exits 3).
 * `RedisUnavailable`: `redis_call` (the poller's Redis calls), when Redis cannot answer now.
-  Retry after a pause (the poller does; producers retry within `delivery_timeout_s`).
+  Retry after a pause (the poller does; producers retry within `delivery_timeout_s`, then
+  raise `PublishFailed`: a producer never lets a `RedisUnavailable` or `RedisCommandFailed` out).
 * `RedisCommandFailed`: `redis_call`, when Redis refuses a command (`code`: `NOPERM`, `NOGROUP`...).
   Retrying will not help until what `code` names is fixed (an ACL, a lost key).
 * `Fenced` (a `RedisCommandFailed`): `redis_call`, when a fenced script says the shard is not
@@ -26,7 +31,8 @@ Who raises what, and what the caller does:
 
 Elsewhere: `rsc.client.producer_state` (`PublishFailed`, `ProducerPaused`, `NoWritableShards`,
 `UnsupportedRouting`, all `RscError`s), `rsc.connect` (`RedisUnreachable`, `RedisRefused`:
-`ConnectionError`s) and `rsc.client.admin_api.AdminError` (an `Exception`).
+`ConnectionError`s) and `rsc.client.admin_api.AdminError` (an `Exception`: what `AdminClient`
+raises, an unusable URL or CA bundle and an answer it cannot read included).
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ from rsc.client.producer_state import (
     ProducerPaused,
     ProducerState,
     PublishFailed,
+    Replies,
     RoutingView,
     UnsupportedRouting,
     appends,
@@ -74,7 +75,8 @@ class Producer(RoutingView):
     """Publishes to one logical stream through a coredis client (standalone or cluster).
 
     Run `run` in a nursery (`await nursery.start(producer.run)` returns once
-    the layout is known); cancel it to stop heartbeating.
+    the layout is known; `publish` before that raises `RscError`); cancel it to
+    stop heartbeating.
     """
 
     def __init__(
@@ -173,12 +175,12 @@ class Producer(RoutingView):
         brings, and sent again; the others were written once. `NoWritableShards` when the
         stream has no ACTIVE shard.
 
-        Raises `RscError` after `aclose`; `ProducerPaused` when the stream stays paused past
-        `pause_timeout_s`; `UnsupportedRouting` or `NoWritableShards` before sending anything;
-        `PublishFailed` when Redis refuses a command (at once) or stays unavailable, or a sealed
-        shard gets no new layout, for `delivery_timeout_s`. Before `run` has a layout it waits,
-        without a limit. A script reload (NOSCRIPT) that fails raises `RedisUnavailable` or
-        `RedisCommandFailed` as they are, neither retried nor a `PublishFailed`."""
+        Raises `RscError` after `aclose`, and before `run` (or a `heartbeat`) has a layout;
+        `ProducerPaused` when the stream stays paused past `pause_timeout_s`; `UnsupportedRouting`
+        or `NoWritableShards` before sending anything; `PublishFailed` at once when Redis refuses a
+        command, the credential or the script reload (NOSCRIPT), else once Redis stayed
+        unavailable (the script reload included) or a sealed shard got no new layout for
+        `delivery_timeout_s`."""
         await self._wait_until_open()
         state = self.state
         state.in_flight += 1
@@ -195,14 +197,18 @@ class Producer(RoutingView):
                         async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
                             for call in calls:
                                 pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args)
+                    self.redis_outage.ok()
+                    replies = self._written(calls, pipe.results or (), ids)
+                    todo = replies.again  # the others are written: never sent again
+                    if replies.noscript:  # a restarted or new Redis node: load it, send them again
+                        with redis_call("SCRIPT LOAD"):
+                            await self.redis.script_load(SEALED_APPEND)
                 except RedisUnavailable as exc:
                     await self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
                 except RedisCommandFailed as exc:
                     raise publish_failed(self.stream_prefix, len(todo), exc) from exc
-                self.redis_outage.ok()
-                todo, why = await self._written(calls, pipe.results or (), ids)
-                if why == "SEALED":
+                if replies.sealed:
                     await self._refresh_layout(retries, len(todo))
             done = [i for i in ids if i is not None]
             state.published += len(done)
@@ -212,17 +218,15 @@ class Producer(RoutingView):
             if not state.in_flight:
                 self._idle.set()
 
-    async def _written(
-        self, calls: list[Append], results: Sequence[object], ids: list[str | None]
-    ) -> tuple[list[int], str | None]:
-        """Note the ids written; the messages to send again, and why (SEALED wins)."""
+    def _written(self, calls: list[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
+        """Note the ids written; what is to be sent again, and why.
+
+        Raises `PublishFailed` when Redis refused a call for another reason than a seal or an
+        unknown script (some of its messages may have been written)."""
         replies = take_replies(calls, results, ids)
         if replies.failure is not None:
             raise publish_failed(self.stream_prefix, len(ids), RedisCommandFailed(replies.failure))
-        if replies.noscript:  # a restarted or new Redis node: load it, send them again
-            with redis_call("SCRIPT LOAD"):
-                await self.redis.script_load(SEALED_APPEND)
-        return replies.again, ("SEALED" if replies.sealed else "NOSCRIPT" if replies.noscript else None)
+        return replies
 
     async def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""
@@ -255,9 +259,16 @@ class Producer(RoutingView):
         await self._idle.wait()
 
     async def _wait_until_open(self) -> None:
+        """Raises `RscError` when the producer is closed or has no layout yet; waits while the
+        stream is paused (not in flight: a paused producer reports quiesced), `ProducerPaused`
+        after `pause_timeout_s`."""
         if self._closing.is_set():
             raise RscError(f"producer {self.producer_id!r} is closed")
-        await self._ready.wait()
+        if not self._ready.is_set():
+            raise RscError(
+                f"producer {self.producer_id!r} is not started: await nursery.start(producer.run) "
+                "(it returns once the layout is known), or use open_producer"
+            )
         if self._resumed.is_set():
             return
         with trio.move_on_after(self.pause_timeout_s):

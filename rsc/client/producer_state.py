@@ -17,6 +17,7 @@ import attrs
 
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
+from rsc.connect import reply_code
 from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
 from rsc.events.versions import PROTOCOL_VERSION
@@ -115,12 +116,12 @@ def refusal(result: object) -> str | None:
     send it again), another error's text, or None (written)."""
     if not isinstance(result, BaseException):
         return None
-    text = str(result)
-    if "NoScript" in type(result).__name__ or text.startswith(("NOSCRIPT", "No matching script")):
-        return "NOSCRIPT"  # (coredis and redis-py name it differently)
-    if text.startswith("SEALED"):
-        return "SEALED"
-    return text or type(result).__name__
+    if "NoScript" in type(result).__name__:  # redis-py and coredis strip the code from this one
+        return "NOSCRIPT"
+    code = reply_code(result)  # by its code, wherever the library puts it; never by its words
+    if code in ("NOSCRIPT", "SEALED"):
+        return code
+    return str(result) or type(result).__name__
 
 
 @attrs.define

@@ -54,6 +54,7 @@ from rsc.client.producer_state import (
     ProducerPaused,
     ProducerState,
     PublishFailed,
+    Replies,
     RoutingView,
     UnsupportedRouting,
     appends,
@@ -78,8 +79,9 @@ __all__ = [
 
 log = logging.getLogger("rsc.client.producer")
 
-#: What a failed pipeline raises: Redis refused a command, or the connection failed.
-REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+#: What a failed pipeline raises: Redis refused a command, or the connection failed, or (on a
+#: cluster) redis-py found no node to send it to: its cluster errors are no `RedisError`.
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 #: Of those, the failures of a Redis that may answer if asked again (as `rsc.connect.UNAVAILABLE`).
 REDIS_UNAVAILABLE = (
     redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) too
@@ -90,23 +92,45 @@ REDIS_UNAVAILABLE = (
     redis.exceptions.MasterDownError,
     OSError,
 )
+#: redis-py's cluster errors that are a client's mistake, not the cluster's state: retrying
+#: cannot help. Its other `RedisClusterException`s (`RedisClusterUnreachableError`: no node
+#: answered a topology refresh; `SlotNotCoveredError`; "not all slots are covered") say that the
+#: cluster cannot serve the keys now, as during a failover or a restart of its nodes.
+CLUSTER_MISUSE = (redis.exceptions.CrossSlotTransactionError, redis.exceptions.InvalidPipelineStack)
+#: A credential Redis refused: retrying will not help (redis-py makes them `ConnectionError`s).
+REFUSED_CREDENTIALS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 
 
 def _unavailable(exc: BaseException) -> bool:
     """Worth retrying: Redis could not answer now (not a wrong password, not a refusal)."""
-    if isinstance(exc, redis.exceptions.AuthenticationError):
-        return False  # redis-py makes it a ConnectionError: retrying will not help
+    if _credential_refused(exc):
+        return False
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        return not isinstance(exc, CLUSTER_MISUSE)
     if isinstance(exc, REDIS_UNAVAILABLE):
         return True
     return isinstance(exc, redis.exceptions.ResponseError) and reply_code(exc) in TRANSIENT_CODES
+
+
+def _credential_refused(exc: BaseException) -> bool:
+    """`exc` is, or was raised from (a cluster's topology refresh), a refused credential."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, REFUSED_CREDENTIALS):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 class SyncCoordinator:
     """The blocking twin of `Coordinator` for producers: the same retries, error mapping and
     credentials (`token`, `ca_bundle`; defaults `RSC_TOKEN`, `RSC_CA_BUNDLE`).
 
-    Constructing raises as `Coordinator` does: `ValueError` (no URL), `OSError` (a CA bundle
-    it cannot read), `httpx.InvalidURL` (a malformed first URL)."""
+    Constructing raises as `Coordinator` does: `ValueError` (no URL, or one that is malformed,
+    not `http://` or `https://`, or without a host), `CoordinatorUnavailable` (a CA bundle it
+    cannot read), each naming the URL or file and what is wrong."""
 
     def __init__(
         self,
@@ -286,8 +310,9 @@ class SyncProducer(RoutingView):
         paused past `pause_timeout_s`; `UnsupportedRouting` or `NoWritableShards` before sending;
         `PublishFailed` at once when Redis refuses a command, the credential or the script reload,
         else once Redis stayed unavailable (or a sealed shard got no new layout) for
-        `delivery_timeout_s`, or `close` began. redis-py's cluster errors that are no `RedisError`
-        (`RedisClusterException`, `SlotNotCoveredError`) leave as they are."""
+        `delivery_timeout_s`, or `close` began. Unavailable includes a script reload Redis could
+        not answer and redis-py's cluster errors that are no `RedisError`
+        (`RedisClusterUnreachableError`, `SlotNotCoveredError`)."""
         self._wait_until_open()
         with self._lock:
             self.state.in_flight += 1
@@ -305,14 +330,17 @@ class SyncProducer(RoutingView):
                     pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)
                 try:
                     results = pipe.execute(raise_on_error=False)
+                    self.redis_outage.ok()
+                    replies = self._written(calls, results, ids)
+                    todo = replies.again  # the others are written: never sent again
+                    if replies.noscript:  # a restarted or new Redis node: load it, send them again
+                        self.redis.script_load(SEALED_APPEND)
                 except REDIS_ERRORS as exc:
                     if not _unavailable(exc):
                         raise publish_failed(self.stream_prefix, len(todo), exc) from exc
                     self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
-                self.redis_outage.ok()
-                todo, why = self._written(calls, results, ids)
-                if why == "SEALED":
+                if replies.sealed:
                     self._refresh_layout(retries, len(todo))
             done = [i for i in ids if i is not None]
             with self._lock:
@@ -324,19 +352,15 @@ class SyncProducer(RoutingView):
                 if not self.state.in_flight:
                     self._idle.notify_all()
 
-    def _written(
-        self, calls: list[Append], results: Sequence[object], ids: list[str | None]
-    ) -> tuple[list[int], str | None]:
-        """Note the ids written; the messages to send again, and why (SEALED wins)."""
+    def _written(self, calls: list[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
+        """Note the ids written; what is to be sent again, and why.
+
+        Raises `PublishFailed` when Redis refused a call for another reason than a seal or an
+        unknown script (some of its messages may have been written)."""
         replies = take_replies(calls, results, ids)
         if replies.failure is not None:
             raise publish_failed(self.stream_prefix, len(ids), RscError(replies.failure))
-        if replies.noscript:  # a restarted or new Redis node: load it, send them again
-            try:
-                self.redis.script_load(SEALED_APPEND)
-            except REDIS_ERRORS as exc:
-                raise publish_failed(self.stream_prefix, len(replies.again), exc) from exc
-        return replies.again, ("SEALED" if replies.sealed else "NOSCRIPT" if replies.noscript else None)
+        return replies
 
     def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""

@@ -175,9 +175,10 @@ class App:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every listener's members and pollers until `stop()`; `started` once all joined.
 
-        Raises at start `ValueError` (`RSC_STATIC` or the coordinator URLs unusable), `OSError`
-        (a CA bundle it cannot read), `rsc.connect.RedisUnreachable` or `RedisRefused` (Redis
-        cannot be used: not retried; a database out of range comes inside an exception group).
+        Raises at start `ValueError` (`RSC_STATIC` or the coordinator URLs unusable),
+        `CoordinatorUnavailable` (a CA bundle it cannot read), `rsc.connect.RedisUnreachable` or
+        `RedisRefused` (Redis cannot be used: not retried; a database out of range comes inside
+        an exception group).
         `MemberReplaced`, as itself, once the other members left. What ends a member or poller
         (`CoordinatorRejected`: a heartbeat refused for good, e.g. 401/403;
         `CoordinatorUnintelligible`; a lifecycle error) comes inside nested exception groups,

@@ -6,13 +6,16 @@ import itertools
 import logging
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import attrs
+import certifi
 import httpx
 import pytest
 import trio
 
 from rsc.actors.store_connection import open_redis
+from rsc.client.admin_api import AdminClient, AdminError
 from rsc.client.coordinator import Backoff, Coordinator, Failover, coordinator_urls
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
 from rsc.client.member import Member, MemberSettings
@@ -375,3 +378,81 @@ async def test_each_shard_event_is_one_log_line_naming_the_member_and_the_shards
     assert f"10.0.0.1/w/0: lost shards {kept}" in lines
     assert f"10.0.0.2/w/0: lost shards {moved}" in lines
     assert sum("no heartbeat succeeded within the lease" in line for line in lines) == 2, lines
+
+
+# --- what the clients refuse before any request, and answers they cannot read ------------------
+
+
+async def test_a_coordinator_url_no_request_could_use_is_refused_when_constructing() -> None:
+    """Not retried with backoff at each call (no scheme) nor `httpx.InvalidURL` (malformed):
+    `ValueError` at once, naming the URL (its password hidden) and what is wrong; a later URL
+    of the list is checked as well as the first."""
+    refused = {
+        "localhost:8080": "'localhost:8080' has no scheme: it must start with http:// or https://",
+        "127.0.0.1:8080": "'127.0.0.1:8080' has no scheme",
+        "http://[::1": r"'http://\[::1' is malformed: Invalid port",
+        "http://h:port": "'http://h:port' is malformed",
+        "redis://127.0.0.1:6379": "has the scheme 'redis'",
+        "http:///v1": "names no host",
+        "http://admin:secret@h:99999": r"'http://admin:\*\*\*@h:99999' has a port out of range",
+        "http://127.0.0.1:1,127.0.0.1:2": "'127.0.0.1:2' has no scheme",
+    }
+    for url, why in refused.items():
+        for client in (Coordinator, SyncCoordinator):
+            with pytest.raises(ValueError, match=why) as error:
+                client(url)
+            assert "secret" not in str(error.value)
+    await Coordinator(["http://127.0.0.1:1", "https://[::1]:8443/base/"]).aclose()  # fine, as before
+    SyncCoordinator("http://127.0.0.1:1, https://coordinator.example").close()
+
+
+def test_a_ca_bundle_that_cannot_be_read_is_named_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a bare `OSError`: the client's own error, naming the file and why it cannot be used,
+    whether it was given or came from `RSC_CA_BUNDLE` (the coordinator clients:
+    `CoordinatorUnavailable`; the admin client: `AdminError` `BAD_CA_BUNDLE`)."""
+    missing = tmp_path / "missing.pem"
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    cases = {
+        str(missing): "No such file or directory",
+        str(garbage): r"it holds no certificate \(NO_CERTIFICATE_OR_CRL_FOUND\)",
+        str(tmp_path): "Is a directory",
+    }
+    url = "https://127.0.0.1:1"
+    for path, why in cases.items():
+        expected = f"cannot use the CA bundle '{re.escape(path)}': {why}"
+        for client in (Coordinator, SyncCoordinator):
+            with pytest.raises(CoordinatorUnavailable, match=expected):
+                client(url, ca_bundle=path)
+        with pytest.raises(AdminError, match=expected) as refused:
+            AdminClient(url, password="pw", ca_bundle=path)
+        assert (refused.value.status, refused.value.code) == (0, "BAD_CA_BUNDLE")
+    monkeypatch.setenv("RSC_CA_BUNDLE", str(missing))
+    with pytest.raises(CoordinatorUnavailable, match=re.escape(str(missing))):
+        SyncCoordinator(url)
+    with pytest.raises(AdminError, match=re.escape(str(missing))):
+        AdminClient(url, password="pw")
+    monkeypatch.setenv("RSC_CA_BUNDLE", certifi.where())  # a readable bundle: fine, as before
+    SyncCoordinator(url).close()
+    AdminClient(url, password="pw").close()
+
+
+async def test_an_admin_answer_that_is_not_json_is_an_admin_error(standalone_url: str) -> None:
+    """A 2xx answer the admin client cannot read (here the coordinator's metrics, text) leaves as
+    `AdminError` with its status and `NOT_JSON`, as every other failure, not a bare `ValueError`."""
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as http:
+        url = str(http.base_url)
+
+        def read_metrics() -> AdminError:
+            with AdminClient(url, password="pw") as admin:
+                assert admin.request("GET", "/v1/streams").status == 200  # JSON: read as before
+                with pytest.raises(AdminError) as failed:
+                    admin.request("GET", "/metrics")
+                return failed.value
+
+        error = await trio.to_thread.run_sync(read_metrics)
+    assert (error.status, error.code) == (200, "NOT_JSON")
+    assert "GET /metrics" in error.message
+    assert "is not JSON (text/plain" in error.message

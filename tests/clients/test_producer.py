@@ -168,3 +168,24 @@ async def test_publishing_goes_on_with_the_last_layout_while_the_coordinator_is_
         assert sum(sync_redis.xlen(s.key) for s in layout.active) == 20
         nursery.cancel_scope.cancel()
         await coordinator.aclose()
+
+
+async def test_a_publish_before_the_producer_has_a_layout_fails_at_once(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    """As the synchronous producer before `start`: `RscError` saying how to start it, not a
+    wait without end; once `run` has started (a layout known), the same producer publishes."""
+    async with (
+        Coordinator(str(http.base_url)) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+    ):
+        producer = Producer(coordinator, r, prefix, "api/0")
+        with trio.fail_after(5), pytest.raises(RscError, match=r"not started: await nursery\.start"):
+            await producer.publish({"n": "1"}, key="k")
+        with trio.fail_after(5), pytest.raises(RscError, match="not started"):
+            await producer.publish_many([({"n": "2"}, None)])
+        assert producer.published == 0
+        await nursery.start(producer.run)
+        assert await producer.publish({"n": "3"}, key="k")
+        nursery.cancel_scope.cancel()
