@@ -12,6 +12,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+from rsc.actors.actor import Actor
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.effects.port import Effects
 from rsc.actors.errors import UnsupportedSchema
@@ -42,6 +43,10 @@ from rsc.events.wire import OwnerToken
 
 S = TypeVar("S")
 E = TypeVar("E")
+
+#: The actors of the two aggregates (`rsc.actors.registry` starts them).
+GroupActor = Actor[GroupState, GroupCommand, GroupEvent]
+StreamActor = Actor[StreamState, StreamCommand, StreamEvent]
 
 #: Told of every persisted batch of a group's events (metrics); must not block or raise.
 GroupObserver = Callable[[GroupState | None, GroupState, Sequence[GroupEvent]], None]

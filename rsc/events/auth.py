@@ -274,6 +274,13 @@ def read_scope(policy: Policy, caller: Credential | None, action: Action) -> Sco
     return Scope(caller)
 
 
+def sees_every_stream(policy: Policy, caller: Credential | None, action: Action) -> bool:
+    """Whether `caller`, not checked yet (a public path, as `/readyz`), may see every stream
+    through the read `action`: it is allowed the action and its scope is everything. Only such
+    a caller may read what a public path would name of the streams. Raises nothing."""
+    return decide(policy, caller, action) is Verdict.ALLOW and read_scope(policy, caller, action).everything
+
+
 def may_create(policy: Policy, caller: Credential | None) -> bool:
     """Whether a heartbeat of `caller` may create the stream or group it names."""
     if caller is None:

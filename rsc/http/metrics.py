@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -16,6 +17,7 @@ from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
 from rsc.events import quotas
 from rsc.events.auth import Scope
+from rsc.events.errors import CoordinationError, QuotaExceeded
 from rsc.events.events import (
     GroupEvent,
     MemberFenced,
@@ -208,6 +210,14 @@ class _SampleCollector:
 
 #: Requests refused for a quota, by quota (`rsc.events.quotas`), in this process.
 QUOTA_REFUSALS: collections.Counter[str] = collections.Counter()
+
+
+def refusal_details(error: CoordinationError) -> dict[str, Any] | None:
+    """The `details` of a refusal's JSON error; a quota refusal is counted first
+    (`rsc_quota_refusals_total{quota}`). Raises nothing."""
+    if isinstance(error, QuotaExceeded):
+        QUOTA_REFUSALS[error.quota] += 1
+    return error.details
 
 
 class _QuotaCollector:

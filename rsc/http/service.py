@@ -155,7 +155,7 @@ def watch_dataset(
     DATA_LOSS.reset()
 
     def correct(kind: str, why: str) -> None:
-        registry.check_all(kind, why)
+        registry.corrections.check_all(kind, why)
         registry.nursery.start_soon(_restore_features, features)
 
     DATA_LOSS.listeners.append(correct)
@@ -166,7 +166,7 @@ def watch_dataset(
         return bool(await redis.exists([keys.streams]))
 
     watch = DatasetWatch(redis, keys.dataset, active=lambda: leadership.active, has_streams=has_streams)
-    watch.on_identity_change = lambda why: registry.check_all("identity", why)
+    watch.on_identity_change = lambda why: registry.corrections.check_all("identity", why)
     return watch
 
 

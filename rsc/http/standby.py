@@ -35,7 +35,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc.actors.leadership import Leadership
-from rsc.http.app import error_response
+from rsc.http.json_io import error_response
 
 #: What a standby still answers itself (GET only): facts about the process, not the coordination.
 log = logging.getLogger("rsc.standby")

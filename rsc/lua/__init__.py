@@ -5,7 +5,7 @@ ack, dead-letter: each checks the shard's owner token first), `rsc/lua/coordinat
 the coordinator runs (journal appends, its lease, feature levels, owner tokens, consumer
 groups, drain evidence). Each file is complete in itself (no includes), so a client in another
 language loads the same file and Redis knows it by the same SHA1 (docs/protocol.md lists them).
-Shared fragments are repeated verbatim, and tests/test_lua.py keeps the copies identical.
+Shared fragments are repeated verbatim, and tests/actors/test_lua.py keeps the copies identical.
 
 Imports nothing of rsc: the client and the actors both load from here.
 """

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from rsc.actors import admin_changes
 from rsc.actors.actor import Actor, ActorSettings, fold_loaded
 from rsc.actors.aggregates import GroupAggregate
 from rsc.actors.clock import TrioClock
@@ -297,9 +298,9 @@ async def test_a_new_layout_is_visible_only_once_its_keys_and_groups_exist(autoj
     effects = GatedEffects()
     async with registry_on(effects=effects) as registry, trio.open_nursery() as nursery:
         await Member(registry, "orders", "billing", "a").heartbeat()
-        await registry.change_shard_count("orders", 11)  # 6 -> 11: five new shards, not gated
+        await admin_changes.change_shard_count(registry, "orders", 11)  # 6 -> 11: five new shards, not gated
         stream = await registry.stream("orders")
-        nursery.start_soon(registry.change_shard_count, "orders", 15)
+        nursery.start_soon(admin_changes.change_shard_count, registry, "orders", 15)
         await effects.waiting.wait()
         await trio.sleep(1)
         assert stream.state is not None
@@ -438,7 +439,7 @@ async def test_a_layout_change_during_a_group_s_creation_reaches_the_group(autoj
         async with trio.open_nursery() as nursery:
             nursery.start_soon(registry.group, "orders", "billing")
             await trio.sleep(0.5)  # the group's creation is under way
-            nursery.start_soon(registry.change_shard_count, "orders", 8)
+            nursery.start_soon(admin_changes.change_shard_count, registry, "orders", 8)
         await trio.sleep(5)  # the pushes run
         stream = await registry.stream("orders", create=False)
         group_actor = await registry.group("orders", "billing", create=False)
@@ -454,9 +455,9 @@ async def test_a_group_delete_that_stopped_half_way_is_finished_by_the_next(auto
         await registry.group("orders", "billing")
         await registry.ask_group("orders", "billing", DeleteGroup(0), create=False)  # the first write only
         assert "billing" in (await registry.stream("orders", create=False)).state.groups
-        await registry.delete_group("orders", "billing")
+        await admin_changes.delete_group(registry, "orders", "billing")
         assert "billing" not in (await registry.stream("orders", create=False)).state.groups
-        await registry.delete_stream("orders")
+        await admin_changes.delete_stream(registry, "orders")
         await registry.stream("other", create=True, shard_count=1)
         with pytest.raises(UnknownGroup):
-            await registry.delete_group("other", "billing")  # nothing there: still refused
+            await admin_changes.delete_group(registry, "other", "billing")  # nothing there: still refused

@@ -52,7 +52,7 @@ async def test_everything_lost_is_written_back_from_memory(autojump_clock: Clock
         store.lose()  # a restart without persistence, FLUSHALL
         effects.consumer_groups.clear()
         effects.tokens.clear()
-        registry.check_all(EVERYTHING, "test: everything lost")
+        registry.corrections.check_all(EVERYTHING, "test: everything lost")
         await trio.sleep(0.1)
         assert await store.revision(GROUP) == group_revision + 1  # above every revision written
         assert await store.revision(STREAM) == stream_revision + 1
@@ -397,11 +397,11 @@ async def test_after_a_loss_members_that_cannot_report_stalls_are_fenced_and_rej
         assert new.owned
         assert old.owned
         owned = new.owned
-        registry.check_all("identity", "test: Redis restarted with its data")  # nothing lost
+        registry.corrections.check_all("identity", "test: Redis restarted with its data")  # nothing lost
         await trio.sleep(0.1)
         assert (await old.heartbeat()).status is HeartbeatStatus.OK  # not fenced for that
         store.lose()
-        registry.check_all(EVERYTHING, "test: everything lost")
+        registry.corrections.check_all(EVERYTHING, "test: everything lost")
         await trio.sleep(0.1)
         answer = await old.heartbeat()
         assert answer.status is HeartbeatStatus.FENCED
@@ -475,7 +475,7 @@ async def test_looking_for_shard_keys_is_bounded_whatever_the_names_asked_about(
     """A heartbeat that claims a layout of a stream Redis does not hold makes the coordinator
     look for its shard keys (a SCAN of the keyspace): at most EVIDENCE_SCANS_PER_MINUTE a minute
     for all names together, and a name found without keys not again for EVIDENCE_RETRY_MS."""
-    from rsc.actors.registry import EVIDENCE_SCANS_PER_MINUTE
+    from rsc.actors.corrections import EVIDENCE_SCANS_PER_MINUTE
     from rsc.events.commands import ProducerHeartbeat
 
     class Counting(MemoryEffects):

@@ -23,8 +23,9 @@ from rsc.events.errors import CoordinationError
 from rsc.events.model import Layout, Shard, Timing
 from rsc.events.wire import HeartbeatRequest, ProducerHeartbeatRequest
 from rsc.http.admin.bodies import GroupSpec, PauseRequest, StreamSpec
-from rsc.http.app import HeartbeatBatch, parse_json, structure
 from rsc.http.errors import ApiError
+from rsc.http.heartbeat_routes import HeartbeatBatch
+from rsc.http.json_io import parse_json, structure
 from tests.httpkit import FAST, serve_on
 
 CORPUS = sorted((Path(__file__).parents[1] / "corpus").glob("*.json"))

@@ -24,7 +24,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from rsc.cli import _bind_address, main
+from rsc.cli import main
+from rsc.cli.serve_command import _bind_address
 from rsc.client.worker import App
 from rsc.config import Settings
 from tests.httpkit import FAST, serve_on

@@ -18,10 +18,10 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc.http.admin.bodies import int_query, one_value
-from rsc.http.app import json_response
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.authenticate import AdminAccount, Gate, basic_credentials
 from rsc.http.errors import ApiError
+from rsc.http.json_io import json_response
 from rsc.http.throttle import Blocked
 
 log = logging.getLogger("rsc.admin")

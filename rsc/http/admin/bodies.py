@@ -26,8 +26,8 @@ from rsc.events.model import (
 )
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, StreamState, target_count
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
-from rsc.http.app import json_body, structure
 from rsc.http.errors import ApiError
+from rsc.http.json_io import json_body, structure
 
 T = TypeVar("T")
 

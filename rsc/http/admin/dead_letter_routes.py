@@ -10,6 +10,7 @@ from __future__ import annotations
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from rsc.actors import admin_queries
 from rsc.actors.registry import Registry
 from rsc.events.stream import MAX_SHARDS
 from rsc.http.admin.bodies import (
@@ -22,8 +23,8 @@ from rsc.http.admin.bodies import (
     int_query,
     optional_body,
 )
-from rsc.http.app import json_response
 from rsc.http.errors import ApiError
+from rsc.http.json_io import json_response
 
 
 def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
@@ -31,7 +32,7 @@ def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
 
     @app.get("/v1/admin/streams/<stream_prefix>/dlq")
     async def dead_letters(stream_prefix: str) -> Response:
-        counts = await registry.dead_letter_counts(stream_prefix)
+        counts = await admin_queries.dead_letter_counts(registry, stream_prefix)
         listed = tuple(DeadLetterShard(c.shard, c.key, c.length) for c in counts)
         return json_response(DeadLetters(stream_prefix, listed, sum(d.length for d in listed)))
 
@@ -45,12 +46,14 @@ def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
             )
         wanted = int_query("shard", None, 0, MAX_SHARDS)
         limit = int_query("limit", 100, 1, 1_000) or 100
-        found = await registry.dead_letter_entries(stream_prefix, wanted, limit)
+        found = await admin_queries.dead_letter_entries(registry, stream_prefix, wanted, limit)
         entries = tuple(DeadLetter(e.shard, e.id, e.original_id, e.deliveries, e.fields) for e in found)
         return json_response(DeadLetterEntries(stream_prefix, entries))
 
     @app.post("/v1/admin/streams/<stream_prefix>/dlq/replay")
     async def replay(stream_prefix: str) -> Response:
         body = await optional_body(ReplayRequest)
-        done = await registry.replay_dead_letters(stream_prefix, body.shard, body.ids, body.limit)
+        done = await admin_queries.replay_dead_letters(
+            registry, stream_prefix, body.shard, body.ids, body.limit
+        )
         return json_response(Replayed(len(done.entries), done.entries, done.skipped_shards))

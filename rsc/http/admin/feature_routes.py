@@ -2,7 +2,7 @@
 
 The status lists every coordinator, live member and live producer with the highest level it
 supports. Which levels may be finalized, and whom raising one waits for, is
-`rsc.events.admin_rules`'; the registry finalizes (`Registry.finalize_feature_level`).
+`rsc.events.admin_rules`'; `rsc.actors.admin_queries` finalizes (`finalize_feature_level`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from collections.abc import Awaitable, Callable
 from quart import Response, g
 from quart_trio import QuartTrio
 
+from rsc.actors import admin_queries
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.features import FeatureLevelMoved
 from rsc.actors.registry import Registry
 from rsc.events.errors import CoordinationError
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party, blockers
 from rsc.http.admin.bodies import FeatureChange, FeaturesStatus, strict
-from rsc.http.app import json_body, json_response
 from rsc.http.errors import ApiError
+from rsc.http.json_io import json_body, json_response
 
 log = logging.getLogger("rsc.admin")
 
@@ -31,10 +32,10 @@ def add_feature_routes(
     """`GET`/`PUT /v1/admin/features`; `coordinators` lists the running coordinators."""
 
     async def parties() -> list[Party]:
-        return [*await coordinators(), *await registry.live_parties()]
+        return [*await coordinators(), *await admin_queries.live_parties(registry)]
 
     async def status(previous: int | None = None) -> FeaturesStatus:
-        state = await registry.feature_state()
+        state = await admin_queries.feature_state(registry)
         every = tuple(await parties())
         supported = (1, MAX_FEATURE_LEVEL)
         return FeaturesStatus(
@@ -49,7 +50,9 @@ def add_feature_routes(
     async def put_features() -> Response:
         change = strict(await json_body(), FeatureChange)
         try:
-            before, final = await registry.finalize_feature_level(change.level, g.caller or "admin", parties)
+            before, final = await admin_queries.finalize_feature_level(
+                registry, change.level, g.caller or "admin", parties
+            )
         except FeatureLevelMoved as exc:
             raise ApiError(
                 409,

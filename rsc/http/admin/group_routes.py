@@ -10,6 +10,7 @@ from __future__ import annotations
 from quart import Response, g
 from quart_trio import QuartTrio
 
+from rsc.actors import admin_changes
 from rsc.actors.registry import Registry
 from rsc.events import admin_rules, codec
 from rsc.events.commands import ConfigureGroup
@@ -31,8 +32,8 @@ from rsc.http.admin.preconditions import (
     missing_with_if_match,
     with_etag,
 )
-from rsc.http.app import json_body, json_response
 from rsc.http.errors import ApiError
+from rsc.http.json_io import json_body, json_response
 
 GROUP = "/v1/admin/streams/<stream_prefix>/groups/<consumer_group>"
 
@@ -71,10 +72,10 @@ def add_group_routes(app: QuartTrio, registry: Registry) -> None:
             # Deleted, and still listed by the stream: a delete that stopped between its two
             # writes. Finishing it is this DELETE's work (nothing to compare `If-Match` with).
             missing_with_if_match(f"group {consumer_group!r} of {stream_prefix!r}")
-            await registry.delete_group(stream_prefix, consumer_group)
+            await admin_changes.delete_group(registry, stream_prefix, consumer_group)
             return Response(b"", status=204)
         expect = check_if_match(actor.revision)
-        await registry.delete_group(stream_prefix, consumer_group, expect)
+        await admin_changes.delete_group(registry, stream_prefix, consumer_group, expect)
         g.revision = actor.revision
         return Response(b"", status=204)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from quart import Response, g
 from quart_trio import QuartTrio
 
+from rsc.actors import admin_changes
 from rsc.actors.registry import Registry
 from rsc.events import admin_rules, codec
 from rsc.events.commands import PauseProducers, ResumeProducers
@@ -34,8 +35,8 @@ from rsc.http.admin.preconditions import (
     missing_with_if_match,
     with_etag,
 )
-from rsc.http.app import json_body, json_response
 from rsc.http.errors import ApiError
+from rsc.http.json_io import json_body, json_response
 from rsc.http.views import stream_view
 
 
@@ -74,7 +75,7 @@ def add_stream_routes(app: QuartTrio, registry: Registry) -> None:
     async def delete_stream(stream_prefix: str) -> Response:
         actor = await conditional_stream(registry, stream_prefix)
         expect = check_if_match(actor.revision)
-        await registry.delete_stream(stream_prefix, expect)
+        await admin_changes.delete_stream(registry, stream_prefix, expect)
         g.revision = actor.revision
         return Response(b"", status=204)
 
@@ -108,7 +109,7 @@ def add_migration_routes(app: QuartTrio, registry: Registry) -> None:
         await optional_body(EmptyRequest)
         actor = await conditional_stream(registry, stream_prefix)
         expect = check_if_match(actor.revision)
-        await registry.resume_migration(stream_prefix, expect)
+        await admin_changes.resume_migration(registry, stream_prefix, expect)
         return await stream_resource(registry, stream_prefix)
 
     @app.post("/v1/admin/streams/<stream_prefix>/migration/abort")
@@ -116,7 +117,7 @@ def add_migration_routes(app: QuartTrio, registry: Registry) -> None:
         body = await optional_body(AbortRequest)
         actor = await conditional_stream(registry, stream_prefix)
         expect = check_if_match(actor.revision)
-        await registry.abort_migration(stream_prefix, body.reason, expect)
+        await admin_changes.abort_migration(registry, stream_prefix, body.reason, expect)
         return await stream_resource(registry, stream_prefix)
 
 
@@ -127,7 +128,7 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     (nothing is created), `QuotaExceeded` above the deployment's quotas (they hold for the
     admin too: 429, audited as refused), `ApiError` 412 for a missing stream with `If-Match`
     (nothing is created) or a failed `If-None-Match`, `PreconditionFailed` if the revision
-    `If-Match` names is gone when the change is decided, and what `Registry.change_shard_count`
+    `If-Match` names is gone when the change is decided, and what `admin_changes.change_shard_count`
     raises."""
     level = await registry.feature_level()
     admin_rules.require(admin_rules.reshard_mode_gate(spec.reshard_mode), level)
@@ -145,8 +146,8 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     admin_rules.require(admin_rules.scale_in_gate(spec.shard_count, state), level)
     reshard = admin_rules.reshard_for(state, spec.shard_count, spec.reshard_mode, level)
     if reshard is not None:
-        await registry.change_shard_count(
-            stream_prefix, reshard.shard_count, reshard.mode, reshard.migrations, expect=expect
+        await admin_changes.change_shard_count(
+            registry, stream_prefix, reshard.shard_count, reshard.mode, reshard.migrations, expect=expect
         )
 
 

@@ -1,0 +1,132 @@
+"""The rules of a heartbeat as the coordinator's edge applies them, pure: what it may create or
+rebuild, whether and under which key it is rate limited, and the shape of its answer.
+
+* Only a join (`memberEpoch` 0) may create a group (and its stream), and only where groups
+  are created automatically and the caller may create: a member that is not joining speaks of
+  a group it was in, so a missing group is news to it, not a request (`creates_group`). A
+  producer's heartbeat leaves creating its stream to the deployment (`auto_create_streams`),
+  unless its caller may not create (`producer_creates`).
+* The layout version a party says it was told (`seen_version`, `producer_seen_version`) is a
+  sign, if Redis holds nothing of its group or stream, that Redis lost it (the registry then
+  rebuilds it). A join or a leave says nothing of the kind, and a caller that may not create
+  never makes anything rebuilt: 0 for them.
+* A join carries its caller's `members_per_group` quota, which the group checks
+  (`with_join_quota`).
+* A leave is never rate limited (`limited`, `producer_limited`); a batch costs its caller one
+  token an item, its leaves free (`batch_cost`).
+* A party's own rate limit is keyed by its names (a member's incarnation too) and by the
+  credential that speaks for it, never by its address: behind a proxy every caller shares
+  one. With the incarnation, a caller sending heartbeats under another's member id spends
+  only its own tokens (`member_key`, `producer_key`).
+* An answer takes the shape of the protocol version it answers (`answered_in`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from rsc.events import quotas
+from rsc.events.auth import Credential
+from rsc.events.commands import Heartbeat
+from rsc.events.model import check_id, check_name
+from rsc.events.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerHeartbeatRequest,
+    ProducerHeartbeatResponse,
+    check_protocol_version,
+)
+
+#: The `memberEpoch` of a join and of a leave.
+JOIN_EPOCH, LEAVE_EPOCH = 0, -1
+
+R = TypeVar("R", HeartbeatResponse, ProducerHeartbeatResponse)
+
+
+def creates_group(body: HeartbeatRequest, auto_create_groups: bool, may_create: bool) -> bool:
+    """Whether the heartbeat `body` may create its group (and stream): a join, where groups are
+    created automatically and its caller `may_create`. Raises nothing."""
+    return auto_create_groups and may_create and body.member_epoch == JOIN_EPOCH
+
+
+def with_join_quota(command: Heartbeat, max_members: int) -> Heartbeat:
+    """`command` with its caller's `members_per_group` quota (`max_members`) if it is a join,
+    which the group checks; any other heartbeat as it is. Raises nothing."""
+    if command.member_epoch != JOIN_EPOCH:
+        return command
+    return attrs.evolve(command, max_members=max_members)
+
+
+def seen_version(body: HeartbeatRequest, may_create: bool) -> int:
+    """The layout version a member already in its group (not a join, not a leave) says it was
+    told; 0 for a caller that may not create (it never makes a group rebuilt). Raises nothing."""
+    return body.metadata_version if may_create and body.member_epoch > JOIN_EPOCH else 0
+
+
+def producer_creates(may_create: bool) -> bool | None:
+    """Whether a producer's heartbeat may create its stream: None (as the deployment creates
+    streams automatically, or not) when its caller `may_create`, else False. Raises nothing."""
+    return None if may_create else False
+
+
+def producer_seen_version(body: ProducerHeartbeatRequest, may_create: bool) -> int:
+    """The layout version a producer says it was told; 0 for a caller that may not create (it
+    never makes a stream rebuilt). Raises nothing."""
+    return body.metadata_version if may_create else 0
+
+
+def limited(body: HeartbeatRequest) -> bool:
+    """Whether the member heartbeat `body` is rate limited: all but a leave. Raises nothing."""
+    return body.member_epoch != LEAVE_EPOCH
+
+
+def producer_limited(body: ProducerHeartbeatRequest) -> bool:
+    """Whether the producer heartbeat `body` is rate limited: all but a leave. Raises nothing."""
+    return not body.leave
+
+
+def batch_cost(items: Sequence[Mapping[str, Any]]) -> int:
+    """The tokens a batch of heartbeats (its items as JSON objects, not yet parsed) costs its
+    caller: one an item, a leave free. Raises nothing."""
+    leaves = sum(1 for item in items if item.get("memberEpoch") == LEAVE_EPOCH)
+    return len(items) - leaves
+
+
+def member_key(caller: Credential | None, body: HeartbeatRequest) -> str:
+    """The key of a member's own rate limit: the credential that speaks for it (or
+    `quotas.ANONYMOUS`), its stream, group, member id and incarnation.
+
+    Raises `InvalidCommand` for a name or id that is not well formed (checked first: a key is
+    bounded and unambiguous)."""
+    check_name(body.stream_prefix, "streamPrefix")
+    check_name(body.consumer_group, "consumerGroup")
+    check_id(body.member_id, "memberId")
+    check_id(body.incarnation, "incarnation")
+    owner = caller.name if caller is not None else quotas.ANONYMOUS
+    return "\n".join((owner, body.stream_prefix, body.consumer_group, body.member_id, body.incarnation))
+
+
+def producer_key(caller: Credential | None, body: ProducerHeartbeatRequest) -> str:
+    """The key of a producer's own rate limit (see `member_key`).
+
+    Raises `InvalidCommand` for a stream prefix or producer id that is not well formed."""
+    check_name(body.stream_prefix, "streamPrefix")
+    check_id(body.producer_id, "producerId")
+    owner = caller.name if caller is not None else quotas.ANONYMOUS
+    return "\n".join((owner, body.stream_prefix, body.producer_id))
+
+
+def answered_in(response: R, requested: int, level: int) -> R:
+    """`response` in the protocol version a request of `requested` is answered in: from version
+    2 on it names that version and the deployment's feature `level`; a version 1 answer has
+    exactly version 1's shape.
+
+    Raises `UnsupportedProtocolVersion` for a version older than every one this server speaks
+    (a request's version is checked when it becomes a command, so a route never sees it)."""
+    version = check_protocol_version(requested)
+    if version < 2:  # from version 2 on, an answer names its version and the level
+        return response
+    return attrs.evolve(response, protocol_version=version, feature_level=level)

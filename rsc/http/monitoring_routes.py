@@ -1,0 +1,154 @@
+"""What monitoring reads: the views of streams and groups, `/metrics`, `/v1/version`, and the
+probes `/healthz` (the process answers) and `/readyz` (Redis answers; the actors' recovery and
+what Redis lost).
+
+Views read; none ever creates a stream or a group. Each is authorized by `rsc.http.app`
+before it runs, and what a caller sees is its credential's scope (`rsc.events.auth`):
+`/v1/streams` lists only the streams it covers, `/metrics` only their series. The views
+themselves are built by `rsc.http.views` from aggregate state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from quart import Response
+from quart_trio import QuartTrio
+
+from rsc.actors.dataset import DATA_LOSS
+from rsc.actors.errors import StoreError
+from rsc.actors.registry import Registry
+from rsc.events import auth
+from rsc.events.auth import Action
+from rsc.events.errors import UnknownGroup, UnknownStream
+from rsc.events.model import MigrationPhase
+from rsc.http import views
+from rsc.http.authenticate import Gate, Refused
+from rsc.http.errors import ApiError
+from rsc.http.json_io import error_response, json_response
+from rsc.http.metrics import Metrics, scoped_registry
+
+#: How long `/readyz` waits for Redis before saying it is not ready.
+READY_TIMEOUT_S = 1.0
+
+
+def add_monitoring_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics: Metrics) -> None:
+    """The views, `/v1/version`, `/healthz`, `/readyz` and `/metrics` (see the module)."""
+    _add_views(app, registry, gate)
+    _add_process_routes(app, registry, gate, metrics)
+
+
+def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
+    """The views of streams and groups, and a stream's routing."""
+
+    @app.get("/v1/streams/<stream_prefix>/routing")
+    async def routing(stream_prefix: str) -> Response:
+        state = await existing_stream(stream_prefix)
+        return json_response(views.routing_view(state))
+
+    @app.get("/v1/streams")
+    async def streams() -> Response:
+        summaries = []
+        scope = auth.read_scope(gate.policy, gate.principal(), Action.VIEW)
+        for prefix in await registry.stream_prefixes():
+            if not scope.sees(prefix):
+                continue  # a monitor sees the streams its credential covers
+            state = (await registry.stream(prefix, create=False)).state
+            if state is not None:
+                summaries.append(views.stream_summary(state))
+        return json_response({"streams": summaries})
+
+    @app.get("/v1/streams/<stream_prefix>")
+    async def stream(stream_prefix: str) -> Response:
+        actor = await existing_stream_actor(stream_prefix)
+        state = actor.state
+        stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
+        evidence = await registry.effects.drain_evidence(s.key for s in state.layout.draining)
+        consumed = None
+        if state.migration is not None and state.migration.phase is MigrationPhase.QUIESCED:
+            consumed = await registry.effects.drain_evidence(s.key for s in state.layout.shards if s.readable)
+        view = views.stream_view(state, actor.leases, registry.clock.now_ms(), stats, evidence, consumed)
+        return json_response(view)
+
+    @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
+    async def group(stream_prefix: str, consumer_group: str) -> Response:
+        state = await existing_stream(stream_prefix)
+        if consumer_group not in state.groups:
+            raise ApiError(
+                404, "UNKNOWN_GROUP", f"group {consumer_group!r} of {stream_prefix!r} does not exist"
+            )
+        try:  # a read never creates: a group being deleted is just gone
+            actor = await registry.group(stream_prefix, consumer_group, create=False)
+        except UnknownGroup as exc:
+            raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
+        if actor.state is None:
+            raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
+        return json_response(views.group_view(actor.state, actor.leases, registry.clock.now_ms()))
+
+    async def existing_stream(stream_prefix: str) -> Any:
+        return (await existing_stream_actor(stream_prefix)).state
+
+    async def existing_stream_actor(stream_prefix: str) -> Any:
+        try:
+            return await registry.stream(stream_prefix, create=False)
+        except UnknownStream as exc:
+            raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+
+
+def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics: Metrics) -> None:
+    """What describes the process: `/v1/version`, the probes, `/metrics`."""
+
+    @app.get("/v1/version")
+    async def version() -> Response:
+        try:  # read only (a standby answers too; nothing is initialized by a look)
+            state = await registry.peek_feature_state()
+        except StoreError:  # Redis away: the rest is still worth answering
+            state = None
+        if state is None:
+            return json_response(views.version_view())
+        return json_response(views.version_view(state.level, state.written))
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        with trio.move_on_after(READY_TIMEOUT_S):
+            if await registry.effects.ping():
+                try:  # readiness is public: a credential that does not authenticate is nobody here
+                    caller = gate.principal()
+                except Refused:
+                    caller = None
+                # Names only for a caller who may see every stream through the views: /readyz
+                # is public, so nobody was checked here (read_scope alone assumes a check).
+                names = auth.sees_every_stream(gate.policy, caller, Action.VIEW)
+                return json_response({"status": "ready", **readiness(registry, names)})
+            return error_response(503, "NOT_READY", "Redis refuses connections or fails", {"redis": "down"})
+        return error_response(
+            503, "NOT_READY", f"Redis did not answer PING within {READY_TIMEOUT_S} s", {"redis": "timeout"}
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        scope = auth.read_scope(gate.policy, gate.principal(), Action.METRICS)
+        source = metrics.prometheus if scope.everything else scoped_registry(metrics.prometheus, scope)
+        return Response(generate_latest(source), content_type=CONTENT_TYPE_LATEST)
+
+
+def readiness(registry: Registry, names: bool = True) -> dict[str, Any]:
+    """`/readyz` details: whether every running actor has recovered (loaded and its side
+    effects repaired), and what Redis lost (a correction under way stays ready: the fleet's
+    heartbeats carry it). The loss reports name streams and keys: only with `names` (a caller
+    that may see every stream), else their kinds and times alone. Raises nothing."""
+    running = registry.running()
+    repairing = sum(1 for actor in running if actor.needs_repair)
+    loss = DATA_LOSS.details()
+    if not names:
+        loss["recent"] = [{k: v for k, v in r.items() if k != "what"} for r in loss["recent"]]
+    return {
+        "actors": {"running": len(running), "recovered": len(running) - repairing, "repairing": repairing},
+        "dataLoss": loss,
+    }

@@ -1,0 +1,55 @@
+"""Producer heartbeats: `POST /v1/producers/heartbeat`.
+
+A producer's heartbeat is parsed, authorized on its stream, rate limited (a leave never is)
+and handed to its stream's actor, which answers with the stream's layout and routing
+(`rsc.events.respond.respond_producer`). What it may create or rebuild and the answer's
+shape are `rsc.events.heartbeat_rules`'.
+"""
+
+from __future__ import annotations
+
+import attrs
+from quart import Response
+from quart_trio import QuartTrio
+
+from rsc.actors.registry import Registry
+from rsc.events import heartbeat_rules
+from rsc.events.auth import Action
+from rsc.events.heartbeat_rules import answered_in
+from rsc.events.respond import respond_producer
+from rsc.events.wire import ProducerHeartbeatRequest
+from rsc.http.authenticate import Gate
+from rsc.http.callers import QuotaTable, caller_key
+from rsc.http.json_io import json_body, json_response, structure
+from rsc.http.metrics import Metrics
+from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
+
+
+def add_producer_routes(
+    app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, rates: RateLimits, quota_of: QuotaTable
+) -> None:
+    """`POST /v1/producers/heartbeat` (see the module)."""
+
+    @app.post("/v1/producers/heartbeat")
+    async def producer_heartbeat() -> Response:
+        with metrics.heartbeat_seconds.labels("producer").time():
+            body = structure(await json_body(), ProducerHeartbeatRequest)
+            caller = gate.check(Action.PRODUCER_HEARTBEAT, body.stream_prefix)
+            timing = registry.settings.timing
+            command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
+            if heartbeat_rules.producer_limited(body):
+                rates.check(HEARTBEATS, caller_key(caller))
+                rates.check(PARTY, heartbeat_rules.producer_key(caller, body))
+            quota = quota_of(caller)
+            command = attrs.evolve(command, max_producers=quota.limits.producers_per_stream)
+            may_create = gate.may_create(caller)
+            reply = await registry.ask_stream(
+                body.stream_prefix,
+                command,
+                create=heartbeat_rules.producer_creates(may_create),
+                seen_version=heartbeat_rules.producer_seen_version(body, may_create),
+                quota=quota,
+            )
+            response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
+            level = registry.known_feature_level()
+            return json_response(answered_in(response, body.protocol_version, level))
