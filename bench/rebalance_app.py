@@ -22,7 +22,7 @@ Modes (`RSC_BENCH_MODE`):
   all equal) no handler call starts and nothing is read, on any shard of this member. Heartbeats,
   revokes and acknowledgements go on (the handler in flight finishes and a revoke completes at
   once), so the group settles exactly as in push mode, and every member resumes once it has. The
-  gate is a subclass of the built-in `Poller` whose lease check (`_lease_valid`, asked before every
+  gate is a subclass of the built-in `Poller` whose lease check (`state.lease_valid`, asked before every
   turn of a worker and every read) also says no while paused.
 
 The bench needs two hooks the `App` has no option for: the trace wraps the member's transport and
@@ -138,6 +138,12 @@ class TracedPoller(Poller):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         GATE.pollers.append(self)
+        lease_valid = self.state.lease_valid  # asked before every read and every worker's turn
+
+        def gated() -> bool:
+            return not GATE.paused and lease_valid()
+
+        self.state.lease_valid = gated  # type: ignore[method-assign]
 
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
         began = time.monotonic()
@@ -152,9 +158,6 @@ class TracedPoller(Poller):
     async def lost(self, shards: frozenset[int]) -> None:
         trace("lost", t=time.monotonic(), shards=_list(shards))
         await super().lost(shards)
-
-    def _lease_valid(self) -> bool:
-        return not GATE.paused and super()._lease_valid()
 
 
 app_module.Member = TracedMember  # type: ignore[attr-defined]
