@@ -34,10 +34,10 @@ clean-demo: setup
 test: setup
 	$(BIN)/pytest
 
-# The inner loop (under two minutes): the in-process tiers (core, actors, http, clients) without
-# the modules tests/conftest.py marks slow, and 10 examples per property.
+# The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
+# the modules tests/conftest.py marks slow, 10 examples per property, on two processes.
 test-fast: setup
-	$(BIN)/pytest -m "not slow" -q --hypothesis-profile=fast
+	$(BIN)/pytest -m "not slow" -q --hypothesis-profile=fast -n 2 tests/core tests/actors tests/http tests/clients
 
 # One tier: make test-core, test-actors, test-http, test-clients, test-processes, test-chaos,
 # test-browser, test-compat (docs/development.md says which to run when).
