@@ -2,7 +2,9 @@
 
 One module a family of commands: `serve_command` (`rsc serve`), `worker_command`
 (`rsc worker`), `journal_commands` (`rsc journal ...`), `simulate_command` (`rsc simulate`),
-`plan_commands` (`rsc diff`, `rsc apply`); the admin commands are `rsc.tools.admin_commands`',
+`plan_commands` (`rsc diff`, `rsc apply`); the admin commands are `rsc.tools.stream_commands`'
+(`rsc streams`, `rsc producers`), `rsc.tools.group_commands`' (`rsc groups`, `rsc members`),
+`rsc.tools.audit_command`'s (`rsc audit`) and `rsc.tools.dead_letter_commands`' (`rsc dlq`);
 `rsc purge` is `rsc.tools.purge`'s. `process_setup` holds what they share: logging and
 `StartupError`.
 """
@@ -18,8 +20,11 @@ from rsc.cli.process_setup import logging_everywhere
 from rsc.cli.serve_command import serve
 from rsc.cli.simulate_command import simulate
 from rsc.cli.worker_command import worker
-from rsc.tools import admin_commands as admin_tools
+from rsc.tools.audit_command import audit
+from rsc.tools.dead_letter_commands import dlq
+from rsc.tools.group_commands import groups, members
 from rsc.tools.purge import purge_command
+from rsc.tools.stream_commands import producers, streams
 
 __all__ = ["main"]
 
@@ -30,6 +35,7 @@ def main() -> None:
     """rsc: a coordinator for sharded Redis Streams."""
 
 
-for _command in (simulate, journal, serve, worker, *admin_tools.COMMANDS, purge_command, diff, apply):
+_ADMIN_COMMANDS = (streams, groups, members, producers, audit, dlq)
+for _command in (simulate, journal, serve, worker, *_ADMIN_COMMANDS, purge_command, diff, apply):
     main.add_command(_command)
 logging_everywhere(main)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from rsc.tools import admin_commands as admin_tools
+from rsc.tools import admin_terminal
 from rsc.tools import apply as applying
 
 
@@ -56,7 +56,7 @@ class _PlanCommand(click.Command):
 
 @click.command("diff", cls=_PlanCommand)
 @_apply_options
-@admin_tools.connection_options
+@admin_terminal.connection_options
 def diff(admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool) -> None:
     """Show what `rsc apply` would change. Exit 0: nothing; 2: changes; 1: an error."""
     sys.exit(
@@ -67,7 +67,7 @@ def diff(admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_str
 @click.command("apply", cls=_PlanCommand)
 @_apply_options
 @click.option("--dry-run", is_flag=True, help="Only show the plan (exit 2 when it has changes).")
-@admin_tools.connection_options
+@admin_terminal.connection_options
 def apply(
     admin: Any, output: str, files: tuple[str, ...], prune: bool, prune_streams: bool, dry_run: bool
 ) -> None:
