@@ -17,7 +17,7 @@ from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.effects.port import Effects
 from rsc.actors.errors import UnsupportedSchema
 from rsc.actors.keys import AggregateId
-from rsc.events import codec, group, stream
+from rsc.events import codec, group, migration, stream
 from rsc.events.commands import GroupCommand, RestartTimers, StreamCommand, Tick
 from rsc.events.events import (
     GroupCreated,
@@ -259,7 +259,7 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
 
     def tick(self, state: StreamState | None, leases: Mapping[str, int], now_ms: int) -> StreamCommand | None:
         # Producers' leases, and the bound of a migration's phase.
-        due = state is not None and (bool(state.producers) or stream.moving(state))
+        due = state is not None and (bool(state.producers) or migration.moving(state))
         return Tick(now_ms, leases) if due else None
 
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:

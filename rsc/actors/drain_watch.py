@@ -26,8 +26,9 @@ from rsc.events.commands import AdvanceMigration, RetireShards, StreamCommand
 from rsc.events.drain import drain_check
 from rsc.events.errors import CoordinationError, UnknownStream
 from rsc.events.events import StreamEvent
+from rsc.events.migration import moving
 from rsc.events.model import Layout, MigrationPhase
-from rsc.events.stream import StreamState, moving, retirable
+from rsc.events.stream import StreamState, retirable
 
 log = logging.getLogger("rsc.registry")
 

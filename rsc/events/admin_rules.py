@@ -31,8 +31,9 @@ from rsc.events.errors import (
     QuotaExceeded,
     UnknownFeatureLevel,
 )
+from rsc.events.migration import target_count
 from rsc.events.model import GroupConfig, ReshardMode
-from rsc.events.stream import StreamState, target_count
+from rsc.events.stream import StreamState
 from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, STATIC_LEVEL, Party, blockers
 
 

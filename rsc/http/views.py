@@ -16,6 +16,7 @@ from rsc.actors.effects.inspection import GroupLag, ShardStats
 from rsc.events.drain import DrainEvidence, GroupDrain, drained
 from rsc.events.group import GroupState
 from rsc.events.liveness import Leases
+from rsc.events.migration import waiting_for
 from rsc.events.model import (
     ClientInfo,
     DrainProgress,
@@ -30,7 +31,8 @@ from rsc.events.model import (
     ShardState,
     Stall,
 )
-from rsc.events.stream import StreamState, stale_producers, waiting_for
+from rsc.events.stream import StreamState
+from rsc.events.stream_state import stale_producers
 from rsc.events.versions import (
     FEATURE_LEVELS,
     MAX_FEATURE_LEVEL,

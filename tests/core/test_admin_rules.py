@@ -21,8 +21,9 @@ from rsc.events.errors import (
     UnknownFeatureLevel,
 )
 from rsc.events.events import GroupConfigured
+from rsc.events.migration import target_count
 from rsc.events.model import GroupConfig, ReshardMode, StartFrom
-from rsc.events.stream import StreamState, decide, fold, target_count
+from rsc.events.stream import StreamState, decide, fold
 from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, STATIC_LEVEL, Party
 from tests.groupkit import layout
 

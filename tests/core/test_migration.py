@@ -35,8 +35,9 @@ from rsc.events.events import (
     StreamEvent,
 )
 from rsc.events.liveness import Leases
+from rsc.events.migration import target_count, waiting_for
 from rsc.events.model import DrainCheck, MigrationBounds, MigrationPhase, ReshardMode, ShardState
-from rsc.events.stream import StreamState, decide, fold, target_count, waiting_for
+from rsc.events.stream import StreamState, decide, fold
 
 Q = ReshardMode.QUIESCE
 BOUNDS = MigrationBounds(pausing_ms=5_000, quiesced_ms=10_000)

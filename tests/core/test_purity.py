@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,12 @@ def test_only_codec_knows_cattrs() -> None:
 #: What a client process must never load: the aggregates and their rules, and the server.
 SERVER_ONLY = (
     "rsc.events.group",
+    "rsc.events.group_state",
+    "rsc.events.group_holds",
+    "rsc.events.reconcile",
     "rsc.events.stream",
+    "rsc.events.stream_state",
+    "rsc.events.migration",
     "rsc.events.assignor",
     "rsc.events.placement",
     "rsc.events.respond",
@@ -131,3 +137,36 @@ def test_no_two_modules_import_each_other() -> None:
                     seen.add(target)
                     stack.append((target, [*path, target]))
     assert cycles == []
+
+
+def test_the_module_map_names_every_module() -> None:
+    """docs/development.md's map of the package has a line for every module (so a new one is
+    placed, and a removed one leaves the map)."""
+    page = (CORE.parents[1] / "docs" / "development.md").read_text()
+    layout = page[page.index("## Layout") : page.index("## Setting up and testing")]
+    named = set(re.findall(r"\b([a-z_]+)\.py\b", layout))
+    modules = {p.stem for p in CORE.parent.rglob("*.py") if p.stem != "__init__"} | {
+        p.parent.name for p in CORE.parent.rglob("__init__.py") if p.parent != CORE.parent
+    }
+    missing = sorted(m for m in modules if m not in named and f"{m}/" not in layout)
+    assert missing == []
+    gone = sorted(n for n in named if n not in modules and n != "__init__" and not n.startswith("test_"))
+    assert gone == []
+
+
+#: A module longer than this says at its top why it is one module (docs/development.md).
+LONG_MODULE = 600
+
+
+def test_a_long_module_says_why_it_is_one() -> None:
+    long = {
+        str(p.relative_to(CORE.parents[1])): p
+        for p in CORE.parent.rglob("*.py")
+        if len(p.read_text().splitlines()) > LONG_MODULE
+    }
+    unexplained = sorted(
+        name
+        for name, p in long.items()
+        if "Why one module:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")
+    )
+    assert unexplained == []

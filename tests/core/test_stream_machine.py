@@ -55,6 +55,7 @@ from rsc.events.events import (
     StreamEvent,
 )
 from rsc.events.liveness import Leases
+from rsc.events.migration import quiet
 from rsc.events.model import (
     DrainCheck,
     MigrationBounds,
@@ -64,7 +65,8 @@ from rsc.events.model import (
     StartFrom,
 )
 from rsc.events.slots import SLOTS, Primary, Topology
-from rsc.events.stream import StreamState, execute, fold, quiet, stale_producers
+from rsc.events.stream import StreamState, execute, fold
+from rsc.events.stream_state import stale_producers
 
 TOPOLOGY = Topology(
     tuple(

@@ -15,6 +15,7 @@ import attrs
 from quart import request
 
 from rsc.events import codec
+from rsc.events.migration import target_count
 from rsc.events.model import (
     MAX_STATIC_HOLD_MS,
     STREAM_ID_PATTERN,
@@ -24,7 +25,7 @@ from rsc.events.model import (
     StartFrom,
     wire_field,
 )
-from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, StreamState, target_count
+from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, StreamState
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.errors import ApiError
 from rsc.http.json_io import json_body, structure
