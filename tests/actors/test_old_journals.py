@@ -1,7 +1,7 @@
 """Journals written by the previous release read through today's reading path, and an upcast of
 their real entries.
 
-`tests/compat/corpus/v0.1.0-journal.json` holds every journal entry a v0.1.0 coordinator wrote
+`tests/compat/journals/v0.1.0.json` holds every journal entry a v0.1.0 coordinator wrote
 (the baseline of `tests/compat/BASELINE`, run with `--demo`, three members joining and one
 leaving over HTTP): two groups and two streams, 13 event types. Today's aggregates must read each
 entry (its data is version 1: no `v` field) and fold it into the state 0.1.0 meant.
@@ -26,7 +26,7 @@ from rsc.events import group, stream
 from rsc.events.events import MemberJoined
 from rsc.events.versions import STATIC_LEVEL, EventVersion
 
-CORPUS = Path(__file__).parents[1] / "compat" / "corpus" / "v0.1.0-journal.json"
+CORPUS = Path(__file__).parents[1] / "compat" / "journals" / "v0.1.0.json"
 JOURNALS: dict[str, list[dict[str, str]]] = json.loads(CORPUS.read_text())
 
 

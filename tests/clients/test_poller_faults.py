@@ -330,3 +330,42 @@ async def test_fewer_workers_let_the_calls_in_flight_finish(
         await wait_for(lambda: all(sync_redis.xpending(k, "billing")["pending"] == 0 for k in keys))
         nursery.cancel_scope.cancel()
     assert sorted(started) == sorted(finished) == sorted(ids)  # none cut short, none run twice
+
+
+async def test_a_refused_ack_is_kept_and_tried_again_at_the_refusal_pace(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    """An ack the owner token refuses (the shard moved, or Redis lost the token) is kept and sent
+    again no sooner than `REFUSAL_RETRY_S` apart: not every `ack_every_s` (a regression of the
+    poller's split sent one per 5 ms), and once the token is ours again it goes through."""
+    release = trio.Event()
+
+    async def handle(message: Message) -> None:
+        await release.wait()
+
+    own(sync_redis, shard_key, "w0")
+    sync_redis.xadd(shard_key, {"n": "1"})
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", handle, FAST_POLL)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset({0}), layout(shard_key))
+        await wait_for(lambda: poller.shards[0].home.handling is not None)
+        own(sync_redis, shard_key, "someone-else")
+        acks = 0
+        ack = poller.scripts.ack
+
+        async def counted(chunk: Any) -> Any:
+            nonlocal acks
+            acks += 1
+            return await ack(chunk)
+
+        poller.scripts.ack = counted  # type: ignore[method-assign]
+        release.set()
+        await wait_for(lambda: 0 in poller.stalled_shards())
+        await trio.sleep(1.0)
+        assert 1 <= acks <= 4  # at the 0.5 s refusal pace (about 200 at the acker's own pace)
+        assert sync_redis.xpending(shard_key, "billing")["pending"] == 1  # kept, not dropped
+        own(sync_redis, shard_key, "w0")  # the coordinator writes the token back
+        await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
+        nursery.cancel_scope.cancel()

@@ -8,7 +8,7 @@ import trio
 
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
 from rsc.client.poller.scripts import MemberScripts
-from rsc.client.poller.settings import ACK_CHUNK
+from rsc.client.poller.settings import ACK_CHUNK, REFUSAL_RETRY_S
 from rsc.client.poller.state import PollerState, Shard, together
 
 __all__ = ["Acker"]
@@ -80,8 +80,10 @@ class Acker:
                     taken = False
                     if isinstance(reply, Fenced):
                         # Kept: acknowledged once the coordinator writes our token again, or
-                        # dropped with the shard when the member is told it is not ours.
+                        # dropped with the shard when the member is told it is not ours; tried
+                        # again no sooner than a refusal's retry meanwhile.
                         state.fenced(shard, reply)
+                        shard.home.ack_retry_at = trio.current_time() + REFUSAL_RETRY_S
                     else:
                         shard.home.ack_retry_at = trio.current_time() + state.health.wait_after(reply)
             if taken:
