@@ -31,8 +31,13 @@ run: setup
 clean-demo: setup
 	$(BIN)/rsc purge --key-prefix '$(DEMO_PREFIX)' --yes
 
+# Every tier: the in-process ones on two processes, then the process, chaos, browser and compat
+# tiers one test at a time (they start servers and processes of their own and time faults).
+# Both parts run; the target fails if either did.
 test: setup
-	$(BIN)/pytest
+	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
+	$(BIN)/pytest tests/processes tests/chaos tests/browser tests/compat; second=$$?; \
+	exit $$(( first || second ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
 # the modules tests/conftest.py marks slow, 10 examples per property, on two processes.

@@ -178,7 +178,7 @@ class AdminClient:
                 code, message, details = "HTTP_ERROR", response.text[:200], None
             if isinstance(details, list) and all(isinstance(d, str) for d in details):
                 message = f"{message}: {'; '.join(details)}"  # what exactly is wrong
-            if code == "NOT_FOUND" and message.startswith("The requested URL was not found"):
+            if code == "NOT_FOUND" and not self._is_coordinator():  # a wrong base URL, not a resource
                 message = f"no such path on {self.url}: is it the coordinator's base URL (without /v1)?"
             raise AdminError(response.status_code, code, message, request_id, details)
         try:
@@ -193,6 +193,15 @@ class AdminClient:
                 request_id,
             ) from exc
         return Answer(content, response.headers.get("ETag"), request_id, response.status_code)
+
+    def _is_coordinator(self) -> bool:
+        """The base URL is an rsc coordinator's: `GET /v1/version` names its server version
+        (asked only to explain a 404; what failed is said either way)."""
+        try:
+            answer = self.http.get("/v1/version")
+            return answer.status_code == 200 and "serverVersion" in answer.json()
+        except (httpx.HTTPError, ValueError, TypeError):
+            return False
 
     # --- streams -------------------------------------------------------------
 

@@ -456,3 +456,25 @@ async def test_an_admin_answer_that_is_not_json_is_an_admin_error(standalone_url
     assert (error.status, error.code) == (200, "NOT_JSON")
     assert "GET /metrics" in error.message
     assert "is not JSON (text/plain" in error.message
+
+
+async def test_a_404_suggests_the_base_url_only_when_it_is_not_a_coordinators(standalone_url: str) -> None:
+    """A 404 under a base URL that is not a coordinator's (here with `/v1` added) says so; a 404 of
+    a resource that does not exist keeps the coordinator's own message. Told apart by asking
+    `/v1/version`, not by the words of the 404."""
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as http:
+        url = str(http.base_url).rstrip("/")
+
+        def both() -> tuple[AdminError, AdminError]:
+            errors = []
+            for base, path in ((f"{url}/v1", "/v1/streams/nope"), (url, "/v1/admin/no-such-resource")):
+                with AdminClient(base, password="pw") as admin, pytest.raises(AdminError) as failed:
+                    admin.request("GET", path)
+                errors.append(failed.value)
+            return errors[0], errors[1]
+
+        wrong_base, missing = await trio.to_thread.run_sync(both)
+    assert (wrong_base.status, wrong_base.code) == (404, "NOT_FOUND")
+    assert "is it the coordinator's base URL (without /v1)?" in wrong_base.message
+    assert (missing.status, missing.code) == (404, "NOT_FOUND")  # an unknown path of a coordinator
+    assert "base URL" not in missing.message

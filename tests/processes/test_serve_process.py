@@ -180,6 +180,7 @@ def test_a_redis_outage_is_two_lines_in_the_coordinator_log(tmp_path: Path) -> N
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_for_output(process, log_path, "took the coordinator lease")
+            wait_for_output(process, log_path, "Running on")  # and listening (the lease may come first)
             url = f"http://127.0.0.1:{port}/v1/heartbeat"
             with httpx.Client(timeout=5) as client:
                 join = client.post(url, json=hb("outage", "m", 0))
