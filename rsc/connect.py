@@ -18,6 +18,7 @@ synchronous producer.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -297,7 +298,20 @@ PIPELINE_ERROR = " of pipeline caused error: "
 
 def is_unavailable(exc: BaseException) -> bool:
     """A failure of a Redis that may answer if asked again later (see `UNAVAILABLE`)."""
-    return isinstance(exc, UNAVAILABLE) or error_code(exc) in TRANSIENT_CODES
+    return isinstance(exc, UNAVAILABLE) or error_code(exc) in TRANSIENT_CODES or _node_reply_unmerged(exc)
+
+
+def _node_reply_unmerged(exc: BaseException) -> bool:
+    """coredis (6.9) merges the replies of a command sent to every node of a cluster (the
+    `SCRIPT EXISTS` before a pipeline's scripts) by iterating each reply, and fails with a
+    `TypeError` inside its own code when one node's reply is the connection error it met: that
+    node did not answer. Told by where it was raised (in coredis), never by its words."""
+    if not isinstance(exc, TypeError) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.sep}coredis{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 #: Whatever a failed Redis call raises: Redis refused the command, or could not answer.

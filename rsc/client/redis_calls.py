@@ -30,7 +30,7 @@ def redis_call(context: str) -> Iterator[None]:
         yield
     except BaseException as exc:
         leaf = redis_leaf(exc)
-        if leaf is None or not isinstance(leaf, REDIS_FAILURES):
+        if leaf is None or not (isinstance(leaf, REDIS_FAILURES) or is_unavailable(leaf)):
             raise
         if is_unavailable(leaf):
             raise RedisUnavailable(f"{context}: {describe(leaf)}") from exc

@@ -109,3 +109,26 @@ def test_a_refusal_is_classified_by_its_code_wherever_the_library_puts_it() -> N
     wrapped = "Command # 1 (EVALSHA abc 1 k:owners billing {} 6) of pipeline caused error: FENCED owner token"
     assert reply_code(Exception(wrapped)) == "FENCED"
     assert reply_code("Connection lost while receiving response") is None
+
+
+def test_a_cluster_fan_out_whose_node_did_not_answer_is_an_outage_not_a_bug() -> None:
+    """coredis merges the replies of a command sent to every node (the SCRIPT EXISTS before a
+    pipeline's scripts) by iterating each; a node's reply that is the connection error it met
+    makes coredis' own merge raise TypeError (CI saw it at a test's teardown). That is a node
+    that did not answer: an outage (`RedisUnavailable`, `StoreUnavailable`), found by where it
+    was raised. A TypeError of anyone else's code stays a bug."""
+    from coredis.response._callbacks import ClusterAlignedBoolsCombine
+
+    merge = ClusterAlignedBoolsCombine()
+    with pytest.raises(TypeError) as raised:
+        merge.combine([], [(True,), coredis.exceptions.ConnectionError("connection attempt failed")])  # type: ignore[list-item]
+    assert is_unavailable(raised.value)
+    with pytest.raises(RedisUnavailable), redis_call("pipeline"):
+        merge.combine([], [(True,), coredis.exceptions.ConnectionError("connection attempt failed")])  # type: ignore[list-item]
+
+    def ours() -> None:
+        raise TypeError("a bug of ours")
+
+    with pytest.raises(TypeError) as bug:
+        ours()
+    assert not is_unavailable(bug.value)
