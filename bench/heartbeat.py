@@ -72,7 +72,9 @@ async def app(scope, receive, send):
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str], url: str, cwd: str | None = None) -> Iterator[None]:
+def process(
+    args: list[str], env: dict[str, str], url: str, cwd: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run `args` until the block ends, once `url` answers. `cwd`: where `python -m` finds its
     package first (the working directory comes before PYTHONPATH)."""
     proc = subprocess.Popen(
@@ -85,7 +87,7 @@ def process(args: list[str], env: dict[str, str], url: str, cwd: str | None = No
                 httpx.get(url, timeout=1)
                 break
             time.sleep(0.1)
-        yield
+        yield proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)

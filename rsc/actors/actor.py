@@ -197,6 +197,10 @@ class ActorSettings:
     inbox_size: int = 1024
     max_batch: int = 256
     tick_interval_s: float = 1.0
+    #: At least this many events between checkpoints; and a checkpoint is written only once
+    #: the events since the last one weigh as much as it did (bytes), so that a large state
+    #: is not rewritten every few events: a checkpoint costs O(1) per event amortized and a
+    #: reload reads at most about twice the state.
     checkpoint_every: int = 100
 
 
@@ -220,6 +224,8 @@ class Actor(Generic[S, C, E]):
         #: The journal's revision, ahead of `revision` while side effects of a write run.
         self._revision = 0
         self.checkpoint_revision = 0
+        #: The size of the last checkpoint and of the events written since (bytes of JSON).
+        self._checkpoint_bytes = self._tail_bytes = 0
         self.writes = 0
         self.conflicts = 0
         self.last_used = trio.current_time()
@@ -397,7 +403,8 @@ class Actor(Generic[S, C, E]):
         revision = self._revision + 1
         state = self.aggregate.checkpoint_json(self.state)
         appended = await self.store.restore(aggregate_id, stored, revision, state, why)
-        self._revision = self.revision = self.checkpoint_revision = appended.revision
+        self._revision = self.revision = appended.revision
+        self._checkpointed(appended.revision, state)
         self.restores += 1
         self.after_loss = True
         self.needs_repair = True
@@ -481,14 +488,23 @@ class Actor(Generic[S, C, E]):
         entries = [self.aggregate.event_to_json(e) for e in durable]
         # Only what the deployment's finalized feature level allows (`NotFinalized`: a bug).
         check_writable([kind for kind, _ in entries], (await self.store.features.current()).level)
+        tail_bytes = self._tail_bytes + sum(len(data) for _, data in entries)
         checkpoint = None
-        if self._revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every:
+        if (
+            self._revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every
+            and tail_bytes >= self._checkpoint_bytes
+        ):
             checkpoint = self.aggregate.checkpoint_json(state)
         appended = await self.store.append(self.aggregate.aggregate_id, self._revision, entries, checkpoint)
         self.writes += 1
         self._revision = appended.revision
+        self._tail_bytes = tail_bytes
         if checkpoint is not None:
-            self.checkpoint_revision = appended.revision
+            self._checkpointed(appended.revision, checkpoint)
+
+    def _checkpointed(self, revision: int, data: str) -> None:
+        self.checkpoint_revision = revision
+        self._checkpoint_bytes, self._tail_bytes = len(data), 0
 
     async def _repair(self, state: S) -> None:
         try:
@@ -520,6 +536,8 @@ class Actor(Generic[S, C, E]):
         self.state = fold_loaded(self.aggregate, loaded)
         self._revision = self.revision = loaded.revision
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
+        self._checkpoint_bytes = len(loaded.checkpoint.data) if loaded.checkpoint else 0
+        self._tail_bytes = sum(len(entry.data) for entry in loaded.events)
         self.needs_repair = True
         self._restart_pending = True  # the lease table describes the state before the reload
 

@@ -145,6 +145,7 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
             self.observe(before, after, events)
         keys = {s.index: s.key for s in after.layout.shards}
         touched: set[int] = set()
+        advanced: set[str] = set()
         for event in events:
             match event:
                 case GroupDeleted():
@@ -163,9 +164,11 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
                     touched.update(event.shards)
                 case MemberEpochAdvanced():
                     # The token carries the holder's current epoch: rewrite what it holds.
-                    touched.update(s for s, m in after.owners.items() if m == event.member_id)
+                    advanced.add(event.member_id)
                 case ShardsReportedStalled():
                     await self._heal(after, event)
+        if advanced:  # one pass over the owners for the whole batch, not one per member
+            touched.update(s for s, m in after.owners.items() if m in advanced)
         held = {keys[s]: t for s in touched if (t := token_of(after, s)) is not None}
         gone = {
             keys[s]: t for s in touched if s not in after.owners and (t := token_of(before, s)) is not None

@@ -8,6 +8,7 @@ of milliseconds supplied by the caller; nothing here reads a clock.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -330,28 +331,31 @@ class Shard:
 
 @attrs.frozen
 class Layout:
-    """The routing metadata of a stream at one `metadata_version`."""
+    """The routing metadata of a stream at one `metadata_version`.
+
+    Immutable: what is derived from its shards is computed once (a group asks for its
+    indexes on every heartbeat)."""
 
     metadata_version: int
     shards: tuple[Shard, ...]
     routing: str = DEFAULT_ROUTING
 
-    @property
+    @functools.cached_property
     def active(self) -> tuple[Shard, ...]:
         """Shards producers route to, in routing order (ascending index)."""
         return tuple(s for s in self.shards if s.state is ShardState.ACTIVE)
 
-    @property
+    @functools.cached_property
     def readable_indexes(self) -> frozenset[int]:
         """Indexes of the shards a consumer group must have assigned."""
         return frozenset(s.index for s in self.shards if s.readable)
 
-    @property
+    @functools.cached_property
     def active_indexes(self) -> frozenset[int]:
         """Indexes of the ACTIVE shards: the work the assignor balances."""
         return frozenset(s.index for s in self.shards if s.state is ShardState.ACTIVE)
 
-    @property
+    @functools.cached_property
     def draining(self) -> tuple[Shard, ...]:
         """Shards that take no new appends and are read until drained."""
         return tuple(s for s in self.shards if s.state is ShardState.DRAINING)

@@ -4,6 +4,7 @@ commit, replies only after persistence, conflicts, recovery, idle stop."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable
 
 import attrs
@@ -112,6 +113,30 @@ async def test_group_commit_many_concurrent_commands_few_writes(autojump_clock: 
         replayed = await journal_state(store, "orders", "billing")
         assert replayed is not None
         assert replayed == actor.state
+
+
+async def test_checkpoints_come_once_the_events_since_weigh_as_much_as_the_last(
+    autojump_clock: Clock,
+) -> None:
+    """A large state is not rewritten every `checkpoint_every` events: the next checkpoint waits
+    until the events written since weigh (bytes) as much as the last one, and for at least
+    `checkpoint_every` of them; what a reload folds is the state all the same."""
+    store = MemoryStore()
+    async with registry_on(store) as registry:
+        members = [Member(registry, "orders", "billing", f"m{i:03}") for i in range(30)]
+        for _ in range(8):  # joins, then handoffs: every round writes events
+            for member in members:
+                await member.heartbeat()
+        actor = await registry.group("orders", "billing")
+        assert actor.state is not None
+        entries = store.aggregates[AggregateId("orders", "billing")].entries
+        marks = [i for i, e in enumerate(entries) if e.is_checkpoint]
+        assert len(marks) >= 2  # the test writes enough for the rule to show
+        for before, after in itertools.pairwise(marks):
+            between = [e for e in entries[before + 1 : after] if not e.is_checkpoint]
+            assert len(between) >= SETTINGS.actor.checkpoint_every
+            assert sum(len(e.data) for e in between) >= len(entries[before].data)
+        assert await journal_state(store, "orders", "billing") == actor.state
 
 
 class GatedStore(MemoryStore):

@@ -179,6 +179,32 @@ async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) ->
         assert nodes == {None}
 
 
+async def test_pruning_deletes_only_departed_consumers_with_nothing_pending(
+    redis: RedisClient, checker: redis_py.Redis, prefix: str
+) -> None:
+    """Live members' consumers stay, a departed one with entries pending stays until they are
+    claimed, a departed idle one goes; a missing key or group is skipped, not an error."""
+    effects = RedisEffects(redis)
+    keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(6)]
+    await effects.ensure_consumer_groups(keys[:4], "billing", "0")
+    await effects.ensure_consumer_groups([keys[4]], "audit", "0")  # no billing group there
+    for key in keys[:4]:
+        await redis.xadd(key, {"n": "1"})
+        for consumer in ("live-a", "gone-idle", "gone-busy"):
+            await redis.xgroup_createconsumer(key, "billing", consumer)
+        await redis.xreadgroup("billing", "gone-busy", streams={key: ">"}, count=10)
+    gone = await effects.prune_consumers(keys, "billing", ["live-a", "live-b"])
+    assert gone == 4
+    for key in keys[:4]:
+        names = {c["name"] for c in checker.xinfo_consumers(key, "billing")}
+        assert names == {"live-a", "gone-busy"}
+    assert await effects.prune_consumers(keys, "billing", ["live-a"]) == 0  # nothing more to do
+    for key in keys[:4]:  # the new owner claims the entries: then it goes too
+        checker.xautoclaim(key, "billing", "live-a", 0, "0")
+    assert await effects.prune_consumers(keys, "billing", ["live-a"]) == 4
+    assert {c["name"] for c in checker.xinfo_consumers(keys[0], "billing")} == {"live-a"}
+
+
 async def test_drain_evidence_holds_only_with_nothing_pending_or_undelivered(
     redis: RedisClient, prefix: str
 ) -> None:

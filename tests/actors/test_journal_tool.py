@@ -102,7 +102,7 @@ async def test_verify_passes_and_catches_a_damaged_snapshot(
     snapshot_key = f"rsc:v1:{{g/{prefix}/billing}}:snapshot"
     original = await redis.hget(snapshot_key, "state")
     state = json.loads(original)
-    state["groupEpoch"] += 7
+    state["createdAtMs"] += 7  # no later event sets it: the replay cannot repair it
     await redis.hset(snapshot_key, {"state": json.dumps(state)})
     code, out = await trio.to_thread.run_sync(
         rsc, "journal", "verify", prefix, "billing", "--redis-url", redis_url

@@ -99,6 +99,7 @@ class RedisShardKeys(RedisEffectsBase):
         self._ensure_group = redis.register_script(script("coordinator/ensure_group"))
         self._destroy_group = redis.register_script(script("coordinator/destroy_group"))
         self._prune = redis.register_script(script("coordinator/prune_consumers"))
+        self._idle = redis.register_script(script("coordinator/idle_consumers"))
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         """See `ShardKeys.ensure_streams`."""
@@ -159,12 +160,23 @@ class RedisShardKeys(RedisEffectsBase):
 
     async def prune_consumers(self, shard_keys: Iterable[str], group: str, live: Iterable[str]) -> int:
         """See `ShardKeys.prune_consumers`."""
-        keep = sorted(live)
-        gone = 0
+        # Two passes, so that the cost is the consumers there are, not shards x live members:
+        # each shard's idle consumers, then a delete of the departed ones where there are any.
+        keep = set(live)
+        departed: dict[str, list[str]] = {}
         for chunk in chunks(shard_keys):
+            with redis_errors("listing idle consumers"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for key in chunk:
+                        self._idle(keys=[key], args=[group], client=pipe)
+            for key, names in zip(chunk, pipe.results or (), strict=True):
+                if gone := sorted({str(n) for n in names} - keep):
+                    departed[key] = gone
+        pruned = 0
+        for chunk in chunks(departed):
             with redis_errors("pruning departed consumers"):
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for key in chunk:
-                        self._prune(keys=[key], args=[group, *keep], client=pipe)
-            gone += sum(int(n) for n in pipe.results or ())
-        return gone
+                        self._prune(keys=[key], args=[group, *departed[key]], client=pipe)
+            pruned += sum(int(n) for n in pipe.results or ())
+        return pruned
