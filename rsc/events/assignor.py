@@ -30,6 +30,7 @@ the simulator.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 Assignment = Mapping[str, frozenset[int]]
 
@@ -50,13 +51,12 @@ def assign(
     member_ids = sorted(set(members))
     if not member_ids:
         return {}
-    shard_set = set(shards)
+    shard_set: frozenset[int] = shards if isinstance(shards, frozenset) else frozenset(shards)
     base, extra = divmod(len(shard_set), len(member_ids))
-    kept = _retained(member_ids, shard_set, previous)
+    kept, pool = _retained(member_ids, shard_set, previous)
     memory = _memory(member_ids, shard_set, previous, remembered)
     wanted = frozenset().union(*memory.values()) if memory else frozenset()
     plus = _extra_slots(member_ids, base, extra, kept, wanted)
-    pool = shard_set.difference(*kept.values())
     for member, mine in kept.items():
         quota = base + 1 if member in plus else base
         if len(mine) > quota:
@@ -68,25 +68,26 @@ def assign(
         room = (base + 1 if member in plus else base) - len(kept.get(member, ()))
         back = sorted(pool.intersection(mine_again))[: max(room, 0)]
         if back:
-            kept[member] = kept.get(member, set()).union(back)
+            kept[member] = frozenset(back).union(kept.get(member, ()))
             pool.difference_update(back)
-    free = sorted(pool, reverse=True)
+    free = sorted(pool)
+    at = 0  # the next free shard to give (lowest index first)
     empty: frozenset[int] = frozenset()
     result: dict[str, frozenset[int]] = {}
     for member in member_ids:
         held = kept.get(member)
         need = (base + 1 if member in plus else base) - (len(held) if held else 0)
         if need > 0:
-            given = frozenset(free[-need:])
-            del free[-need:]
+            given = frozenset(free[at : at + need])
+            at += need
             result[member] = given.union(held) if held else given
-        else:
+        else:  # (a frozenset kept as it was is not copied)
             result[member] = frozenset(held) if held else empty
     return result
 
 
 def _memory(
-    member_ids: list[str], shard_set: set[int], previous: Assignment, remembered: Assignment | None
+    member_ids: list[str], shard_set: frozenset[int], previous: Assignment, remembered: Assignment | None
 ) -> dict[str, frozenset[int]]:
     """Rejoining members (no previous target) -> the existing shards they remember; a shard
     remembered twice goes to the first member."""
@@ -105,13 +106,25 @@ def _memory(
     return out
 
 
-def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) -> dict[str, set[int]]:
-    """Members that keep something: their previous shards that still exist.
+def _retained(
+    member_ids: list[str], shard_set: frozenset[int], previous: Assignment
+) -> tuple[dict[str, AbstractSet[int]], set[int]]:
+    """Members that keep something: their previous shards that still exist; and the shards
+    nobody keeps.
 
-    In member order; a shard claimed twice goes to the first member.
+    In member order; a shard claimed twice goes to the first member. The sets returned are
+    never changed in place (the previous ones are returned as they are when none of them is
+    gone or claimed twice: a steady group costs one set difference, not a set per member).
     """
+    before = [(member, prev) for member in member_ids if (prev := previous.get(member))]
+    pool = set(shard_set)
+    pool.difference_update(*(prev for _, prev in before))
+    if sum(map(len, (prev for _, prev in before))) == len(shard_set) - len(pool):
+        # What they keep covers len(shard_set) - len(pool) existing shards with exactly that
+        # many entries: no shard is gone, none is claimed twice.
+        return dict(before), pool
     taken: set[int] = set()
-    kept: dict[str, set[int]] = {}
+    kept: dict[str, AbstractSet[int]] = {}
     for member in member_ids:
         prev = previous.get(member)
         if not prev:
@@ -122,14 +135,14 @@ def _retained(member_ids: list[str], shard_set: set[int], previous: Assignment) 
         if mine:
             taken |= mine
             kept[member] = mine
-    return kept
+    return kept, set(shard_set.difference(taken))
 
 
 def _extra_slots(
     member_ids: list[str],
     base: int,
     extra: int,
-    kept: Mapping[str, set[int]],
+    kept: Mapping[str, AbstractSet[int]],
     wanted: frozenset[int] = frozenset(),
 ) -> set[str]:
     """The `extra` members whose quota is base + 1: first those already holding more than base
@@ -172,9 +185,8 @@ def minimal_moves(members: Collection[str], shards: Collection[int], previous: A
     member_ids = sorted(set(members))
     if not member_ids:
         return 0
-    shard_set = set(shards)
-    kept = _retained(member_ids, shard_set, previous)
-    base, extra = divmod(len(shard_set), len(member_ids))
+    kept, _ = _retained(member_ids, frozenset(shards), previous)
+    base, extra = divmod(len(set(shards)), len(member_ids))
     excess = sum(max(0, len(k) - base) for k in kept.values())
     above = sum(1 for k in kept.values() if len(k) > base)
     return excess - min(extra, above)

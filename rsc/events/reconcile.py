@@ -135,7 +135,7 @@ def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
     """
     if not shards:
         return shards
-    owner_of = {s: m for m, targeted in group.target.items() for s in targeted & shards}
+    owner_of = _target_owners(group.target)
     ready = set()
     for shard in shards:
         owner = group.members.get(owner_of.get(shard, ""))
@@ -143,3 +143,25 @@ def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
         if owner is None or static_leaving or owner.member_epoch == group.assignment_epoch:
             ready.add(shard)
     return frozenset(ready)
+
+
+class _TargetOwners:
+    """Shard -> the member it is targeted to, for the target last asked about.
+
+    A target is never changed in place (a new one is a new mapping, and the states between two
+    target computations share the same one), so it is inverted once per target, not once per
+    heartbeat that revokes (which made a revoke cost the whole group). Memoizes by identity:
+    what it returns depends on its argument only."""
+
+    def __init__(self) -> None:
+        self._target: Mapping[str, frozenset[int]] | None = None
+        self._owners: dict[int, str] = {}
+
+    def __call__(self, target: Mapping[str, frozenset[int]]) -> Mapping[int, str]:
+        if target is not self._target:
+            self._owners = {s: m for m, targeted in target.items() for s in targeted}
+            self._target = target
+        return self._owners
+
+
+_target_owners = _TargetOwners()
