@@ -174,9 +174,13 @@ def _percentile(out: str, label: str) -> float:
 
 def server_buckets(rsc_url: str) -> dict[float, float]:
     """The server's own `rsc_heartbeat_seconds` buckets for single heartbeats (cumulative counts)."""
-    text = httpx.get(rsc_url + "/metrics", timeout=10).text
-    pattern = r'rsc_heartbeat_seconds_bucket\{endpoint="single",le="([^"]+)"\} ([\d.e+]+)'
-    return {float(le): float(count) for le, count in re.findall(pattern, text)}
+    return buckets_in(httpx.get(rsc_url + "/metrics", timeout=10).text, "single")
+
+
+def buckets_in(metrics: str, endpoint: str) -> dict[float, float]:
+    """`rsc_heartbeat_seconds` buckets of `endpoint` (single or batch) in a /metrics text."""
+    pattern = rf'rsc_heartbeat_seconds_bucket\{{endpoint="{endpoint}",le="([^"]+)"\}} ([\d.e+]+)'
+    return {float(le): float(count) for le, count in re.findall(pattern, metrics)}
 
 
 def server_p99(before: dict[float, float], after: dict[float, float]) -> float | None:

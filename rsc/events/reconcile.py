@@ -85,13 +85,23 @@ def refresh_target(decision: Decision, now_ms: int) -> None:
         if not h.static and m in group.members and not group.target.get(m)
     }
     target = draining_stays(
-        assignor.assign(staying, group.layout.active_indexes - skip, group.target, remembered),
+        assignor.assign(
+            staying,
+            group.layout.active_indexes - skip if skip else group.layout.active_indexes,
+            group.target,
+            remembered,
+        ),
         group.layout,
         group.target,
         skip,
     )
     target.update(held)
-    changed = {m: shards for m, shards in target.items() if group.target.get(m) != shards}
+    # (The assignor hands back the very sets of members that keep theirs: `is` settles most.)
+    changed = {
+        m: shards
+        for m, shards in target.items()
+        if (before := group.target.get(m)) is not shards and before != shards
+    }
     changed.update({m: frozenset() for m, shards in group.target.items() if shards and m not in target})
     decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
 
@@ -110,11 +120,12 @@ def draining_stays(
     (ties by member id), so that someone reads what is left in it. Shards in `skip` (held
     for a static member) are left out.
     """
-    if not target:
+    draining = layout.readable_indexes - layout.active_indexes - skip
+    if not target or not draining:
         return target
     out = dict(target)
     owner_of = {s: m for m, shards in previous.items() for s in shards}
-    for shard in sorted(layout.readable_indexes - layout.active_indexes - skip):
+    for shard in sorted(draining):
         owner = owner_of.get(shard)
         if owner not in out:
             owner = min(out, key=lambda m: (len(out[m]), m))
