@@ -11,12 +11,19 @@ below `rsc.http`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import trio
 
 from rsc.actors import stream_dead_letters
+from rsc.actors.actor import Aggregate, fold_loaded
+from rsc.actors.aggregates import StreamAggregate
 from rsc.actors.features import FeatureState
+from rsc.actors.keys import AggregateId
 from rsc.actors.registry import Registry
 from rsc.actors.stream_dead_letters import DeadLetterCount, DeadLetterEntry, ReplayOutcome
+from rsc.connect import first_leaf
 from rsc.events import admin_rules
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.stream import StreamState
@@ -117,3 +124,44 @@ async def _stream_state(registry: Registry, stream_prefix: str) -> StreamState:
     actor = await registry.stream(stream_prefix, create=False)
     assert actor.state is not None  # `stream` refuses a stream that does not exist
     return actor.state
+
+
+#: How many streams `peek_streams` reads from Redis at once.
+PEEK_CONCURRENCY = 32
+
+
+async def peek_streams(registry: Registry, prefixes: Iterable[str]) -> dict[str, StreamState]:
+    """The state of each of `prefixes` that exists (a deleted or missing one is left out), read
+    only: a running actor's state as it is, else folded from what Redis holds, without starting
+    an actor (a listing of 10,000 streams would start 10,000, each ticking from then on, each
+    repairing its side effects), without creating, rebuilding or correcting anything. At most
+    `PEEK_CONCURRENCY` reads at once; the cost is linear in the streams asked for.
+
+    Raises `StoreError` if Redis does not answer."""
+    found: dict[str, StreamState] = {}
+    limiter = trio.CapacityLimiter(PEEK_CONCURRENCY)
+
+    async def peek(prefix: str) -> None:
+        aggregate_id = AggregateId(prefix)
+        actor = registry.running_actor(aggregate_id)
+        state = actor.state if actor is not None else None
+        if actor is None:
+            async with limiter:
+                aggregate: Aggregate[StreamState, Any, Any] = StreamAggregate(
+                    aggregate_id, registry.effects, _no_layout_listener
+                )
+                state = fold_loaded(aggregate, await registry.store.load(aggregate_id))
+        if isinstance(state, StreamState) and not state.deleted:
+            found[prefix] = state
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for prefix in prefixes:
+                nursery.start_soon(peek, prefix)
+    except BaseExceptionGroup as group:  # one Redis failure is the answer's, as one error
+        raise first_leaf(group) from group
+    return found
+
+
+def _no_layout_listener(*_: object) -> None:
+    """A peek folds states; it never pushes a layout."""

@@ -32,6 +32,9 @@ PASSWORD_ENV = "RSC_ADMIN_PASSWORD"
 NETRC_ENV = "RSC_NETRC"
 
 
+#: Items asked per page when a list is read whole.
+PAGE_SIZE = 1_000
+
 class AdminError(Exception):
     """The coordinator refused or failed a request (`status` 0: it could not be reached, or the
     client could not be set up; a 2xx `status` with `NOT_JSON`: its answer could not be read)."""
@@ -206,9 +209,18 @@ class AdminClient:
     # --- streams -------------------------------------------------------------
 
     def streams(self) -> list[dict[str, Any]]:
-        """Every stream with its version, shard count and groups. Raises `AdminError` as `request` does."""
-        streams: list[dict[str, Any]] = self.request("GET", "/v1/streams").body["streams"]
-        return streams
+        """Every stream with its version, shard count and groups, page by page (`PAGE_SIZE` a
+        request; an N-1 coordinator, which knows no pages, answers the whole list at once).
+        Raises `AdminError` as `request` does."""
+        streams: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": PAGE_SIZE}
+        while True:
+            body = self.request("GET", "/v1/streams", params=params).body
+            streams += body["streams"]
+            cursor = body.get("nextCursor")
+            if not cursor:
+                return streams
+            params = {"limit": PAGE_SIZE, "cursor": cursor}
 
     def stream(self, prefix: str) -> Answer:
         """`{spec, status, revision}` of a stream. Raises `AdminError` as `request` does (404 if none)."""

@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response
 from quart_trio import QuartTrio
 
+from rsc.actors import admin_queries
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
@@ -24,7 +25,7 @@ from rsc.events import auth
 from rsc.events.auth import Action
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.model import MigrationPhase
-from rsc.http import views
+from rsc.http import paging, views
 from rsc.http.authenticate import Gate, Refused
 from rsc.http.errors import ApiError
 from rsc.http.json_io import error_response, json_response
@@ -50,15 +51,17 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
 
     @app.get("/v1/streams")
     async def streams() -> Response:
-        summaries = []
+        wanted = paging.page_request("streams")
         scope = auth.read_scope(gate.policy, gate.principal(), Action.VIEW)
-        for prefix in await registry.stream_prefixes():
-            if not scope.sees(prefix):
-                continue  # a monitor sees the streams its credential covers
-            state = (await registry.stream(prefix, create=False)).state
-            if state is not None:
-                summaries.append(views.stream_summary(state))
-        return json_response({"streams": summaries})
+        # A monitor sees the streams its credential covers: pages run over those only.
+        visible = [prefix for prefix in await registry.stream_prefixes() if scope.sees(prefix)]
+        page = paging.take_page("streams", visible, wanted)
+        states = await admin_queries.peek_streams(registry, page.items)
+        summaries = [views.stream_summary(states[p]) for p in page.items if p in states]
+        body: dict[str, Any] = {"streams": summaries}
+        if wanted.limit is not None:
+            body["nextCursor"] = page.next_cursor
+        return paging.with_link(json_response(body), page.next_cursor, wanted.limit)
 
     @app.get("/v1/streams/<stream_prefix>")
     async def stream(stream_prefix: str) -> Response:

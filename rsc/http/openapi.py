@@ -27,6 +27,7 @@ from rsc.events.wire import (
     HeartbeatResponse,
     ProducerHeartbeatRequest,
     ProducerHeartbeatResponse,
+    omitted_unless_set,
 )
 from rsc.http import views
 from rsc.http.admin.bodies import (
@@ -86,6 +87,23 @@ class HeartbeatBatchResponse:
 @attrs.frozen
 class StreamList:
     streams: tuple[views.StreamSummary, ...]
+    #: Only with `limit`: the cursor of the next page, null on the last one.
+    next_cursor: str | None = omitted_unless_set()
+
+
+#: The query of a list in pages (`rsc.http.paging`).
+PAGE_QUERY: tuple[dict[str, Any], ...] = (
+    {
+        "name": "limit",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "description": "at most this many items (1-1000); without it, the whole list",
+    },
+    {
+        "name": "cursor",
+        "schema": {"type": "string"},
+        "description": "nextCursor of the previous page, as it is (400 INVALID_CURSOR otherwise)",
+    },
+)
 
 
 @attrs.frozen
@@ -138,7 +156,15 @@ ROUTES = (
         ProducerHeartbeatResponse,
     ),
     Route("get", f"{S}/routing", "Routing metadata for producers", None, views.RoutingView),
-    Route("get", "/v1/streams", "Streams and their groups", None, StreamList),
+    Route(
+        "get",
+        "/v1/streams",
+        "Streams and their groups, sorted by prefix; in pages with `limit` (then `nextCursor` and a "
+        '`Link: <...>; rel="next"` header), the whole list without it',
+        None,
+        StreamList,
+        query=PAGE_QUERY,
+    ),
     Route("get", S, "A stream's layout and groups", None, views.StreamView),
     Route(
         "get",

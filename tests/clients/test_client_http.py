@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from rsc.actors.store_connection import open_redis
+from rsc.client import admin_api
 from rsc.client.admin_api import AdminClient, AdminError
 from rsc.client.coordinator import Backoff, Coordinator, Failover, coordinator_urls
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable
@@ -478,3 +479,27 @@ async def test_a_404_suggests_the_base_url_only_when_it_is_not_a_coordinators(st
     assert "is it the coordinator's base URL (without /v1)?" in wrong_base.message
     assert (missing.status, missing.code) == (404, "NOT_FOUND")  # an unknown path of a coordinator
     assert "base URL" not in missing.message
+
+
+async def test_the_admin_client_reads_a_list_whole_page_by_page(
+    standalone_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`streams()` follows `nextCursor` to the end: what `rsc apply --prune` compares against is
+    every stream, never one page of them."""
+    monkeypatch.setattr(admin_api, "PAGE_SIZE", 2)
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as http:
+        url = str(http.base_url)
+        for i in range(5):
+            put = await http.put(
+                f"/v1/admin/streams/{prefix}-{i}", json={"shardCount": 1}, auth=("admin", "pw")
+            )
+            assert put.status_code in (200, 201)
+        whole = [s["streamPrefix"] for s in (await http.get("/v1/streams")).json()["streams"]]
+
+        def listed() -> list[str]:
+            with AdminClient(url, password="pw") as admin:
+                return [s["streamPrefix"] for s in admin.streams()]
+
+        names = await trio.to_thread.run_sync(listed)
+    assert names == whole
+    assert [n for n in names if n.startswith(prefix)] == [f"{prefix}-{i}" for i in range(5)]
