@@ -122,14 +122,14 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['streams']:>8} {r['createdPerSecond']:>10} {r['wholeListMs']:>14} "
-            f"{r['wholeListUsPerStream']:>10} {r['pageOf100Ms']:>15}"
+            f"{r['wholeListUsPerStream']:>10} {r['pageOf100Ms']:>12}"
         )
     last = rows[-1]
     print(
         f"\ncreation {last['createdPerSecond']}/s (goal >= {CREATION_GOAL_PER_S:g}/s); a page of 100 at "
         f"{last['streams']:,} streams {last['pageOf100Ms']} ms (goal < {PAGE_GOAL_MS:g} ms); the whole list "
-        f"{last['wholeListUsPerStream']} us per stream at {last['streams']:,} vs {rows[0]['wholeListUsPerStream']} "
-        f"at {rows[0]['streams']:,} (linear: flat)"
+        f"{last['wholeListUsPerStream']} us per stream at {last['streams']:,} vs "
+        f"{rows[0]['wholeListUsPerStream']} at {rows[0]['streams']:,} (linear: flat)"
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {"benchmark": "lists", "python": platform.python_version(), "args": vars(args), "rows": rows}
