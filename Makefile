@@ -60,6 +60,8 @@ bench: setup
 	$(BIN)/python bench/persistence.py
 	command -v wrk >/dev/null || (apt-get update -q && apt-get install -y -q wrk)
 	$(BIN)/python bench/heartbeat.py
+	$(BIN)/python bench/churn.py
+	$(BIN)/python bench/lists.py
 	$(BIN)/python bench/producer.py
 	$(BIN)/python bench/consumer.py     # installs FastStream into bench/.faststream-venv on first use
 	$(BIN)/python bench/latency.py

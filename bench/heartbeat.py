@@ -294,11 +294,11 @@ def main() -> None:
         r = results[key]
         per = r.get("memberHeartbeatsPerSecond", r["requestsPerSecond"] if key != "raw" else "-")
         print(f"{name:<34} {r['requestsPerSecond']:>8} {per:>12} {r['p50Ms']:>8} {r['p99Ms']:>8}")
-    print(f"\nsingle / raw ASGI: {ratio:.0%} (target >= 60%)")
+    print(f"\nsingle / raw ASGI (the anchor, same run): {ratio:.0%} (goal >= 90%, floor 80%)")
     single_auth = results["singleAuth"]["requestsPerSecond"] / results["single"]["requestsPerSecond"]
     batch_auth = results["batchAuth"]["requestsPerSecond"] / results["batch"]["requestsPerSecond"]
     print(f"with credentials / without: single {single_auth:.0%}, batched {batch_auth:.0%} (target >= 90%)")
-    print(f"batched: {results['batch']['memberHeartbeatsPerSecond']} member-heartbeats/s (target >= 20,000)")
+    print(f"batched: {results['batch']['memberHeartbeatsPerSecond']} member-heartbeats/s (goal >= 50,000)")
     print(f"members one coordinator carries at a 3 s interval (batched): about {capacity:,}")
     half = results["singleHalfRate"]
     print(

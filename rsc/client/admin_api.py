@@ -35,6 +35,7 @@ NETRC_ENV = "RSC_NETRC"
 #: Items asked per page when a list is read whole.
 PAGE_SIZE = 1_000
 
+
 class AdminError(Exception):
     """The coordinator refused or failed a request (`status` 0: it could not be reached, or the
     client could not be set up; a 2xx `status` with `NOT_JSON`: its answer could not be read)."""
