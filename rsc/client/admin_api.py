@@ -349,9 +349,21 @@ class AdminClient:
     # --- audit and features ----------------------------------------------------
 
     def audit(self, **filters: Any) -> list[dict[str, Any]]:
-        """Audit records matching `filters` (query parameters). Raises `AdminError` as `request` does."""
-        records: list[dict[str, Any]] = self.request("GET", "/v1/admin/audit", params=filters).body["records"]
-        return records
+        """Audit records matching `filters` (query parameters), newest first: `limit` of them
+        (default 100), more than a page holds read page by page (an N-1 coordinator, which gives
+        no cursor, answers one page). Raises `AdminError` as `request` does."""
+        wanted = int(filters.pop("limit", 100))
+        records: list[dict[str, Any]] = []
+        params = dict(filters)
+        while len(records) < wanted:
+            params["limit"] = min(PAGE_SIZE, wanted - len(records))
+            body = self.request("GET", "/v1/admin/audit", params=params).body
+            records += body["records"]
+            cursor = body.get("nextCursor")
+            if not cursor:
+                break
+            params["cursor"] = cursor
+        return records[:wanted]
 
     def features(self) -> dict[str, Any]:
         """The deployment's feature level (`GET /v1/admin/features`).

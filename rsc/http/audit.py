@@ -49,6 +49,8 @@ class AuditFilter:
     outcome: str | None = None
     limit: int = 100
     request_id: str | None = None
+    #: Only records older than this record id (a page's cursor).
+    before: str | None = None
 
     def matches(self, record: AuditRecord) -> bool:
         return (
@@ -82,22 +84,28 @@ class AuditLog:
             )
 
     async def read(self, wanted: AuditFilter) -> list[AuditRecord]:
-        """Newest first, at most `wanted.limit` records that match."""
+        """Newest first, at most `wanted.limit` records that match (older than `wanted.before`)."""
+        found, _ = await self.read_page(wanted)
+        return found
+
+    async def read_page(self, wanted: AuditFilter) -> tuple[list[AuditRecord], bool]:
+        """`read`, and whether more records that match are older than the last one returned."""
         found: list[AuditRecord] = []
-        end = "+"
+        end = "+" if wanted.before is None else "(" + wanted.before
+        want = wanted.limit + 1  # one more tells whether there is a next page
         with redis_errors("reading the audit log"):
-            while len(found) < wanted.limit:
+            while len(found) < want:
                 page = await self.redis.xrevrange(self.keys.audit, end, "-", count=500)
                 for raw in page:
                     record = _record(raw)
                     if wanted.matches(record):
                         found.append(record)
-                        if len(found) == wanted.limit:
+                        if len(found) == want:
                             break
                 if len(page) < 500:
                     break
                 end = "(" + str(page[-1].identifier)
-        return found
+        return found[: wanted.limit], len(found) > wanted.limit
 
 
 def _record(raw: Any) -> AuditRecord:

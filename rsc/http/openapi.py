@@ -130,6 +130,8 @@ class GroupResource:
 @attrs.frozen
 class AuditList:
     records: tuple[AuditRecord, ...]
+    #: The cursor of the next, older page; null when no older record matches.
+    next_cursor: str | None = None
 
 
 @attrs.frozen
@@ -313,7 +315,8 @@ ROUTES = (
     Route(
         "get",
         "/v1/admin/audit",
-        "Audit records, newest first",
+        "Audit records, newest first, in pages (`limit`, default 100; `nextCursor` and a `Link` "
+        "header for the next, older page)",
         None,
         AuditList,
         admin=True,
@@ -329,6 +332,11 @@ ROUTES = (
                 "description": "1-1000, default 100",
             },
             {"name": "requestId", "schema": {"type": "string"}, "description": "the request's X-Request-Id"},
+            {
+                "name": "cursor",
+                "schema": {"type": "string"},
+                "description": "nextCursor of the previous (newer) page, as it is (400 INVALID_CURSOR otherwise)",
+            },
         ),
     ),
     Route(

@@ -20,7 +20,13 @@ from rsc.tools.admin_terminal import connection_options, utc_time
 @click.option("--status", type=int, help="Only this HTTP status.")
 @click.option("--path-prefix", help="Only paths starting with this.")
 @click.option("--outcome", type=click.Choice(["ok", "denied", "rejected", "error", "throttled"]))
-@click.option("--limit", type=click.IntRange(1, 1_000), default=20, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=20,
+    show_default=True,
+    help="How many records (more than 1,000 are read page by page).",
+)
 @click.option("--follow", is_flag=True, help="Keep printing new records (Ctrl-C to stop).")
 @click.option(
     "--interval", type=float, default=1.0, show_default=True, help="Seconds between polls (--follow)."

@@ -503,3 +503,21 @@ async def test_the_admin_client_reads_a_list_whole_page_by_page(
         names = await trio.to_thread.run_sync(listed)
     assert names == whole
     assert [n for n in names if n.startswith(prefix)] == [f"{prefix}-{i}" for i in range(5)]
+
+
+async def test_the_admin_client_reads_more_audit_records_than_a_page_holds(
+    standalone_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_api, "PAGE_SIZE", 2)
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url, admin_password="pw")) as http:
+        url = str(http.base_url)
+        for i in range(5):
+            await http.get(f"/v1/admin/streams/{prefix}-{i}", auth=("admin", "pw"))
+        path = f"/v1/admin/streams/{prefix}"
+
+        def read(limit: int) -> list[str]:
+            with AdminClient(url, password="pw") as admin:
+                return [r["path"] for r in admin.audit(pathPrefix=path, limit=limit)]
+
+        assert await trio.to_thread.run_sync(read, 4) == [f"{path}-{i}" for i in (4, 3, 2, 1)]
+        assert await trio.to_thread.run_sync(read, 50) == [f"{path}-{i}" for i in (4, 3, 2, 1, 0)]

@@ -124,3 +124,39 @@ async def test_a_repeated_limit_or_cursor_is_a_400(client: httpx.AsyncClient) ->
     answer = await client.get("/v1/streams?limit=1&limit=2")
     assert answer.status_code == 400
     assert answer.json()["error"] == "INVALID_REQUEST"
+
+
+async def test_the_audit_log_in_pages_newest_first(client: httpx.AsyncClient, prefix: str) -> None:
+    """The audit log is always in pages (100 newest by default): `nextCursor` and `Link` lead
+    to older records, each once, and the last page says there is nothing older."""
+    for i in range(7):
+        await client.get(f"/v1/admin/streams/{prefix}-{i}", auth=AUTH)  # 404s, audited
+    query = {"pathPrefix": f"/v1/admin/streams/{prefix}"}
+    whole = (await client.get("/v1/admin/audit", params=query, auth=AUTH)).json()
+    assert len(whole["records"]) == 7
+    assert whole["nextCursor"] is None
+    seen: list[str] = []
+    url: str | None = "/v1/admin/audit?" + str(httpx.QueryParams({**query, "limit": 3}))
+    while url is not None:
+        answer = await client.get(url, auth=AUTH)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        seen += [r["recordId"] for r in body["records"]]
+        link = answer.headers.get("Link")
+        assert (link is None) == (body["nextCursor"] is None)
+        url = re.fullmatch(r'<([^>]+)>; rel="next"', link).group(1) if link else None  # type: ignore[union-attr]
+    assert seen == [r["recordId"] for r in whole["records"]]
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "garbage",
+        base64.urlsafe_b64encode(b'{"list":"streams","after":"1-1"}').decode(),  # another list's
+        base64.urlsafe_b64encode(b'{"list":"audit","after":"not-an-id"}').decode(),
+    ],
+)
+async def test_a_bad_audit_cursor_is_a_400(client: httpx.AsyncClient, cursor: str) -> None:
+    answer = await client.get("/v1/admin/audit", params={"cursor": cursor}, auth=AUTH)
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "INVALID_CURSOR"

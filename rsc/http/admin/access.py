@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import time
 
 import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
+from rsc.http import paging
 from rsc.http.admin.bodies import int_query, one_value
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.authenticate import AdminAccount, Gate, basic_credentials
@@ -27,7 +29,11 @@ from rsc.http.throttle import Blocked
 log = logging.getLogger("rsc.admin")
 OUTCOMES = ("ok", "denied", "rejected", "error", "throttled")
 #: The query parameters of `GET /v1/admin/audit`.
-AUDIT_FILTERS = frozenset({"caller", "method", "status", "pathPrefix", "outcome", "limit", "requestId"})
+AUDIT_FILTERS = frozenset(
+    {"caller", "method", "status", "pathPrefix", "outcome", "limit", "requestId", "cursor"}
+)
+#: A record id (a Redis stream entry id), as an audit cursor carries it.
+_RECORD_ID = re.compile(r"\d{1,20}-\d{1,20}")
 
 
 def add_access_hooks(app: QuartTrio, account: AdminAccount, audit: AuditLog) -> None:
@@ -109,8 +115,25 @@ def add_audit_route(app: QuartTrio, audit: AuditLog) -> None:
             outcome=args.get("outcome"),
             request_id=args.get("requestId"),
             limit=int_query("limit", 100, 1, 1_000) or 100,
+            before=_before(args.get("cursor")),
         )
-        return json_response({"records": await audit.read(wanted)})
+        records, more = await audit.read_page(wanted)
+        # Always in pages (100 newest by default, as before pages existed): the cursor of the
+        # next, older page, or null.
+        last = records[-1].record_id if more and records else None
+        cursor = paging.encode_cursor("audit", last) if last else None
+        body = {"records": records, "nextCursor": cursor}
+        return paging.with_link(json_response(body), cursor, wanted.limit)
+
+
+def _before(cursor: str | None) -> str | None:
+    """The record id an audit cursor points before (None: from the newest). Raises `ApiError` 400."""
+    if cursor is None:
+        return None
+    record_id = paging.decode_cursor("audit", cursor)
+    if not _RECORD_ID.fullmatch(record_id):
+        raise ApiError(400, "INVALID_CURSOR", "cursor is not one this server gave for audit")
+    return record_id
 
 
 def caller_name(user: str | None, account: AdminAccount) -> str | None:
