@@ -97,14 +97,19 @@ async def dead_letter_counts(registry: Registry, stream_prefix: str) -> list[Dea
 
 
 async def dead_letter_entries(
-    registry: Registry, stream_prefix: str, shard: int | None, limit: int
+    registry: Registry,
+    stream_prefix: str,
+    shard: int | None,
+    limit: int,
+    after: tuple[int, str] | None = None,
 ) -> list[DeadLetterEntry]:
-    """The oldest dead letters of the stream (of `shard` only, if given), at most `limit`.
+    """The oldest dead letters of the stream (of `shard` only, if given), at most `limit`,
+    after `(shard, entry id)` if given.
 
     Raises `UnknownStream`, `UnknownShard` (no such shard), `StoreError`."""
     state = await _stream_state(registry, stream_prefix)
     shards = stream_dead_letters.shards_of(state, stream_prefix, shard)
-    return await stream_dead_letters.entries(registry.effects, shards, limit)
+    return await stream_dead_letters.entries(registry.effects, shards, limit, after)
 
 
 async def replay_dead_letters(

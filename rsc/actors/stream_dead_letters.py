@@ -71,13 +71,20 @@ async def counts(effects: Effects, shards: Sequence[Shard]) -> list[DeadLetterCo
     return [DeadLetterCount(s.index, dead_letter_key(s.key), found.get(s.key, 0)) for s in shards]
 
 
-async def entries(effects: Effects, shards: Sequence[Shard], limit: int) -> list[DeadLetterEntry]:
-    """The oldest dead letters of `shards`, shard by shard, at most `limit` in all.
+async def entries(
+    effects: Effects, shards: Sequence[Shard], limit: int, after: tuple[int, str] | None = None
+) -> list[DeadLetterEntry]:
+    """The oldest dead letters of `shards`, shard by shard (ascending index), at most `limit` in
+    all; after `(shard, entry id)` when given (a page's cursor: the rest of that shard, then the
+    shards above it).
 
     Raises `StoreError` if Redis cannot be read."""
     out: list[DeadLetterEntry] = []
-    for shard in shards:
-        for entry_id, fields in await effects.dead_letters(shard.key, limit - len(out)):
+    for shard in sorted(shards, key=lambda s: s.index):
+        if after is not None and shard.index < after[0]:
+            continue
+        since = after[1] if after is not None and shard.index == after[0] else None
+        for entry_id, fields in await effects.dead_letters(shard.key, limit - len(out), since):
             original = fields.pop(SOURCE_ID, "")
             deliveries = int(fields.pop(DELIVERIES, "0") or 0)
             out.append(DeadLetterEntry(shard.index, entry_id, original, deliveries, fields))

@@ -21,7 +21,7 @@ from rsc.actors import admin_queries
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
-from rsc.events import auth
+from rsc.events import auth, codec
 from rsc.events.auth import Action
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.model import MigrationPhase
@@ -77,6 +77,7 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
     async def group(stream_prefix: str, consumer_group: str) -> Response:
+        wanted = paging.page_request("members")  # a bad query is a 400 before anything is read
         state = await existing_stream(stream_prefix)
         if consumer_group not in state.groups:
             raise ApiError(
@@ -88,7 +89,13 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
             raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
         if actor.state is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
-        return json_response(views.group_view(actor.state, actor.leases, registry.clock.now_ms()))
+        view = views.group_view(actor.state, actor.leases, registry.clock.now_ms())
+        if wanted.limit is None:
+            return json_response(view)
+        page = paging.page_of("members", view.members, wanted, lambda m: m.member_id)
+        body = codec.wire.unstructure(views.members_page(view, page.items, page.next_cursor))
+        body["nextCursor"] = page.next_cursor  # null on the last page, not left out
+        return paging.with_link(json_response(body, plain=True), page.next_cursor, wanted.limit)
 
     async def existing_stream(stream_prefix: str) -> Any:
         return (await existing_stream_actor(stream_prefix)).state

@@ -91,6 +91,9 @@ class StreamList:
     next_cursor: str | None = omitted_unless_set()
 
 
+#: A list's cursor: opaque, base64url without padding.
+CURSOR_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9_-]+$"}
+
 #: The query of a list in pages (`rsc.http.paging`).
 PAGE_QUERY: tuple[dict[str, Any], ...] = (
     {
@@ -100,7 +103,7 @@ PAGE_QUERY: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "cursor",
-        "schema": {"type": "string"},
+        "schema": CURSOR_SCHEMA,
         "description": "nextCursor of the previous page, as it is (400 INVALID_CURSOR otherwise)",
     },
 )
@@ -171,9 +174,11 @@ ROUTES = (
     Route(
         "get",
         f"{S}/groups/{{consumerGroup}}",
-        "A group's epochs, members and assignments",
+        "A group's epochs, members and assignments; members in pages with `limit` (sorted by id; "
+        "the assignments, revokes and holds of the page's members; `nextCursor` and `Link`)",
         None,
         views.GroupView,
+        query=PAGE_QUERY,
     ),
     Route("get", A, "A stream's spec and status (ETag)", None, StreamResource, admin=True),
     Route(
@@ -206,7 +211,8 @@ ROUTES = (
     Route(
         "get",
         f"{A}/dlq/entries",
-        "Dead-lettered entries, oldest first: original id, deliveries, fields",
+        "Dead-lettered entries, shard by shard, oldest first: original id, deliveries, fields; in "
+        "pages (`limit`, default 100; `nextCursor` and a `Link` header)",
         None,
         DeadLetterEntries,
         admin=True,
@@ -216,6 +222,11 @@ ROUTES = (
                 "name": "limit",
                 "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
                 "description": "1-1000, default 100",
+            },
+            {
+                "name": "cursor",
+                "schema": CURSOR_SCHEMA,
+                "description": "nextCursor of the previous page as it is (else 400 INVALID_CURSOR)",
             },
         ),
     ),
@@ -334,8 +345,8 @@ ROUTES = (
             {"name": "requestId", "schema": {"type": "string"}, "description": "the request's X-Request-Id"},
             {
                 "name": "cursor",
-                "schema": {"type": "string"},
-                "description": "nextCursor of the previous (newer) page, as it is (400 INVALID_CURSOR otherwise)",
+                "schema": CURSOR_SCHEMA,
+                "description": "nextCursor of the previous (newer) page, as it is (else 400 INVALID_CURSOR)",
             },
         ),
     ),

@@ -7,7 +7,7 @@ views read them from the lease table of the actor that owns the aggregate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -43,6 +43,7 @@ from rsc.events.versions import (
     FeatureLevel,
     ProtocolVersion,
 )
+from rsc.events.wire import omitted_unless_set
 
 
 @attrs.frozen
@@ -235,6 +236,8 @@ class GroupView:
     config: GroupConfig
     holds: tuple[HoldView, ...] = ()
     quarantines: tuple[QuarantineView, ...] = ()
+    #: Only when asked for a page of members (`limit`): the next page's cursor, null on the last.
+    next_cursor: str | None = omitted_unless_set()
 
 
 @attrs.frozen
@@ -451,6 +454,21 @@ def group_view(state: GroupState, leases: Leases, now_ms: int) -> GroupView:
         config=state.config,
         holds=tuple(HoldView(m, h.shards, h.until_ms, h.static) for m, h in sorted(state.holds.items())),
         quarantines=tuple(QuarantineView(frozenset(s), at) for at, s in sorted(until.items())),
+    )
+
+
+def members_page(view: GroupView, members: Sequence[MemberView], next_cursor: str | None) -> GroupView:
+    """`view` cut to a page of its `members`: their targets, the shards they hold, their revokes
+    and holds (the group's epochs, config and quarantines stay whole)."""
+    ids = {m.member_id for m in members}
+    return attrs.evolve(
+        view,
+        members=tuple(members),
+        target_assignment={m: s for m, s in view.target_assignment.items() if m in ids},
+        current_assignment={s: m for s, m in view.current_assignment.items() if m in ids},
+        revoke_progress=tuple(r for r in view.revoke_progress if r.member_id in ids),
+        holds=tuple(h for h in view.holds if h.member_id in ids),
+        next_cursor=next_cursor,
     )
 
 

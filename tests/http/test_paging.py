@@ -12,7 +12,8 @@ import attrs
 import httpx
 import pytest
 
-from tests.httpkit import FAST, serve_on
+from rsc.events.wire import dead_letter_key
+from tests.httpkit import FAST, beat, hb, serve_on
 
 AUTH = ("admin", "s3cret")
 
@@ -160,3 +161,69 @@ async def test_a_bad_audit_cursor_is_a_400(client: httpx.AsyncClient, cursor: st
     answer = await client.get("/v1/admin/audit", params={"cursor": cursor}, auth=AUTH)
     assert answer.status_code == 400
     assert answer.json()["error"] == "INVALID_CURSOR"
+
+
+async def test_a_group_s_members_in_pages(client: httpx.AsyncClient, prefix: str) -> None:
+    """A page of members carries what concerns them (targets, the shards they hold); the pages
+    together are the whole view's members and assignments."""
+    epochs = {}
+    for member in ("m1", "m2", "m3", "m4", "m5"):
+        epochs[member] = (await beat(client, hb(prefix, member, 0)))["memberEpoch"]
+    path = f"/v1/streams/{prefix}/groups/billing"
+    whole = (await client.get(path)).json()
+    assert "nextCursor" not in whole
+    members: list[dict[str, Any]] = []
+    targets: dict[str, Any] = {}
+    current: dict[str, Any] = {}
+    url: str | None = f"{path}?limit=2"
+    while url is not None:
+        answer = await client.get(url)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert len(body["members"]) <= 2
+        ids = {m["memberId"] for m in body["members"]}
+        assert set(body["targetAssignment"]) <= ids
+        assert set(body["currentAssignment"].values()) <= ids
+        members += body["members"]
+        targets.update(body["targetAssignment"])
+        current.update(body["currentAssignment"])
+        assert body["groupEpoch"] == whole["groupEpoch"]
+        link = answer.headers.get("Link")
+        assert "nextCursor" in body
+        assert (link is None) == (body["nextCursor"] is None)
+        url = re.fullmatch(r'<([^>]+)>; rel="next"', link).group(1) if link else None  # type: ignore[union-attr]
+    assert [m["memberId"] for m in members] == [m["memberId"] for m in whole["members"]]
+    assert targets == whole["targetAssignment"]
+    assert current == whole["currentAssignment"]
+    bad = await client.get(path, params={"cursor": "x"})
+    assert (bad.status_code, bad.json()["error"]) == (400, "INVALID_CURSOR")
+
+
+async def test_dead_letters_in_pages_shard_by_shard(
+    client: httpx.AsyncClient, prefix: str, sync_redis: Any
+) -> None:
+    await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 3}, auth=AUTH)
+    view = (await client.get(f"/v1/streams/{prefix}")).json()
+    for shard in view["shards"]:
+        for n in range(3 if shard["index"] != 1 else 0):  # shard 1 has none
+            fields = {"rscSourceId": f"{n + 1}-0", "rscDeliveries": "5", "n": str(n)}
+            sync_redis.xadd(dead_letter_key(shard["key"]), fields)
+    path = f"/v1/admin/streams/{prefix}/dlq/entries"
+    whole = (await client.get(path, params={"limit": 1000}, auth=AUTH)).json()
+    assert whole["nextCursor"] is None
+    assert [e["shard"] for e in whole["entries"]] == [0, 0, 0, 2, 2, 2]
+    seen: list[tuple[int, str]] = []
+    url: str | None = f"{path}?limit=2"
+    while url is not None:
+        answer = await client.get(url, auth=AUTH)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert len(body["entries"]) <= 2
+        seen += [(e["shard"], e["id"]) for e in body["entries"]]
+        link = answer.headers.get("Link")
+        assert (link is None) == (body["nextCursor"] is None)
+        url = re.fullmatch(r'<([^>]+)>; rel="next"', link).group(1) if link else None  # type: ignore[union-attr]
+    assert seen == [(e["shard"], e["id"]) for e in whole["entries"]]
+    for cursor in ("x", base64.urlsafe_b64encode(b'{"list":"dlq","after":"zero/1-0"}').decode()):
+        bad = await client.get(path, params={"cursor": cursor}, auth=AUTH)
+        assert (bad.status_code, bad.json()["error"]) == (400, "INVALID_CURSOR")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from rsc.http.openapi import document
 
@@ -79,4 +80,7 @@ def server(standalone_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_the_api_holds_to_its_document(case: schemathesis.Case, server: str) -> None:
-    case.call_and_validate(base_url=server, headers={"Authorization": ADMIN})
+    # A list's `cursor` is opaque: only the `nextCursor` the server gave is one, so any other
+    # string, schema-valid as it is, is rightly refused (400 INVALID_CURSOR, tests/http/test_paging.py).
+    excluded = [positive_data_acceptance] if "cursor" in (case.query or {}) else []
+    case.call_and_validate(base_url=server, headers={"Authorization": ADMIN}, excluded_checks=excluded)

@@ -25,8 +25,10 @@ class DeadLetters(Protocol):
         """How many entries each shard's dead-letter stream (`<shard key>:dlq`) holds."""
         ...
 
-    async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
-        """The oldest `count` entries of a shard's dead-letter stream."""
+    async def dead_letters(
+        self, shard_key: str, count: int, after: str | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
+        """The oldest `count` entries of a shard's dead-letter stream (after the entry id `after`)."""
         ...
 
     async def replay_dead_letters(
@@ -57,10 +59,13 @@ class RedisDeadLetters(RedisEffectsBase):
             out.update(zip(chunk, (int(n) for n in pipe.results or ()), strict=True))
         return out
 
-    async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
+    async def dead_letters(
+        self, shard_key: str, count: int, after: str | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
         """See `DeadLetters.dead_letters`."""
+        start = "-" if after is None else "(" + after
         with redis_errors("reading a dead-letter stream"):
-            entries = await self.redis.xrange(dead_letter_key(shard_key), count=count)
+            entries = await self.redis.xrange(dead_letter_key(shard_key), start, "+", count=count)
         return [(str(e.identifier), {str(k): str(v) for k, v in e.field_values.items()}) for e in entries]
 
     async def replay_dead_letters(

@@ -122,7 +122,9 @@ class MemoryEffects:
     async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:
         return dict.fromkeys(shard_keys, 0)
 
-    async def dead_letters(self, shard_key: str, count: int) -> list[tuple[str, dict[str, str]]]:
+    async def dead_letters(
+        self, shard_key: str, count: int, after: str | None = None
+    ) -> list[tuple[str, dict[str, str]]]:
         return []
 
     async def replay_dead_letters(

@@ -116,6 +116,8 @@ class DeadLetter:
 class DeadLetterEntries:
     stream_prefix: str
     entries: tuple[DeadLetter, ...]
+    #: The cursor of the next page (shard by shard, oldest first), null on the last one.
+    next_cursor: str | None = None
 
 
 @attrs.frozen
