@@ -20,7 +20,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -29,6 +29,12 @@ try:
     import redis
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
+
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None
+try:  # rsc[sync] brings it: commands packed in C (redis-py's own packing encodes each argument)
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - depends on the installation
+    _pack_command = None
 
 from rsc.client.coordinator import (
     AGAIN,
@@ -208,6 +214,40 @@ class SyncCoordinator:
         raise CoordinatorUnavailable(f"{method} {path}: {describe(last)}") from last
 
 
+def send_appends(client: Any, calls: Sequence[Append]) -> list[Any]:
+    """Send the append scripts `calls`, one reply per call in order (an error reply as its
+    exception, as `pipeline.execute(raise_on_error=False)` gives them).
+
+    On a standalone `redis.Redis` with hiredis installed, the whole batch is packed by hiredis
+    and written at once on one pooled connection, then the replies are read; elsewhere (a
+    `RedisCluster`, or no hiredis) through a redis-py pipeline. Raises what redis-py raises
+    for a connection that fails (the connection is then dropped, never reused half-read)."""
+    if _pack_command is None or type(client) is not redis.Redis:
+        pipe = client.pipeline(transaction=False)
+        for call in calls:
+            # (redis-py's cluster pipeline blocks its evalsha method, not the command)
+            pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)
+        results: list[Any] = pipe.execute(raise_on_error=False)
+        return results
+    pool = client.connection_pool
+    connection: Any = pool.get_connection()  # (redis-py leaves its Connection methods untyped)
+    try:
+        packed = [_pack_command(("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)) for call in calls]
+        connection.send_packed_command(packed)
+        replies: list[Any] = []
+        for _ in calls:
+            try:
+                replies.append(connection.read_response())
+            except redis.exceptions.ResponseError as refused:  # this call's error reply
+                replies.append(refused)
+        return replies
+    except BaseException:
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
+
+
 class SyncProducer(RoutingView):
     """Publishes to one logical stream through a redis-py client (`Redis` or `RedisCluster`).
 
@@ -324,12 +364,8 @@ class SyncProducer(RoutingView):
                 with self._lock:  # routed again on each try: the layout may change
                     routed = [(i, self.state.shard_key(messages[i][1])) for i in todo]
                 calls = appends(routed, messages)
-                pipe = self.redis.pipeline(transaction=False)
-                for call in calls:
-                    # (redis-py's cluster pipeline blocks its evalsha method, not the command)
-                    pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)
                 try:
-                    results = pipe.execute(raise_on_error=False)
+                    results = send_appends(self.redis, calls)
                     self.redis_outage.ok()
                     replies = self._written(calls, results, ids)
                     todo = replies.again  # the others are written: never sent again

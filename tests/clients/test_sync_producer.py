@@ -16,9 +16,12 @@ import pytest
 import redis
 import trio
 
+from rsc.client import sync
 from rsc.client.errors import CoordinatorUnavailable, RscError
+from rsc.client.producer_state import SEALED_APPEND, appends, refusal
 from rsc.client.sync import ProducerPaused, PublishFailed, SyncCoordinator, SyncProducer
 from rsc.events.routing import route
+from rsc.events.wire import seal_key
 from tests.httpkit import FAST, serve_on
 
 AUTH = ("admin", "pw")
@@ -133,3 +136,27 @@ async def test_a_publish_redis_refuses_raises_publish_failed(
             assert producer.published == 1
 
     await trio.to_thread.run_sync(scenario)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["hiredis-packed", "redis-py-pipeline"])
+def test_appends_reply_the_same_packed_by_hiredis_or_through_a_pipeline(
+    packed: bool, prefix: str, sync_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One reply per call in order: the ids written, a sealed shard's refusal and NOSCRIPT in
+    place as exceptions (what the producer classifies by code), the connection reusable after."""
+    if not packed:
+        monkeypatch.setattr(sync, "_pack_command", None)
+    keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(3)]
+    messages = [({"n": str(n)}, None) for n in range(6)]
+    calls = appends([(n, keys[n % 3]) for n in range(6)], messages)
+    sync_redis.script_load(SEALED_APPEND)
+    sync_redis.set(seal_key(keys[2]), "7")
+    replies = sync.send_appends(sync_redis, calls)
+    assert [len(r) for r in replies[:2]] == [2, 2]  # two ids each
+    assert isinstance(replies[2], redis.exceptions.ResponseError)
+    assert refusal(replies[2]) == "SEALED"
+    assert [sync_redis.xlen(k) for k in keys] == [2, 2, 0]
+    sync_redis.script_flush()
+    again = sync.send_appends(sync_redis, calls[:1])
+    assert refusal(again[0]) == "NOSCRIPT"
+    assert sync_redis.ping()  # the pooled connection was left whole
