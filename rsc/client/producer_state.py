@@ -12,6 +12,7 @@ import itertools
 import logging
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 
 import attrs
 
@@ -104,9 +105,9 @@ def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Ke
     for target, positions in by_shard.items():
         args: list[str | bytes | int | float] = [len(positions)]
         for position in positions:
-            flat = [x for pair in messages[position][0].items() for x in pair]
-            args.append(len(flat))
-            args.extend(flat)
+            fields = messages[position][0]
+            args.append(2 * len(fields))
+            args.extend(chain.from_iterable(fields.items()))
         calls.append(Append(target, positions, [target, seal_key(target)], args))
     return calls
 

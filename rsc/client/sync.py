@@ -30,12 +30,6 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
-_pack_command: Callable[[tuple[Any, ...]], bytes] | None
-try:  # rsc[sync] brings it: commands packed in C (redis-py's own packing encodes each argument)
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - depends on the installation
-    _pack_command = None
-
 from rsc.client.coordinator import (
     AGAIN,
     Backoff,
@@ -71,6 +65,12 @@ from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 from rsc.outage import OutageLog
+
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None
+try:  # rsc[sync] brings it: commands packed in C (redis-py's own packing encodes each argument)
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - depends on the installation
+    _pack_command = None
 
 __all__ = [
     "Fields",
@@ -231,21 +231,21 @@ def send_appends(client: Any, calls: Sequence[Append]) -> list[Any]:
         return results
     pool = client.connection_pool
     connection: Any = pool.get_connection()  # (redis-py leaves its Connection methods untyped)
+    replies: list[Any] = []
     try:
         packed = [_pack_command(("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)) for call in calls]
         connection.send_packed_command(packed)
-        replies: list[Any] = []
         for _ in calls:
             try:
                 replies.append(connection.read_response())
             except redis.exceptions.ResponseError as refused:  # this call's error reply
                 replies.append(refused)
-        return replies
     except BaseException:
         connection.disconnect()
         raise
     finally:
         pool.release(connection)
+    return replies
 
 
 class SyncProducer(RoutingView):
