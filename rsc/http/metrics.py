@@ -139,9 +139,13 @@ class Metrics:
         self._learn_layouts()
         samples: dict[tuple[str, int], ShardSample] = {}
         effects = self.registry.effects
-        for prefix, shards in list(self._layouts.items()):
-            stats = await effects.shard_stats(s.key for s in shards)
-            dead = await effects.dead_letter_counts(s.key for s in shards)
+        layouts = list(self._layouts.items())
+        # Every stream's shards in one pass (pipelined in chunks by the effects), not two round
+        # trips per stream: 10,000 streams are 20,000 round trips every interval otherwise.
+        keys = [s.key for _, shards in layouts for s in shards]
+        stats = await effects.shard_stats(keys)
+        dead = await effects.dead_letter_counts(keys)
+        for prefix, shards in layouts:
             for shard in shards:
                 found = stats.get(shard.key)
                 groups = {g.group: (g.pending, g.lag) for g in found.groups} if found else {}
