@@ -65,7 +65,7 @@ from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
+from hypercorn.typing import AppWrapper, ConnectionState, H11SendableEvent, LifespanState
 from hypercorn.utils import ShutdownError, parse_socket_addr, raise_shutdown, repr_socket_addr, wrap_app
 
 from rsc.config import Settings
@@ -461,6 +461,10 @@ class _H11Protocol(H11Protocol):
         #: A second response was asked for after a response's body had begun: the connection
         #: is closing, and nothing more of this exchange is sent.
         self._cut = False
+        #: The bytes of a final response's head, held to go out in one write with what follows
+        #: (its body, or the end of the message): one system call and one send per answer
+        #: instead of two.
+        self._head: bytes | None = None
 
     async def _check_protocol(self, event: h11.Request) -> None:
         """HTTP/1.1 only: an h2c Upgrade is ignored (RFC 9110 allows it), as is HTTP/2 prior knowledge."""
@@ -492,7 +496,29 @@ class _H11Protocol(H11Protocol):
             # Answered before the request body was read: what follows on the connection is
             # that body, not a request, so the connection closes after this response.
             event = dataclasses.replace(event, headers=_with_close(event.headers))
+        await self.stream_send_flushed(event)
+
+    async def _send_h11_event(self, event: H11SendableEvent) -> None:
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if isinstance(event, h11.Response):
+            self._head = (self._head or b"") + (data or b"")
+            return
+        if self._head is not None:
+            data, self._head = self._head + (data or b""), None
+        if data:
+            await self.send(RawData(data=data))
+
+    async def stream_send_flushed(self, event: StreamEvent) -> None:
+        """`stream_send`, then a held head out (a stream that closed without a body)."""
         await super().stream_send(event)
+        if self._head is not None and not isinstance(event, Response):
+            head, self._head = self._head, None
+            await self.send(RawData(data=head))
 
     async def _refuse_body(self, request: h11.Request, length: int) -> None:
         """413 without reading the body (and so without `100 Continue`), then close."""

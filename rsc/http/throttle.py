@@ -10,6 +10,7 @@ so a flood of addresses cannot grow memory without end.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 from collections import OrderedDict
@@ -35,6 +36,7 @@ class Blocked:
     window_s: float
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every heartbeat; parsing an address is not free
 def client_key(address: str | None) -> str:
     """Whom a failure counts against: an IPv4 address, an IPv6 /64 (one host usually holds a
     whole /64, so single addresses would be free to rotate), or `local` for Unix sockets."""
