@@ -484,7 +484,7 @@ async def test_a_second_response_after_a_body_began_closes_the_connection_withou
     from hypercorn.events import Closed, RawData
     from hypercorn.protocol.events import Body, EndBody, Response
 
-    from rsc.http.server import Limits, _H11Protocol
+    from rsc.http.h11_protocol import RscH11Protocol
 
     sent: list[object] = []
 
@@ -494,7 +494,9 @@ async def test_a_second_response_after_a_body_began_closes_the_connection_withou
     from hypercorn.trio.worker_context import WorkerContext
 
     context = WorkerContext(None)
-    protocol = _H11Protocol(None, Config(), context, None, None, False, None, None, send, limits=Limits())
+    protocol = RscH11Protocol(
+        None, Config(), context, None, None, False, None, None, send, max_body_bytes=1024
+    )
     protocol.connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert isinstance(protocol.connection.next_event(), h11.Request)
     await protocol.stream_send(Response(stream_id=1, status_code=200, headers=[(b"content-length", b"10")]))
@@ -506,3 +508,45 @@ async def test_a_second_response_after_a_body_began_closes_the_connection_withou
     assert raw.endswith(b"12345")  # cut short: no 500 after it, nothing more
     assert b" 500 " not in raw
     assert isinstance(sent[-1], Closed)
+
+
+async def test_a_response_goes_out_in_one_write_head_and_body_together() -> None:
+    """The head of a response is held until its body: one write per answer (a body-less one
+    goes out whole at its end), the bytes exactly what h11 made of it."""
+    import h11
+    from hypercorn.config import Config
+    from hypercorn.events import RawData
+    from hypercorn.protocol.events import Body, EndBody, Response
+    from hypercorn.trio.worker_context import WorkerContext
+
+    from rsc.http.h11_protocol import RscH11Protocol
+
+    sent: list[object] = []
+
+    async def send(event: object) -> None:
+        sent.append(event)
+
+    protocol = RscH11Protocol(
+        None, Config(), WorkerContext(None), None, None, False, None, None, send, max_body_bytes=1024
+    )
+    protocol.connection.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert isinstance(protocol.connection.next_event(), h11.Request)
+    await protocol.stream_send(Response(stream_id=1, status_code=200, headers=[(b"content-length", b"5")]))
+    assert sent == []  # held
+    await protocol.stream_send(Body(stream_id=1, data=b"12345"))
+    await protocol.stream_send(EndBody(stream_id=1))
+    writes = [e.data for e in sent if isinstance(e, RawData)]
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 200 ")
+    assert writes[0].endswith(b"\r\n\r\n12345")
+    sent.clear()
+    protocol = RscH11Protocol(
+        None, Config(), WorkerContext(None), None, None, False, None, None, send, max_body_bytes=1024
+    )
+    protocol.connection.receive_data(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert isinstance(protocol.connection.next_event(), h11.Request)
+    await protocol.stream_send(Response(stream_id=3, status_code=204, headers=[]))
+    await protocol.stream_send(EndBody(stream_id=3))
+    writes = [e.data for e in sent if isinstance(e, RawData)]
+    assert len(writes) == 1
+    assert writes[0].startswith(b"HTTP/1.1 204 ")
