@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from rsc.client.append_writer import AppendWriter
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import (
     REFUSED_FOR_GOOD,
@@ -91,6 +92,8 @@ class Producer(RoutingView):
     ) -> None:
         self.coordinator = coordinator
         self.redis = redis
+        #: The lean writer of the append scripts (a standalone Redis), else None: coredis pipelines.
+        self._writer = AppendWriter.for_client(redis)
         self.pause_timeout_s = pause_timeout_s
         #: How long a publish retries while Redis is unavailable before `PublishFailed`.
         self.delivery_timeout_s = delivery_timeout_s
@@ -119,23 +122,27 @@ class Producer(RoutingView):
 
         Raises `CoordinatorRejected` when the coordinator refuses the credential (401/403) before
         a layout is known; every other failed or refused heartbeat is logged and tried again."""
-        started = False
-        while not self._closing.is_set():
-            try:
-                await self.heartbeat()
-            except CoordinatorRejected as exc:
-                if not started and exc.status in REFUSED_FOR_GOOD:
-                    raise  # a wrong or insufficient credential: waiting will not help
-                log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
-            except CoordinatorUnavailable as exc:
-                self.coordinator_outage.failed(exc)
-            else:
-                self.coordinator_outage.ok()
-            if not started and self._ready.is_set():
-                task_status.started()
-                started = True
-            with trio.move_on_after(self.state.interval_s if started else 0.5):
-                await self._closing.wait()
+        try:
+            started = False
+            while not self._closing.is_set():
+                try:
+                    await self.heartbeat()
+                except CoordinatorRejected as exc:
+                    if not started and exc.status in REFUSED_FOR_GOOD:
+                        raise  # a wrong or insufficient credential: waiting will not help
+                    log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
+                except CoordinatorUnavailable as exc:
+                    self.coordinator_outage.failed(exc)
+                else:
+                    self.coordinator_outage.ok()
+                if not started and self._ready.is_set():
+                    task_status.started()
+                    started = True
+                with trio.move_on_after(self.state.interval_s if started else 0.5):
+                    await self._closing.wait()
+        finally:  # its connections do not outlive the producer's run (publishes after it open their own)
+            if self._writer is not None:
+                await self._writer.aclose()
 
     async def aclose(self, timeout_s: float = 10.0) -> None:
         """Stop heartbeating, wait for publishes in flight, then leave (the coordinator forgets us).
@@ -145,6 +152,8 @@ class Producer(RoutingView):
         self._closing.set()
         with trio.CancelScope(deadline=trio.current_time() + timeout_s, shield=True):
             await self.flush()
+            if self._writer is not None:
+                await self._writer.aclose()
             if self._ready.is_set():
                 try:
                     await self.coordinator.producer_heartbeat(self.state.request(leave=True))
@@ -194,11 +203,9 @@ class Producer(RoutingView):
                 calls = appends([(i, state.shard_key(messages[i][1])) for i in todo], messages)
                 try:
                     with redis_call("XADD"):
-                        async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
-                            for call in calls:
-                                pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args)
+                        results = await self._send(calls)
                     self.redis_outage.ok()
-                    replies = self._written(calls, pipe.results or (), ids)
+                    replies = self._written(calls, results, ids)
                     todo = replies.again  # the others are written: never sent again
                     if replies.noscript:  # a restarted or new Redis node: load it, send them again
                         with redis_call("SCRIPT LOAD"):
@@ -208,7 +215,11 @@ class Producer(RoutingView):
                     continue
                 except RedisCommandFailed as exc:
                     raise publish_failed(self.stream_prefix, len(todo), exc) from exc
-                if replies.sealed:
+                if replies.unavailable:  # a node loading, read-only, busy: as when it does not answer
+                    await self._retry_later(
+                        retries, len(todo), RedisUnavailable(replies.unavailable), redis_down=True
+                    )
+                elif replies.sealed:
                     await self._refresh_layout(retries, len(todo))
             done = [i for i in ids if i is not None]
             state.published += len(done)
@@ -217,6 +228,16 @@ class Producer(RoutingView):
             state.in_flight -= 1
             if not state.in_flight:
                 self._idle.set()
+
+    async def _send(self, calls: list[Append]) -> Sequence[object]:
+        """One reply per call, in order (an error reply as its exception); raises what coredis
+        raises for a connection that fails (the lean writer too: `rsc.client.append_writer`)."""
+        if self._writer is not None:
+            return await self._writer.call(call.command for call in calls)
+        async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
+            for call in calls:
+                pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args())
+        return pipe.results or ()
 
     def _written(self, calls: list[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
         """Note the ids written; what is to be sent again, and why.

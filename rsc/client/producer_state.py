@@ -12,13 +12,12 @@ import itertools
 import logging
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
 
 import attrs
 
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
-from rsc.connect import reply_code
+from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
 from rsc.events.versions import PROTOCOL_VERSION
@@ -86,35 +85,61 @@ return ids
 SEALED_APPEND_SHA = hashlib.sha1(SEALED_APPEND.encode()).hexdigest()
 
 
+#: A Redis command's arguments, as the client libraries take them.
+Arg = str | bytes | int | float
+
+
 @attrs.frozen
 class Append:
-    """One `SEALED_APPEND` call: the messages (their positions in the publish) for one shard."""
+    """One `SEALED_APPEND` call: the messages (their positions in the publish) for one shard.
+
+    Its arguments are built when it is sent (`args`, `command`), so a sender can write the
+    first shard's call while it builds the next."""
 
     target: str
     positions: list[int]
     keys: list[str]
-    args: list[str | bytes | int | float]
+    #: The messages' fields, in the order of `positions`.
+    fields: list[Fields]
+
+    def args(self) -> list[Arg]:
+        """ARGV: the number of messages, then per message its number of field values and them."""
+        args: list[Arg] = [len(self.fields)]
+        append = args.append
+        for fields in self.fields:
+            append(2 * len(fields))
+            for pair in fields.items():  # (the fastest flattening measured: +=, not chain)
+                args += pair
+        return args
+
+    def command(self) -> tuple[Arg, ...]:
+        """The whole `EVALSHA` command, as `hiredis.pack_command` takes it."""
+        return ("EVALSHA", SEALED_APPEND_SHA, 2, *self.keys, *self.args())
 
 
 def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Key]]) -> list[Append]:
     """The calls for messages at positions `todo` routed to their shards, one per shard."""
     by_shard: dict[str, list[int]] = {}
     for position, target in todo:
-        by_shard.setdefault(target, []).append(position)
-    calls = []
-    for target, positions in by_shard.items():
-        args: list[str | bytes | int | float] = [len(positions)]
-        for position in positions:
-            fields = messages[position][0]
-            args.append(2 * len(fields))
-            args.extend(chain.from_iterable(fields.items()))
-        calls.append(Append(target, positions, [target, seal_key(target)], args))
-    return calls
+        positions = by_shard.get(target)
+        if positions is None:
+            by_shard[target] = [position]
+        else:
+            positions.append(position)
+    return [
+        Append(target, positions, [target, seal_key(target)], [messages[p][0] for p in positions])
+        for target, positions in by_shard.items()
+    ]
+
+
+#: The classes redis-py and coredis give the transient refusals whose code they strip.
+_TRANSIENT_CLASSES = frozenset({"BusyLoadingError", "ReadOnlyError", "TryAgainError", "MasterDownError"})
 
 
 def refusal(result: object) -> str | None:
     """For one reply of a publish pipeline: "SEALED" (re-route it), "NOSCRIPT" (load the script,
-    send it again), another error's text, or None (written)."""
+    send it again), "UNAVAILABLE" (a Redis loading, read-only, busy...: send it again later),
+    another error's text, or None (written)."""
     if not isinstance(result, BaseException):
         return None
     if "NoScript" in type(result).__name__:  # redis-py and coredis strip the code from this one
@@ -122,6 +147,8 @@ def refusal(result: object) -> str | None:
     code = reply_code(result)  # by its code, wherever the library puts it; never by its words
     if code in ("NOSCRIPT", "SEALED"):
         return code
+    if code in TRANSIENT_CODES or type(result).__name__ in _TRANSIENT_CLASSES:
+        return "UNAVAILABLE"
     return str(result) or type(result).__name__
 
 
@@ -133,6 +160,8 @@ class Replies:
     again: list[int] = attrs.field(factory=list)
     sealed: bool = False
     noscript: bool = False
+    #: A refusal of a Redis that may answer soon (`LOADING`, `READONLY`, `BUSY`...): its text.
+    unavailable: str | None = None
     #: Another error (the call failed: some messages may have been written).
     failure: str | None = None
 
@@ -148,10 +177,12 @@ def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[s
                 return out
             for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
                 ids[position] = entry_id
-        elif why in ("SEALED", "NOSCRIPT"):
+        elif why in ("SEALED", "NOSCRIPT", "UNAVAILABLE"):
             out.again.extend(call.positions)
             out.sealed |= why == "SEALED"
             out.noscript |= why == "NOSCRIPT"
+            if why == "UNAVAILABLE":
+                out.unavailable = str(result)
         else:
             out.failure = why
             return out

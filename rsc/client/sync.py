@@ -45,7 +45,6 @@ from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, Coordinator
 from rsc.client.member import CLIENT
 from rsc.client.producer_state import (
     SEALED_APPEND,
-    SEALED_APPEND_SHA,
     Append,
     DeliveryRetries,
     Fields,
@@ -218,23 +217,24 @@ def send_appends(client: Any, calls: Sequence[Append]) -> list[Any]:
     """Send the append scripts `calls`, one reply per call in order (an error reply as its
     exception, as `pipeline.execute(raise_on_error=False)` gives them).
 
-    On a standalone `redis.Redis` with hiredis installed, the whole batch is packed by hiredis
-    and written at once on one pooled connection, then the replies are read; elsewhere (a
+    On a standalone `redis.Redis` with hiredis installed, each call is packed by hiredis and
+    written as soon as it is packed on one pooled connection (Redis runs the first while the
+    next is packed), then the replies are read; elsewhere (a
     `RedisCluster`, or no hiredis) through a redis-py pipeline. Raises what redis-py raises
     for a connection that fails (the connection is then dropped, never reused half-read)."""
     if _pack_command is None or type(client) is not redis.Redis:
         pipe = client.pipeline(transaction=False)
         for call in calls:
             # (redis-py's cluster pipeline blocks its evalsha method, not the command)
-            pipe.execute_command("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)
+            pipe.execute_command(*call.command())
         results: list[Any] = pipe.execute(raise_on_error=False)
         return results
     pool = client.connection_pool
     connection: Any = pool.get_connection()  # (redis-py leaves its Connection methods untyped)
     replies: list[Any] = []
     try:
-        packed = [_pack_command(("EVALSHA", SEALED_APPEND_SHA, 2, *call.keys, *call.args)) for call in calls]
-        connection.send_packed_command(packed)
+        for call in calls:
+            connection.send_packed_command((_pack_command(call.command()),))
         for _ in calls:
             try:
                 replies.append(connection.read_response())
@@ -376,7 +376,9 @@ class SyncProducer(RoutingView):
                         raise publish_failed(self.stream_prefix, len(todo), exc) from exc
                     self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
-                if replies.sealed:
+                if replies.unavailable:  # a node loading, read-only, busy: as when it does not answer
+                    self._retry_later(retries, len(todo), RscError(replies.unavailable), redis_down=True)
+                elif replies.sealed:
                     self._refresh_layout(retries, len(todo))
             done = [i for i in ids if i is not None]
             with self._lock:

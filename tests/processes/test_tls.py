@@ -143,6 +143,8 @@ async def test_clients_publish_and_consume_over_rediss(pki: Pki, prefix: str) ->
                     open_redis(url) as redis_client,
                     open_producer(coordinator, redis_client, prefix, "tls/0") as producer,
                 ):
+                    assert producer._writer is not None  # the lean append writer, over TLS too
+                    assert producer._writer.endpoint.ssl_context is not None
                     for n in range(20):
                         await producer.publish({"n": str(n)}, key=f"k{n}")
                 with trio.fail_after(20):
