@@ -16,7 +16,9 @@ The rules it keeps:
   new state becomes visible to readers of `state`. They are idempotent; if
   they fail, the actor repairs everything on its next batch.
 * Time-driven commands (ticks) are injected by the actor itself when no
-  command arrives before the next tick is due.
+  command arrives before the next tick is due; an aggregate with nothing
+  time-driven (its `tick` answers None: no members, no producers...) is not
+  woken at all until a command comes, so idle aggregates cost no CPU.
 * Liveness is the actor's, not the aggregate's: it keeps the aggregate's
   lease table (`leases`, see `rsc.events.liveness`), hands it to each tick,
   and applies a batch's liveness events to it only once the batch's write
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -338,8 +341,13 @@ class Actor(Generic[S, C, E]):
         next_tick = trio.current_time() + self.settings.tick_interval_s
         while True:
             batch: list[tuple[C, _Answer | None]] = []
-            with trio.move_on_at(next_tick):
+            # An aggregate with nothing time-driven (no members, no producers...) sleeps until a
+            # command comes instead of waking every tick: idle aggregates cost nothing.
+            timed = self.aggregate.tick(self.state, self.leases, self.clock.now_ms()) is not None
+            with trio.move_on_at(next_tick if timed else math.inf):
                 batch.append(await self._receive.receive())
+            if not timed:
+                next_tick = trio.current_time() + self.settings.tick_interval_s
             if not batch:
                 next_tick = trio.current_time() + self.settings.tick_interval_s
                 tick = self.aggregate.tick(self.state, self.leases, self.clock.now_ms())

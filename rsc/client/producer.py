@@ -202,8 +202,7 @@ class Producer(RoutingView):
                 # Routed again on each try: the layout may have changed.
                 calls = appends([(i, state.shard_key(messages[i][1])) for i in todo], messages)
                 try:
-                    with redis_call("XADD"):
-                        results = await self._send(calls)
+                    results = await self._send(calls)
                     self.redis_outage.ok()
                     replies = self._written(calls, results, ids)
                     todo = replies.again  # the others are written: never sent again
@@ -230,14 +229,16 @@ class Producer(RoutingView):
                 self._idle.set()
 
     async def _send(self, calls: list[Append]) -> Sequence[object]:
-        """One reply per call, in order (an error reply as its exception); raises what coredis
-        raises for a connection that fails (the lean writer too: `rsc.client.append_writer`)."""
-        if self._writer is not None:
-            return await self._writer.call(call.command for call in calls)
-        async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
-            for call in calls:
-                pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args())
-        return pipe.results or ()
+        """One reply per call, in order (an error reply as its exception). Raises as `redis_call`
+        (`RedisUnavailable`, `RedisCommandFailed`), through the lean writer
+        (`rsc.client.append_writer`) or coredis."""
+        with redis_call("XADD"):
+            if self._writer is not None:
+                return await self._writer.call(call.command for call in calls)
+            async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
+                for call in calls:
+                    pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args())
+            return pipe.results or ()
 
     def _written(self, calls: list[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
         """Note the ids written; what is to be sent again, and why.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import pytest
@@ -266,6 +267,35 @@ async def test_idle_actors_stop_and_come_back(autojump_clock: Clock) -> None:
         assert registry.actors == {}
         r = await Member(registry, "orders", "billing", "b").heartbeat()
         assert r.assignment.assigned == frozenset(range(6))
+
+
+async def test_an_aggregate_with_nothing_time_driven_is_not_woken_by_ticks(
+    autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ticks while a group has members; none once the last has left (its actor still running):
+    thousands of idle streams and groups cost no CPU."""
+    ticks: list[str] = []  # every time the actor asked its aggregate whether a tick is due
+    original = GroupAggregate.tick
+
+    def counting(self: GroupAggregate, *args: Any) -> Any:
+        ticks.append(str(self.aggregate_id))
+        return original(self, *args)
+
+    monkeypatch.setattr(GroupAggregate, "tick", counting)
+    async with registry_on() as registry:
+        a = Member(registry, "orders", "billing", "a")
+        await a.heartbeat()
+        await trio.sleep(5)
+        assert len(ticks) >= 10  # every 0.5 s while a member holds a lease
+        await a.leave()
+        await trio.sleep(60)  # what its leave left to time out (holds, quarantine) has by now
+        before = len(ticks)
+        await trio.sleep(600)
+        assert len(ticks) == before
+        assert registry.running_actor(AggregateId("orders", "billing")) is not None
+        assert (await Member(registry, "orders", "billing", "b").heartbeat()).assignment.assigned
+        await trio.sleep(5)
+        assert len(ticks) >= before + 10  # a command woke it: timed again
 
 
 async def test_stopped_actor_fails_waiters_instead_of_hanging(autojump_clock: Clock) -> None:
