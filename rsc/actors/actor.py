@@ -16,9 +16,11 @@ The rules it keeps:
   new state becomes visible to readers of `state`. They are idempotent; if
   they fail, the actor repairs everything on its next batch.
 * Time-driven commands (ticks) are injected by the actor itself when no
-  command arrives before the next tick is due; an aggregate with nothing
-  time-driven (its `tick` answers None: no members, no producers...) is not
-  woken at all until a command comes, so idle aggregates cost no CPU.
+  command arrives before the next tick is due: at the aggregate's next
+  deadline (`due_ms`: a lease's end, a revoke deadline...), at most once a
+  tick interval; an aggregate with nothing time-driven (no members, no
+  producers...) is not woken at all until a command comes, so idle and
+  quiet aggregates cost no CPU between their deadlines.
 * Liveness is the actor's, not the aggregate's: it keeps the aggregate's
   lease table (`leases`, see `rsc.events.liveness`), hands it to each tick,
   and applies a batch's liveness events to it only once the batch's write
@@ -83,6 +85,12 @@ class Aggregate(Protocol[S, C, E]):
 
     def tick(self, state: S | None, leases: Mapping[str, int], now_ms: int) -> C | None:
         """The command to inject when a tick is due, reading `leases` (None: nothing to do)."""
+        ...
+
+    def due_ms(self, state: S | None, leases: Mapping[str, int]) -> int | None:
+        """When a tick may next change `state` (ms, the clock's; past: at the next tick
+        interval); None: no tick will until a command comes. Ticks come no more often than
+        every `tick_interval_s`, and not at all before this."""
         ...
 
     def recovered(self, state: S, now_ms: int) -> C | None:
@@ -341,12 +349,18 @@ class Actor(Generic[S, C, E]):
         next_tick = trio.current_time() + self.settings.tick_interval_s
         while True:
             batch: list[tuple[C, _Answer | None]] = []
-            # An aggregate with nothing time-driven (no members, no producers...) sleeps until a
-            # command comes instead of waking every tick: idle aggregates cost nothing.
-            timed = self.aggregate.tick(self.state, self.leases, self.clock.now_ms()) is not None
-            with trio.move_on_at(next_tick if timed else math.inf):
+            # An aggregate sleeps until its next deadline (a lease's end, a revoke deadline...)
+            # or a command, whichever comes first; with nothing time-driven (no members, no
+            # producers...) until a command: idle aggregates cost nothing. Never more often
+            # than every tick interval.
+            due = self.aggregate.due_ms(self.state, self.leases)
+            wake = math.inf
+            if due is not None:
+                wait_s = max(0.0, (due - self.clock.now_ms() + 1) / 1000)  # (+1: at, not before)
+                wake = max(next_tick, trio.current_time() + wait_s)
+            with trio.move_on_at(wake):
                 batch.append(await self._receive.receive())
-            if not timed:
+            if due is None:
                 next_tick = trio.current_time() + self.settings.tick_interval_s
             if not batch:
                 next_tick = trio.current_time() + self.settings.tick_interval_s

@@ -129,6 +129,9 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
             return None
         return Tick(now_ms, leases)
 
+    def due_ms(self, state: GroupState | None, leases: Mapping[str, int]) -> int | None:
+        return None if state is None else group.due_ms(state, leases)
+
     def recovered(self, state: GroupState, now_ms: int) -> GroupCommand | None:
         return RestartTimers(now_ms) if state.members else None
 
@@ -264,6 +267,11 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
         # Producers' leases, and the bound of a migration's phase.
         due = state is not None and (bool(state.producers) or migration.moving(state))
         return Tick(now_ms, leases) if due else None
+
+    def due_ms(self, state: StreamState | None, leases: Mapping[str, int]) -> int | None:
+        # Every tick interval while it has producers or a migration moves (0: due at once).
+        due = state is not None and (bool(state.producers) or migration.moving(state))
+        return 0 if due else None
 
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:
         return RestartTimers(now_ms) if state.producers else None

@@ -332,6 +332,29 @@ def _tick(decision: Decision, tick: Tick) -> None:
     refresh_target(decision, now_ms)
 
 
+def due_ms(group: GroupState, leases: Mapping[str, int]) -> int | None:
+    """The earliest time (ms) at which a `Tick` may change `group`, reading `leases`; None when
+    no tick will until a command changes it (no members, holds or quarantine).
+
+    A tick before it emits nothing (tests/core/test_group_machine.py checks it after every
+    step), so a driver may sleep until then instead of ticking on every interval: the earliest
+    of the members' lease ends and revoke deadlines, the ends of holds and quarantines, and,
+    when the group epoch is ahead of the target, when the assignment interval allows a new one.
+    A time already past means: tick now."""
+    if group.deleted or not (group.members or group.holds or group.quarantine):
+        return None
+    times = list(group.quarantine.values())
+    times.extend(hold.until_ms for hold in group.holds.values())
+    for member_id, member in group.members.items():
+        times.append(leases.get(member_id, 0))
+        if member.revoke_deadline_ms is not None:
+            times.append(member.revoke_deadline_ms)
+    if group.group_epoch > group.assignment_epoch:
+        last = group.assignment_computed_at_ms
+        times.append(0 if last is None else last + group.timing.assignment_interval_ms)
+    return min(times, default=None)
+
+
 def _apply_layout(decision: Decision, command: ApplyLayout) -> None:
     group = decision.group
     if command.layout.metadata_version <= group.layout.metadata_version:

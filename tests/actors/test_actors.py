@@ -269,33 +269,45 @@ async def test_idle_actors_stop_and_come_back(autojump_clock: Clock) -> None:
         assert r.assignment.assigned == frozenset(range(6))
 
 
-async def test_an_aggregate_with_nothing_time_driven_is_not_woken_by_ticks(
+async def test_an_actor_ticks_at_its_aggregates_deadlines_only(
     autojump_clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ticks while a group has members; none once the last has left (its actor still running):
-    thousands of idle streams and groups cost no CPU."""
-    ticks: list[str] = []  # every time the actor asked its aggregate whether a tick is due
+    """No tick while every member heartbeats in time (nothing is due); one at a silent
+    member's lease end, which fences it then, not a tick interval later; none at all once the
+    group is empty (its actor still running): idle and quiet groups cost no CPU."""
+    ticks: list[float] = []  # when the actor woke without a command to inject a tick
     original = GroupAggregate.tick
 
     def counting(self: GroupAggregate, *args: Any) -> Any:
-        ticks.append(str(self.aggregate_id))
+        ticks.append(trio.current_time())
         return original(self, *args)
 
     monkeypatch.setattr(GroupAggregate, "tick", counting)
     async with registry_on() as registry:
         a = Member(registry, "orders", "billing", "a")
+        b = Member(registry, "orders", "billing", "b")
         await a.heartbeat()
-        await trio.sleep(5)
-        assert len(ticks) >= 10  # every 0.5 s while a member holds a lease
+        await b.heartbeat()
+        for _ in range(20):
+            await trio.sleep(1)
+            await a.heartbeat()
+            await b.heartbeat()
+        assert ticks == []  # leases renewed all along: nothing was due
+        silent_from = trio.current_time()  # b's last heartbeat: its lease ends 5 s later
+        for _ in range(8):
+            await trio.sleep(1)
+            await a.heartbeat()
+        state = (await registry.group("orders", "billing")).state
+        assert state is not None
+        assert state.fenced["b"].reason is FenceReason.LEASE_EXPIRED
+        assert ticks
+        assert ticks[0] - silent_from == pytest.approx(TIMING.lease_ttl_ms / 1000, abs=0.01)
         await a.leave()
-        await trio.sleep(60)  # what its leave left to time out (holds, quarantine) has by now
+        await trio.sleep(60)  # what the leave left to time out (holds, quarantine) has by now
         before = len(ticks)
         await trio.sleep(600)
         assert len(ticks) == before
         assert registry.running_actor(AggregateId("orders", "billing")) is not None
-        assert (await Member(registry, "orders", "billing", "b").heartbeat()).assignment.assigned
-        await trio.sleep(5)
-        assert len(ticks) >= before + 10  # a command woke it: timed again
 
 
 async def test_stopped_actor_fails_waiters_instead_of_hanging(autojump_clock: Clock) -> None:

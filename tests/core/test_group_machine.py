@@ -27,6 +27,7 @@ from rsc.events.commands import (
     DeleteGroup,
     RemoveMember,
     RetireShards,
+    Tick,
 )
 from rsc.events.errors import IncarnationMismatch
 from rsc.events.events import (
@@ -342,6 +343,20 @@ class GroupMachine(RuleBasedStateMachine):
         )
 
     # --- invariants ------------------------------------------------------
+
+    @invariant()
+    def nothing_is_due_before_due_ms(self) -> None:
+        """The actor sleeps until `due_ms` instead of ticking every interval: a tick any time
+        before it must change nothing (now, and the last millisecond before it)."""
+        due = group.due_ms(self.g.state, self.g.leases)
+        if due is None:
+            state = self.g.state
+            assert state.deleted or not state.members
+            assert state.deleted or not (state.holds or state.quarantine)
+            return
+        for at in {self.g.now, due - 1}:
+            if self.g.now <= at < due:
+                assert group.decide(self.g.state, Tick(at, self.g.leases), self.g.level, self.g.leases) == []
 
     @invariant()
     def exclusivity(self) -> None:

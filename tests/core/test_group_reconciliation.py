@@ -9,7 +9,7 @@ import pytest
 from rsc.events import group
 from rsc.events.commands import ConfigureGroup, CreateGroup, RemoveMember, RestartTimers, Tick
 from rsc.events.errors import AggregateNotFound, IncarnationMismatch, InvalidCommand
-from rsc.events.events import MemberFenced, ShardsInstalled, ShardsReleased
+from rsc.events.events import MemberFenced, ShardsInstalled, ShardsReleased, TargetAssignmentUpdated
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus, MemberState
 from rsc.events.versions import EVENT_LEVELS
 from tests.groupkit import TIMING, Group, layout
@@ -238,6 +238,41 @@ def test_revoke_timeout_fences() -> None:
     g.now += 1
     assert g.hb("b", g.state.members["b"].member_epoch).assignment.assigned == frozenset(range(6))
     assert not g.state.quarantine
+
+
+def test_due_ms_is_the_revoke_deadline_when_it_comes_before_the_lease_ends() -> None:
+    """A driver sleeps until `due_ms`: it must be the revoke deadline itself, not a second late."""
+    g, a_owned, _ = two_members_mid_handoff()
+    g.hb("a", 1, owned=a_owned)
+    deadline = g.state.members["a"].revoke_deadline_ms
+    assert deadline is not None
+    g.now = deadline - 100
+    g.hb("a", 1, owned=a_owned)  # renewed: its lease now ends after the deadline
+    g.hb("b", 2)
+    assert group.due_ms(g.state, g.leases) == deadline
+    assert group.decide(g.state, Tick(deadline - 1, g.leases), g.level, g.leases) == []
+    fenced = [
+        e
+        for e in group.decide(g.state, Tick(deadline, g.leases), g.level, g.leases)
+        if isinstance(e, MemberFenced)
+    ]
+    assert [(e.member_id, e.reason) for e in fenced] == [("a", FenceReason.REVOKE_TIMEOUT)]
+
+
+def test_due_ms_is_when_the_assignment_interval_allows_a_new_target() -> None:
+    g = Group.create(shards=8, timing=attrs.evolve(TIMING, assignment_interval_ms=1_000))
+    g.hb("a", 0)
+    g.now = 10
+    g.hb("b", 0)  # the group epoch moves; the target waits for the interval
+    assert g.state.group_epoch > g.state.assignment_epoch
+    assert group.due_ms(g.state, g.leases) == 1_000  # a's target was computed at 0
+    assert group.decide(g.state, Tick(999, g.leases), g.level, g.leases) == []
+    assert any(
+        isinstance(e, TargetAssignmentUpdated)
+        for e in group.decide(g.state, Tick(1_000, g.leases), g.level, g.leases)
+    )
+    g.tick(advance_ms=990)
+    assert group.due_ms(g.state, g.leases) == min(g.leases.values())  # now only the leases
 
 
 def test_revoke_timeout_installs_at_once_below_level_4() -> None:
