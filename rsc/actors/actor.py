@@ -354,6 +354,8 @@ class Actor(Generic[S, C, E]):
             # producers...) until a command: idle aggregates cost nothing. Never more often
             # than every tick interval.
             due = self.aggregate.due_ms(self.state, self.leases)
+            if self.needs_repair and self.state is not None:
+                due = 0  # side effects failed: try them again at the next tick (a batch repairs)
             wake = math.inf
             if due is not None:
                 wait_s = max(0.0, (due - self.clock.now_ms() + 1) / 1000)  # (+1: at, not before)
@@ -366,6 +368,8 @@ class Actor(Generic[S, C, E]):
                 next_tick = trio.current_time() + self.settings.tick_interval_s
                 tick = self.aggregate.tick(self.state, self.leases, self.clock.now_ms())
                 if tick is None:
+                    if self.needs_repair and self.state is not None:
+                        await self._process([])
                     continue
                 batch.append((tick, None))
             while len(batch) < self.settings.max_batch:
