@@ -564,7 +564,9 @@ class Actor(Generic[S, C, E]):
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
         self._checkpoint_bytes = len(loaded.checkpoint.data) if loaded.checkpoint else 0
         self._tail_bytes = sum(len(entry.data) for entry in loaded.events)
-        self.needs_repair = True
+        # Nothing stored (a name used for the first time): no side effect to repair; creating
+        # it runs its own (`after_persist`), not twice.
+        self.needs_repair = self.state is not None or self.after_loss
         self._restart_pending = True  # the lease table describes the state before the reload
 
     async def _reload_quietly(self) -> None:

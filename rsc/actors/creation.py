@@ -67,9 +67,11 @@ class Creation:
         self.timing = timing
         self.default_shard_count = default_shard_count
         self.quota_gate = QuotaGate(effects)
-        #: Creating a group is one at a time: two first uses at once (a member's join and an
-        #: admin `PUT`) must not both create it, or the loser's config is silently dropped.
-        self._creating_group = trio.Lock()
+        #: Groups are created one at a time per stream: two first uses at once (a member's join
+        #: and an admin `PUT`) must not both create one, or the loser's config is silently
+        #: dropped, and two groups must not both pass the `groups_per_stream` quota. Groups of
+        #: different streams are created side by side (a batch naming 100 new streams).
+        self._creating_group: dict[str, trio.Lock] = {}
 
     async def create_stream(
         self,
@@ -129,24 +131,44 @@ class Creation:
         quota: Quota | None,
         lost: bool,
     ) -> None:
-        """Create the missing group of `actor` (one group at a time), on its stream's current
+        """Create the missing group of `actor` (one at a time per stream), on its stream's current
         layout, the stream created first if need be; `lost`: it is recreated after a loss (see
         `Registry.group` for the arguments). A group created meanwhile is left as it is.
 
         Raises `QuotaExceeded` (`groups_per_stream`, or its stream's creation),
         `UnknownStream`, `PreconditionFailed` (`only_new`, and someone else created it first),
         `StoreError`, `ActorStopped`."""
-        async with self._creating_group:
-            if actor.state is None or actor.state.deleted:  # else created meanwhile
-                stream = await self.streams.stream(stream_prefix, seen_version=seen_version, quota=quota)
-                self.quota_gate.admit_group(quota, stream_prefix, stream.state)
-                if stream_prefix in self.corrections.rebuilt:  # all its keys hold was appended since the loss
-                    config = attrs.evolve(config, start_from=StartFrom.EARLIEST)
-                reply = await stream.ask(RegisterGroup(group, config.start_from))
-                layout = reply.state.layout
-                command = CreateGroup(stream_prefix, group, layout, self.timing, config, self.clock.now_ms())
-                await actor.ask(command)
-                if lost:
-                    self.corrections.group_recreated(stream_prefix, group, seen_version)
-            elif only_new:
-                raise PreconditionFailed(f"group {group!r} of {stream_prefix!r} was created meanwhile")
+        lock = self._creating_group.setdefault(stream_prefix, trio.Lock())
+        try:
+            async with lock:
+                await self._create_group(
+                    actor, stream_prefix, group, config, only_new, seen_version, quota, lost
+                )
+        finally:
+            if not lock.statistics().tasks_waiting and not lock.locked():
+                self._creating_group.pop(stream_prefix, None)  # nothing kept once created
+
+    async def _create_group(
+        self,
+        actor: GroupActor,
+        stream_prefix: str,
+        group: str,
+        config: GroupConfig,
+        only_new: bool,
+        seen_version: int,
+        quota: Quota | None,
+        lost: bool,
+    ) -> None:
+        if actor.state is None or actor.state.deleted:  # else created meanwhile
+            stream = await self.streams.stream(stream_prefix, seen_version=seen_version, quota=quota)
+            self.quota_gate.admit_group(quota, stream_prefix, stream.state)
+            if stream_prefix in self.corrections.rebuilt:  # all its keys hold was appended since the loss
+                config = attrs.evolve(config, start_from=StartFrom.EARLIEST)
+            reply = await stream.ask(RegisterGroup(group, config.start_from))
+            layout = reply.state.layout
+            command = CreateGroup(stream_prefix, group, layout, self.timing, config, self.clock.now_ms())
+            await actor.ask(command)
+            if lost:
+                self.corrections.group_recreated(stream_prefix, group, seen_version)
+        elif only_new:
+            raise PreconditionFailed(f"group {group!r} of {stream_prefix!r} was created meanwhile")

@@ -167,8 +167,9 @@ class AppendWriter:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self._idle: list[_Connection] = []
-        #: After `aclose`: a call's connection is closed when it ends, not kept.
-        self._closed = False
+        #: Whether a call's connection is kept for the next (between `keep` and `aclose`);
+        #: otherwise it is closed when the call ends, so nothing is left open to leak.
+        self._keeping = False
 
     @classmethod
     def for_client(cls, client: Any) -> AppendWriter | None:
@@ -197,17 +198,21 @@ class AppendWriter:
         except BaseException:
             await trio.aclose_forcefully(connection.stream)
             raise
-        if self._closed:
-            await trio.aclose_forcefully(connection.stream)
-        else:
+        if self._keeping:
             self._idle.append(connection)
+        else:
+            await trio.aclose_forcefully(connection.stream)
         return replies
 
+    def keep(self) -> None:
+        """Keep connections open between calls, until `aclose` (the owner must call it)."""
+        self._keeping = True
+
     async def aclose(self) -> None:
-        """Close the idle connections (a call in flight closes its own when it ends); a call
-        after this one still works, on a connection of its own closed when it ends. Closes even
-        in a cancelled scope."""
-        self._closed = True
+        """Close the idle connections and stop keeping them (a call in flight closes its own
+        when it ends); a call after this one still works, on a connection of its own closed
+        when it ends. Closes even in a cancelled scope."""
+        self._keeping = False
         idle, self._idle = self._idle, []
         for connection in idle:
             await trio.aclose_forcefully(connection.stream)

@@ -122,6 +122,8 @@ class Producer(RoutingView):
 
         Raises `CoordinatorRejected` when the coordinator refuses the credential (401/403) before
         a layout is known; every other failed or refused heartbeat is logged and tried again."""
+        if self._writer is not None:
+            self._writer.keep()  # its connections are kept while the producer runs
         try:
             started = False
             while not self._closing.is_set():
@@ -140,7 +142,7 @@ class Producer(RoutingView):
                     started = True
                 with trio.move_on_after(self.state.interval_s if started else 0.5):
                     await self._closing.wait()
-        finally:  # its connections do not outlive the producer's run (publishes after it open their own)
+        finally:  # its connections do not outlive the run (a publish without one uses its own)
             if self._writer is not None:
                 await self._writer.aclose()
 

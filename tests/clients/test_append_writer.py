@@ -52,7 +52,8 @@ async def test_appends_reply_the_same_through_the_lean_writer_or_coredis(
     calls = appends([(n, keys[n % 3]) for n in range(6)], messages)
     async with open_redis(standalone_url) as r:
         producer = Producer(Coordinator("http://127.0.0.1:9"), r, prefix)
-        assert (producer._writer is not None) is True  # a standalone coredis client: the lean writer
+        assert producer._writer is not None  # a standalone coredis client: the lean writer
+        producer._writer.keep()  # as while `run` runs
         if not lean:
             producer._writer = None
         sync_redis.script_load(SEALED_APPEND)
@@ -106,6 +107,7 @@ async def test_a_connection_killed_under_the_writer_is_an_outage_then_replaced(
     async with open_redis(standalone_url) as r:
         writer = AppendWriter.for_client(r)
         assert writer is not None
+        writer.keep()
         assert await writer.call([lambda: ("CLIENT", "SETNAME", f"{prefix}-w")]) == ["OK"]
         (mine,) = [c["id"] for c in sync_redis.client_list() if c["name"] == f"{prefix}-w"]
         assert sync_redis.client_kill_filter(_id=mine) == 1
@@ -121,6 +123,7 @@ async def test_a_redis_that_stops_answering_times_out_as_an_outage(prefix: str) 
         async with open_redis(url, command_timeout_s=0.3) as r:
             writer = AppendWriter.for_client(r)
             assert writer is not None
+            writer.keep()
             assert await writer.call([lambda: ("PING",)]) == ["PONG"]
             pid = redis_servers.server_pid(url)
             subprocess.run(["kill", "-STOP", str(pid)], check=True)
@@ -135,6 +138,29 @@ async def test_a_redis_that_stops_answering_times_out_as_an_outage(prefix: str) 
                 subprocess.run(["kill", "-CONT", str(pid)], check=True)
             assert await writer.call([lambda: ("PING",)]) == ["PONG"]
             await writer.aclose()
+
+
+async def test_a_producer_that_does_not_run_leaves_no_connection_open(
+    base_url: str, standalone_url: str, prefix: str
+) -> None:
+    """Heartbeating by hand (no `run`): each publish's connection is closed when it ends, so
+    nothing is left for the garbage collector; while `run` runs, one is kept, and closed after."""
+    async with open_redis(standalone_url) as r, Coordinator(base_url) as coordinator:
+        before = client_addresses(standalone_url)
+        producer = Producer(coordinator, r, prefix, "no-run")
+        await producer.heartbeat()
+        assert await producer.publish_many([({"n": "1"}, "k"), ({"n": "2"}, "j")])
+        assert producer._writer is not None
+        assert producer._writer._idle == []
+        assert client_addresses(standalone_url) == before
+        async with trio.open_nursery() as nursery:
+            await nursery.start(producer.run)
+            await producer.publish({"n": "3"}, "k")
+            assert len(producer._writer._idle) == 1
+            assert len(client_addresses(standalone_url)) == len(before) + 1
+            await producer.aclose()
+        assert producer._writer._idle == []
+        assert client_addresses(standalone_url) == before
 
 
 async def test_the_lean_writer_is_for_standalone_tcp_clients_only(
