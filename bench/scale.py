@@ -124,7 +124,10 @@ def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any,
                         continue
                     latencies.append((time.time(), (time.perf_counter() - sent) * 1000))
                     for (_, member), item in zip(chunk, answer.json()["responses"], strict=True):
-                        if "memberEpoch" in item:
+                        if item.get("status") in ("FENCED", "UNKNOWN_MEMBER"):
+                            epochs[member] = 0  # as a member does: join again
+                            failed = True
+                        elif "memberEpoch" in item:
                             epochs[member] = max(0, item["memberEpoch"])
                             beats += 1
                         else:
