@@ -44,6 +44,7 @@ from bench.churn import cpu_seconds, percentile
 from tests import redis_servers
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"
+LOG = RESULTS.with_name("scale-coordinators.log")
 GROUP = "scale"
 
 
@@ -55,10 +56,12 @@ def rss_mb(pid: int) -> float:
 
 
 def start_coordinator(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`rsc serve` on `port`; its log (warnings and up: term ends, lease losses) is appended to
+    bench/results/scale-coordinators.log."""
     args = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
-    return subprocess.Popen(
-        args, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    with LOG.open("ab") as log:
+        return subprocess.Popen(args, env={**os.environ, **env}, stdout=log, stderr=log)
 
 
 def wait_ready(url: str, timeout_s: float = 60) -> None:
