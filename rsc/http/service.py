@@ -108,15 +108,10 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
     }
     REDIS_OUTAGE.reset()
     keys = KeySpace(settings.key_prefix)
-    # The lease on a client (a connection) of its own: its renewals never queue behind the
-    # data path's commands on a shared connection, however busy the coordinator is.
-    async with (
-        open_redis(settings.redis_url, **timeouts) as redis,
-        open_redis(settings.redis_url, **timeouts) as lease_redis,
-    ):
+    async with open_redis(settings.redis_url, **timeouts) as redis:
         leadership = Leadership(
             RedisLease(
-                lease_redis,
+                redis,
                 keys,
                 replicas=settings.coordinator_lease_replicas,
                 wait_ms=max(1, settings.coordinator_lease_ttl_ms // 6),  # well within a renewal's third
