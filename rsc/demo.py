@@ -52,7 +52,7 @@ class DemoShards:
         self.reading |= shards
         self.show()
 
-    async def revoke(self, shards: frozenset[int]) -> None:
+    async def revoke(self, shards: frozenset[int], within_s: float) -> None:
         self.reading -= shards
         self.revoking |= shards
         self.show()

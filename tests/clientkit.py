@@ -94,7 +94,7 @@ class Recorder:
         self.reading |= shards
         self.log.append((trio.current_time(), self.name, "assigned", shards))
 
-    async def revoke(self, shards: frozenset[int]) -> None:
+    async def revoke(self, shards: frozenset[int], within_s: float) -> None:
         await trio.sleep(self.revoke_delay)
         self.reading -= shards
         self.log.append((trio.current_time(), self.name, "revoke", shards))

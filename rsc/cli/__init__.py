@@ -14,6 +14,7 @@ from __future__ import annotations
 import click
 
 from rsc import __version__
+from rsc.cli.conformance_command import conformance
 from rsc.cli.journal_commands import journal
 from rsc.cli.plan_commands import apply, diff
 from rsc.cli.process_setup import logging_everywhere
@@ -36,6 +37,6 @@ def main() -> None:
 
 
 _ADMIN_COMMANDS = (streams, groups, members, producers, audit, dlq)
-for _command in (simulate, journal, serve, worker, *_ADMIN_COMMANDS, purge_command, diff, apply):
+for _command in (simulate, journal, serve, worker, *_ADMIN_COMMANDS, purge_command, diff, apply, conformance):
     main.add_command(_command)
 logging_everywhere(main)

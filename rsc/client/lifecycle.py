@@ -35,7 +35,7 @@ class ShardLifecycle(Protocol):
 
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None: ...
 
-    async def revoke(self, shards: frozenset[int]) -> None: ...
+    async def revoke(self, shards: frozenset[int], within_s: float) -> None: ...
 
     async def lost(self, shards: frozenset[int]) -> None: ...
 
@@ -52,7 +52,7 @@ class NoLifecycle:
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
         return None
 
-    async def revoke(self, shards: frozenset[int]) -> None:
+    async def revoke(self, shards: frozenset[int], within_s: float) -> None:
         return None
 
     async def lost(self, shards: frozenset[int]) -> None:

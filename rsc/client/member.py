@@ -287,7 +287,7 @@ class Member:
         with trio.CancelScope() as scope:
             self._revoke_scopes[scope] = shards
             try:
-                await self.lifecycle.revoke(shards)
+                await self.lifecycle.revoke(shards, self.machine.revoke_budget_s())
             finally:
                 del self._revoke_scopes[scope]
         if not scope.cancelled_caught:  # else lost meanwhile

@@ -7,7 +7,6 @@ and differ only in how they wait and talk to Redis.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import random
@@ -15,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
+from rsc import lua
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
 from rsc.connect import TRANSIENT_CODES, reply_code
@@ -66,23 +66,11 @@ def entry_ids(results: Iterable[object]) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in results]
 
 
-#: How producers append (feature level 2): refused while the shard is sealed (it is DRAINING:
-#: the layout the producer routes with is stale), else the messages' XADDs, in order, atomic
-#: with the check. KEYS: shard, its seal; ARGV: the number of messages, then per message the
-#: number of field values and the fields, flat. Returns the entry ids. One EVALSHA per shard a
+#: How producers append (feature level 2): `rsc/lua/member/append.lua` (refused while the shard
+#: is sealed, else the messages' XADDs in order, atomic with the check). One EVALSHA per shard a
 #: call writes to, in one pipeline: the seal is checked once per shard and call, not per message.
-SEALED_APPEND = """
-local sealed = redis.call('GET', KEYS[2])
-if sealed then return redis.error_reply('SEALED ' .. KEYS[1] .. ' drains since layout v' .. sealed) end
-local ids, at = {}, 2
-for n = 1, tonumber(ARGV[1]) do
-  local count = tonumber(ARGV[at])
-  ids[n] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, at + 1, at + count))
-  at = at + count + 1
-end
-return ids
-"""
-SEALED_APPEND_SHA = hashlib.sha1(SEALED_APPEND.encode()).hexdigest()
+SEALED_APPEND = lua.script("member/append")
+SEALED_APPEND_SHA = lua.sha1("member/append")
 
 
 #: A Redis command's arguments, as the client libraries take them.

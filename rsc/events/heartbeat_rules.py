@@ -128,5 +128,7 @@ def answered_in(response: R, requested: int, level: int) -> R:
     (a request's version is checked when it becomes a command, so a route never sees it)."""
     version = check_protocol_version(requested)
     if version < 2:  # from version 2 on, an answer names its version and the level
+        if isinstance(response, HeartbeatResponse) and response.revoke_timeout_ms is not None:
+            return attrs.evolve(response, revoke_timeout_ms=None)  # came with version 2
         return response
     return attrs.evolve(response, protocol_version=version, feature_level=level)

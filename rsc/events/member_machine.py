@@ -64,7 +64,7 @@ from rsc.events.model import (
     Layout,
 )
 from rsc.events.versions import PROTOCOL_VERSION
-from rsc.events.wire import MAX_WAIT_MS, HeartbeatRequest, HeartbeatResponse
+from rsc.events.wire import DEFAULT_REVOKE_TIMEOUT_MS, MAX_WAIT_MS, HeartbeatRequest, HeartbeatResponse
 
 NOTHING: frozenset[int] = frozenset()
 
@@ -152,6 +152,8 @@ class MemberMachine:
         self.metadata_version = 0
         self.interval_s = settings.heartbeat_interval_ms / 1000
         self.lease_s = settings.lease_ttl_ms / 1000
+        #: The group's revoke timeout as the last answer said (protocol 2), else the fallback.
+        self.revoke_timeout_s = DEFAULT_REVOKE_TIMEOUT_MS / 1000
         self.max_concurrency: int | None = None
         self.status: HeartbeatStatus | None = None
         #: When the last successful heartbeat was sent (None: none yet).
@@ -266,6 +268,8 @@ class MemberMachine:
         self.status = response.status
         self.interval_s = response.heartbeat_interval_ms / 1000
         self.lease_s = response.lease_ttl_ms / 1000
+        if response.revoke_timeout_ms is not None:  # protocol 2; else the documented fallback
+            self.revoke_timeout_s = response.revoke_timeout_ms / 1000
         if response.layout is not None:
             self.layout = response.layout
         self.metadata_version = response.metadata_version
@@ -363,6 +367,12 @@ class MemberMachine:
             return NO_STEPS
         self.self_fenced += 1
         return self._drop_all(["no heartbeat succeeded within the lease; dropping every shard"])
+
+    def revoke_budget_s(self) -> float:
+        """How long in-flight work on shards being revoked may take: the group's revoke
+        timeout less a heartbeat interval and a second, left to acknowledge the revoke in
+        time (at least half a second)."""
+        return max(0.5, self.revoke_timeout_s - self.interval_s - 1.0)
 
     def revoked(self, shards: frozenset[int]) -> Steps:
         """The shell stopped `shards` (in-flight work finished): acknowledge them now."""

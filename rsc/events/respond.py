@@ -55,6 +55,7 @@ def respond(state: GroupState, command: Heartbeat, events: list[GroupEvent]) -> 
         layout=layout if command.metadata_version != layout.metadata_version else None,
         fence_reason=reason,
         static=True if member is not None and member.static and rejected is None else None,
+        revoke_timeout_ms=state.timing.revoke_timeout_ms,
     )
 
 

@@ -53,7 +53,8 @@ PROTOCOLS: tuple[ProtocolVersion, ...] = (
         2,
         "0.2.0",
         "supported",
-        "answers name the protocolVersion they are in and the deployment's featureLevel",
+        "answers name the protocolVersion they are in and the deployment's featureLevel; "
+        "member answers carry revokeTimeoutMs (every number a member obeys is in the answer)",
     ),
 )
 #: The newest protocol version this code speaks, and the oldest it still accepts.

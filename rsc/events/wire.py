@@ -35,6 +35,9 @@ from rsc.events.versions import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, negotiat
 _SHARD_INDEX = {"minimum": 0, "maximum": 16_383}
 #: The longest a heartbeat may ask to be held (`waitMs`).
 MAX_WAIT_MS = 60_000
+#: The revoke timeout a member assumes when the answer does not say (`revokeTimeoutMs` came
+#: with protocol version 2): the group default of every release.
+DEFAULT_REVOKE_TIMEOUT_MS = 60_000
 
 
 @attrs.define
@@ -139,6 +142,10 @@ class HeartbeatResponse:
     #: True when the coordinator treats the member as static (it asked, and the deployment is
     #: at feature level 4 or above); left out otherwise.
     static: bool | None = omitted_unless_set()
+    #: From protocol version 2: how long the member has, from the answer that first names a
+    #: shard in `assignment.revoke`, to stop it and acknowledge the revoke (else `FENCED`,
+    #: `REVOKE_TIMEOUT`). A client of an older coordinator assumes 60,000 (docs/protocol.md).
+    revoke_timeout_ms: int | None = omitted_unless_set()
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ every shard installed, handling progressing) and records how long that took.
 A worker that exits by itself is a failure; it is replaced so that the rest
 of the schedule still runs. At the end the producers stop, every acknowledged
 publish must be handled and nothing left pending, the workers stop with
-SIGTERM, and `tests.chaos.history.check` judges the whole history. Run with
+SIGTERM, and `rsc.conformance.history.check` judges the whole history. Run with
 `-s` to see the figures; a failure message carries them too.
 """
 
@@ -49,7 +49,7 @@ import httpx
 
 from rsc.actors.keys import AggregateId
 from rsc.sync_connect import sync_redis
-from tests.chaos.history import Fault, Publish, Record, Report, check, ownership_from_journal
+from rsc.conformance.history import Fault, Publish, Record, Report, check, ownership_from_journal
 from tests.redis_servers import DurableServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from tests.chaos.history import Publish, check, entry_key, ownership_from_journal
+from rsc.conformance.history import Publish, check, entry_key, ownership_from_journal
 from tests.chaos.test_chaos import ROOT, Chaos, chaos, now, read_jsonl
 
 #: A publish Redis took just before a fault may be acknowledged just after it.

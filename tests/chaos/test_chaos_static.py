@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from tests.chaos.history import check, ownership_from_journal
+from rsc.conformance.history import check, ownership_from_journal
 from tests.chaos.test_chaos import Chaos, Child, chaos, now, summary
 
 #: This run's timing: a lease long enough for a replacement process to start within it.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.chaos.history import (
+from rsc.conformance.history import (
     Fault,
     Ownership,
     Publish,

@@ -122,7 +122,7 @@ async def test_a_revoke_stops_reading_first_and_the_next_owner_goes_on_in_id_ord
         revoked = trio.Event()
 
         async def revoke() -> None:
-            await first.revoke(frozenset({0}))
+            await first.revoke(frozenset({0}), 30.0)
             revoked.set()
 
         nursery.start_soon(revoke)

@@ -38,7 +38,7 @@ import httpx
 import pytest
 
 import rsc
-from tests.chaos.history import Publish, check, ownership_from_journal
+from rsc.conformance.history import Publish, check, ownership_from_journal
 from tests.chaos.test_chaos import (
     AUTH,
     CONCURRENCY,

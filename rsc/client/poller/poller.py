@@ -90,14 +90,20 @@ class Poller:
             self.wakeups.attach(shard)
         self.state.poke()
 
-    async def revoke(self, shards: frozenset[int]) -> None:
-        """Stop reading first, start nothing more, let the handler in flight finish (bounded),
+    async def revoke(self, shards: frozenset[int], within_s: float) -> None:
+        """Stop reading first, start nothing more, let the handler in flight finish (within
+        `within_s`, what the group's revoke timeout leaves, and `revoke_timeout_s` if set),
         flush the acknowledgements, forget the shards."""
         book = self.state.book
         gone = [shard for i in shards if (shard := book.get(i)) is not None]
         for shard in gone:
             self._stop(shard)  # its wake-up read ends now
-        deadline = trio.current_time() + self.settings.revoke_timeout_s
+        limit = (
+            within_s
+            if self.settings.revoke_timeout_s is None
+            else min(within_s, self.settings.revoke_timeout_s)
+        )
+        deadline = trio.current_time() + limit
         with trio.move_on_at(deadline):
             for shard in gone:
                 await shard.home.idle.wait()

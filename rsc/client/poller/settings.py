@@ -56,6 +56,10 @@ class PollerSettings:
     #: and read again. Checked every `reclaim_every_s`.
     stall_after_s: float = 10.0
     ack_every_s: float = 0.005
-    revoke_timeout_s: float = 30.0
+    #: How long in-flight handlers of a revoked shard may run before they are cancelled. None
+    #: (the default): what the group's revoke timeout leaves (the heartbeat answer's
+    #: `revokeTimeoutMs` less a heartbeat interval and a second; 60 s assumed when an older
+    #: coordinator does not say). A number caps that.
+    revoke_timeout_s: float | None = None
     #: Retries of Redis calls that failed (an outage, a refusal) wait up to this long (with jitter).
     redis_backoff: Backoff = REDIS_BACKOFF

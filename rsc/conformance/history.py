@@ -1,6 +1,7 @@
-"""The chaos suite's history checker: pure functions over what the processes recorded.
+"""The history checker of the chaos suite and the conformance kit: pure functions over what
+the processes recorded (a client under test writes the same records, docs/clients.md).
 
-Inputs (no I/O here; the test reads the files and Redis):
+Inputs (no I/O here; the caller reads the files and Redis):
 
 * handler records (`Record`): "start", then "end" or "abort", per handler
   call, from every worker process (`tests/chaos/chaosapp.py`);

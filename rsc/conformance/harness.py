@@ -1,0 +1,354 @@
+"""The conformance kit's real parts: a private redis-server, a coordinator (`rsc serve`), the
+client under test started by its command line, a producer, and what they recorded.
+
+Blocking code (subprocesses, threads, redis-py, httpx): the kit is a test driver, not a
+service. Every process it starts is killed when the `Harness` closes, whatever happened.
+Times are `CLOCK_MONOTONIC` seconds, as the client's records are (docs/clients.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from rsc.actors.keys import AggregateId
+from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.conformance.history import Fault, Ownership, Publish, Record, ownership_from_journal
+from rsc.sync_connect import sync_redis
+
+#: The coordinator's timings in every scenario: short, so that leases and revokes run in seconds.
+HEARTBEAT_MS, LEASE_MS, REVOKE_TIMEOUT_MS, SHARDS = 200, 2_000, 5_000, 4
+MEMBER_TOKEN = "conformance-member-token"
+PRODUCER_TOKEN = "conformance-producer-token"
+ADMIN_PASSWORD = "conformance-admin"
+
+
+def now() -> float:
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, step: float = 0.05) -> bool:
+    """Poll `condition` until it holds (True) or `seconds` pass (False)."""
+    deadline = now() + seconds
+    while True:
+        with contextlib.suppress(Exception):
+            if condition():
+                return True
+        if now() > deadline:
+            return False
+        time.sleep(step)
+
+
+class RedisServer:
+    """A redis-server on a free port in its own directory; stopped, restarted, its data lost."""
+
+    def __init__(self, workdir: Path, binary: str = "redis-server") -> None:
+        self.binary = shutil.which(binary) or binary
+        self.dir = workdir / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args += ["--save", "", "--appendonly", "no", "--dbfilename", "dump.rdb"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_for(self.ping, 10):
+            raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def ping(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def client(self) -> redis.Redis:
+        """A redis-py client (decoded replies)."""
+        return redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
+
+
+class Client:
+    """One process of the client under test: its records read from stdout by a thread."""
+
+    def __init__(self, command: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.log = log
+        self._err = log.open("ab")
+        self.process = subprocess.Popen(
+            command, env=dict(env), stdout=subprocess.PIPE, stderr=self._err, start_new_session=True
+        )
+        self.pid = self.process.pid
+        self.records: list[Record] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for raw in self.process.stdout:
+            try:
+                data = json.loads(raw)
+                if isinstance(data, dict) and data.get("ev") in ("start", "end", "abort"):
+                    data.setdefault("pid", self.pid)
+                    self.records.append(Record.from_json(data))
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def wait(self, seconds: float) -> int | None:
+        try:
+            return self.process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=2)
+        self._err.close()
+
+    def stderr_tail(self, lines: int = 3) -> str:
+        with contextlib.suppress(OSError):
+            text = self.log.read_text(errors="replace").strip().splitlines()
+            return " | ".join(text[-lines:])
+        return ""
+
+
+class Harness:
+    """Redis, a coordinator and the client processes of one scenario, in `workdir`."""
+
+    def __init__(self, client_command: str, workdir: Path, redis_server: str = "redis-server") -> None:
+        self.command = shlex.split(client_command)
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(workdir, redis_server)
+        self.stream = f"cf-{secrets.token_hex(3)}"
+        self.group = "conformance"
+        self.port = free_port()
+        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.clients: list[Client] = []
+        self.faults: list[Fault] = []
+        self.publishes: list[Publish] = []
+        self.serve_env: dict[str, str] = {}
+        self._seq = 0
+        self.http = httpx.Client(base_url=self.url, timeout=5.0)
+
+    # -- the coordinator --------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_coordinator(self, **extra: str) -> None:
+        credentials = [
+            {"name": "members", "token": MEMBER_TOKEN, "roles": ["member"], "create": True},
+            {"name": "producers", "token": PRODUCER_TOKEN, "roles": ["producer"], "create": True},
+        ]
+        env = {
+            **os.environ,
+            "RSC_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_MS),
+            "RSC_MEMBER_LEASE_TTL_MS": str(LEASE_MS),
+            "RSC_REVOKE_TIMEOUT_MS": str(REVOKE_TIMEOUT_MS),
+            "RSC_TICK_INTERVAL_MS": "100",
+            "RSC_DEFAULT_SHARD_COUNT": str(SHARDS),
+            "RSC_COORDINATOR_LEASE_TTL_MS": "1000",
+            "RSC_ADMIN_PASSWORD": ADMIN_PASSWORD,
+            "RSC_CREDENTIALS": json.dumps(credentials),
+            **self.serve_env,
+            **extra,
+        }
+        log = (self.workdir / "coordinator.log").open("ab")
+        self.coordinator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rsc",
+                "serve",
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--redis-url",
+                self.redis.url,
+            ],
+            env=env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        if not wait_for(lambda: self.http.get("/readyz").status_code == 200, 30, 0.1):
+            raise RuntimeError(
+                f"the coordinator did not become ready (log: {self.workdir / 'coordinator.log'})"
+            )
+
+    def kill_coordinator(self) -> None:
+        if self.coordinator is not None and self.coordinator.poll() is None:
+            self.coordinator.kill()
+            self.coordinator.wait()
+        self.coordinator = None
+
+    def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.http.request(method, path, auth=("admin", ADMIN_PASSWORD), **kwargs)
+
+    def group_view(self) -> dict[str, Any] | None:
+        answer = self.admin("GET", f"/v1/streams/{self.stream}/groups/{self.group}")
+        if answer.status_code != 200:
+            return None
+        view: dict[str, Any] = answer.json()
+        return view
+
+    def owners(self) -> dict[str, set[int]]:
+        """Member id -> shards installed to it, as the coordinator says."""
+        view = self.group_view() or {}
+        return {m["memberId"]: set(m.get("assigned", ())) for m in view.get("members", ())}
+
+    def settled(self, members: int) -> bool:
+        """`members` members own every shard between them and nothing is pending."""
+        view = self.group_view()
+        if view is None or len(view.get("members", ())) != members:
+            return False
+        owned = [s for m in view["members"] for s in m.get("assigned", ())]
+        moving = any(m.get("pending") or m.get("revoking") for m in view["members"])
+        return sorted(owned) == list(range(SHARDS)) and not moving
+
+    def journal(self) -> list[tuple[str, str, str]]:
+        with self.redis.client() as r:
+            entries = r.xrange(AggregateId(self.stream, self.group).journal_key)
+        return [(entry_id, fields["kind"], fields["data"]) for entry_id, fields in entries]
+
+    def fences(self) -> list[dict[str, Any]]:
+        """The group's `MemberFenced` events' data."""
+        return [json.loads(data) for _, kind, data in self.journal() if kind == "MemberFenced"]
+
+    def ownership(self) -> list[Ownership]:
+        offset = time.time() - now()
+        return ownership_from_journal(self.journal(), offset)
+
+    # -- the client under test -----------------------------------------------------------
+
+    def client_env(self, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "RSC_COORDINATOR_URL": self.url,
+            "RSC_REDIS_URL": self.redis.url,
+            "RSC_STREAM": self.stream,
+            "RSC_GROUP": self.group,
+            "RSC_TOKEN": MEMBER_TOKEN,
+            "RSC_HANDLER_MS": "20",
+            "RSC_CONCURRENCY": "1",
+            **extra,
+        }
+
+    def start_client(self, **extra: str) -> Client:
+        n = len(self.clients)
+        env = self.client_env(RSC_MEMBER_ID=f"member-{n}", **extra)
+        client = Client(self.command, env, self.workdir / f"client-{n}.stderr")
+        self.clients.append(client)
+        return client
+
+    def kill(self, client: Client) -> None:
+        client.signal(signal.SIGKILL)
+        client.wait(5)
+        self.faults.append(Fault(client.pid, "KILL", now()))
+
+    def records(self) -> list[Record]:
+        return [r for c in self.clients for r in list(c.records)]
+
+    def ended(self) -> set[str]:
+        return {r.mid for r in self.records() if r.ev == "end" and r.mid}
+
+    # -- the producer ----------------------------------------------------------------------
+
+    def publish(self, count: int, keys: int = 16) -> list[str]:
+        """Publish `count` messages (fields mid, bkey, seq) through the Python producer; their mids."""
+        coordinator = SyncCoordinator(self.url, token=PRODUCER_TOKEN)
+        data = sync_redis(self.redis.url)
+        producer = SyncProducer(coordinator, data, self.stream, start_timeout_s=20.0).start()
+        mids = []
+        try:
+            batch = []
+            for _ in range(count):
+                self._seq += 1
+                mid, key = f"m{self._seq}", f"k{self._seq % keys}"
+                batch.append(({"mid": mid, "bkey": key, "seq": str(self._seq)}, key))
+                mids.append(mid)
+            for at in range(0, len(batch), 100):
+                part = batch[at : at + 100]
+                ids = producer.publish_many(part)
+                t = now()
+                self.publishes += [
+                    Publish("ack", fields["mid"], t, entry_id)
+                    for (fields, _), entry_id in zip(part, ids, strict=True)
+                ]
+        finally:
+            producer.close()
+            coordinator.close()
+            data.close()
+        return mids
+
+    def pending(self) -> int:
+        """Entries delivered to the group and not acknowledged, over every shard key."""
+        with self.redis.client() as r:
+            total = 0
+            for key in r.scan_iter(match=f"*{self.stream}*", _type="stream"):
+                if key.endswith((":dlq", ":journal")) or "journal" in key:
+                    continue
+                with contextlib.suppress(Exception):
+                    total += int(r.xpending(key, self.group)["pending"])
+            return total
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.kill()
+        self.kill_coordinator()
+        self.redis.stop()
+        self.http.close()
+
+
+@contextlib.contextmanager
+def harness(client_command: str, workdir: Path, redis_server: str = "redis-server") -> Iterator[Harness]:
+    """A `Harness` with its coordinator started, closed at the end whatever happened."""
+    h = Harness(client_command, workdir, redis_server)
+    try:
+        h.start_coordinator()
+        yield h
+    finally:
+        h.close()

@@ -1,0 +1,72 @@
+"""The Python worker under the conformance contract (docs/clients.md): `python -m
+rsc.conformance.python_client` runs `rsc worker rsc.conformance.python_client:app` with its
+settings taken from the contract's variables, and writes a JSON line on stdout when each
+handler call starts and ends. Handlers in flight follow the group's `maxConcurrency` (the
+coordinator's answer), so RSC_CONCURRENCY is not read.
+
+RSC_MEMBER_ID becomes the worker's instance id (its member ids start with it), and the
+worker is static exactly when RSC_STATIC=1 (an instance id alone would make it static).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import trio
+
+from rsc.client.poller import Message, PollerSettings
+from rsc.client.worker import App
+
+app = App()
+_HANDLER_S = int(os.environ.get("RSC_HANDLER_MS", "0")) / 1000
+
+
+def record(event: str, message: Message) -> None:
+    """One JSON line on stdout, written with one system call."""
+    line = {
+        "ev": event,
+        "pid": os.getpid(),
+        "member": message.member_id,
+        "shard": message.shard,
+        "key": message.key,
+        "id": message.id,
+        "t": time.clock_gettime(time.CLOCK_MONOTONIC),
+        "mid": message.fields.get("mid"),
+        "bkey": message.fields.get("bkey"),
+        "seq": message.fields.get("seq"),
+        "deliveries": message.deliveries,
+    }
+    os.write(1, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+
+
+@app.listener(
+    stream=os.environ.get("RSC_STREAM", "conformance"),
+    group=os.environ.get("RSC_GROUP", "conformance"),
+    name="conformance",
+    poller=PollerSettings(retry_after_ms=500, reclaim_every_s=0.5),
+)
+async def handle(message: Message) -> None:
+    record("start", message)
+    try:
+        await trio.sleep(_HANDLER_S)
+    except BaseException:
+        record("abort", message)
+        raise
+    record("end", message)
+
+
+def main() -> None:
+    """Run the worker CLI on this module's app, the contract's variables mapped to its own."""
+    from rsc.cli import main as cli  # noqa: PLC0415  (the CLI imports this module's app)
+
+    os.environ["RSC_INSTANCE_ID"] = os.environ.get("RSC_MEMBER_ID") or f"conformance-{os.getpid()}"
+    os.environ["RSC_STATIC"] = "1" if os.environ.get("RSC_STATIC") == "1" else "0"
+    sys.argv = ["rsc", "worker", "rsc.conformance.python_client:app", "--log-level", "warning"]
+    cli()
+
+
+if __name__ == "__main__":
+    main()

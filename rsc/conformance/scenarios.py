@@ -1,0 +1,290 @@
+"""The conformance kit's scenarios: each drives the client under test through one situation
+and judges it by the protocol rules it names (docs/protocol.md, "Client rules").
+
+A scenario never trusts the client's own records alone: a record says when a handler call ran,
+and the kit also checks Redis (pending entries) and the group's journal (who owned which shard
+when, who was fenced and why), with `rsc.conformance.history.check` over all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from rsc.conformance.harness import LEASE_MS, MEMBER_TOKEN, REVOKE_TIMEOUT_MS, Harness, harness, now, wait_for
+from rsc.conformance.history import Fault, check
+
+LEASE_S = LEASE_MS / 1000
+#: How long a client may take to start and join, and handling may take to catch up.
+JOIN_S, CATCH_UP_S = 20.0, 30.0
+
+
+class Failed(Exception):
+    """A scenario's verdict: the rule it broke and why."""
+
+
+@attrs.frozen
+class Scenario:
+    name: str
+    rules: tuple[str, ...]
+    summary: str
+    run: Callable[[Harness], None]
+
+
+@attrs.frozen
+class Outcome:
+    scenario: Scenario
+    passed: bool
+    reason: str
+    seconds: float
+
+
+def expect(condition: bool, rule: str, reason: str) -> None:
+    if not condition:
+        raise Failed(f"{rule}: {reason}")
+
+
+def joined(h: Harness, members: int, what: str, rule: str = "M1") -> None:
+    expect(wait_for(lambda: h.settled(members), JOIN_S, 0.1), rule, f"{what}: the group never settled")
+
+
+def handled_all(h: Harness, mids: list[str], rule: str = "M9") -> None:
+    wait_for(lambda: set(mids) <= h.ended(), CATCH_UP_S, 0.1)
+    missing = set(mids) - h.ended()
+    expect(
+        not missing,
+        rule,
+        f"{len(missing)} of {len(mids)} published messages never handled (e.g. {sorted(missing)[:3]})",
+    )
+
+
+def no_pending(h: Harness, rule: str = "M9") -> None:
+    ok = wait_for(lambda: h.pending() == 0, CATCH_UP_S, 0.2)
+    expect(ok, rule, f"{h.pending()} entries left pending (delivered, never acknowledged)")
+
+
+def history_clean(h: Harness, rules: str = "M4/M5/M10") -> None:
+    report = check(h.records(), h.publishes, h.faults, h.ownership())
+    problems = report.problems(examples=2)
+    expect(not problems, rules, "; ".join(p.replace("\n", " ") for p in problems))
+
+
+def no_fence(h: Harness, reasons: tuple[str, ...], rule: str) -> None:
+    bad = [f for f in h.fences() if f.get("reason") in reasons]
+    expect(not bad, rule, f"fenced: {[(f['memberId'], f['reason']) for f in bad]}")
+
+
+def steady_publish(h: Harness, seconds: float, per_second: int = 100) -> list[str]:
+    """Publish in small batches for `seconds`; the mids."""
+    mids: list[str] = []
+    end = now() + seconds
+    while now() < end:
+        mids += h.publish(per_second // 10)
+        time.sleep(0.1)
+    return mids
+
+
+# -- the scenarios ---------------------------------------------------------------------------
+
+
+def join_and_handle(h: Harness) -> None:
+    h.start_client()
+    joined(h, 1, "one member")
+    mids = h.publish(200)
+    handled_all(h, mids)
+    no_pending(h)
+    history_clean(h)
+
+
+def graceful_leave(h: Harness) -> None:
+    client = h.start_client()
+    joined(h, 1, "one member")
+    handled_all(h, h.publish(50))
+    client.signal(signal.SIGTERM)
+    code = client.wait(REVOKE_TIMEOUT_MS / 1000 + 10)
+    expect(code == 0, "M14", f"SIGTERM: exit code {code} (expected 0; stderr: {client.stderr_tail()})")
+    left = wait_for(lambda: not (h.group_view() or {}).get("members"), 5)
+    expect(left, "M14", "the member is still in the group after its process exited (no leave heartbeat)")
+    no_fence(h, ("LEASE_EXPIRED", "REVOKE_TIMEOUT"), "M14")
+    no_pending(h)
+
+
+def scale_out_revoke(h: Harness) -> None:
+    h.start_client(RSC_HANDLER_MS="50")
+    joined(h, 1, "the first member")
+    mids = h.publish(100)
+    h.start_client(RSC_HANDLER_MS="50")
+    mids += steady_publish(h, 2.0)
+    joined(h, 2, "after a second member joined", "M6")
+    mids += h.publish(100)
+    handled_all(h, mids)
+    no_fence(h, ("REVOKE_TIMEOUT", "LEASE_EXPIRED", "STALE_EPOCH"), "M6")
+    counts = [len(v) for v in h.owners().values()]
+    expect(sorted(counts) == [2, 2], "M6", f"shards not balanced after the handoff: {counts}")
+    no_pending(h)
+    history_clean(h, "M6/M10")
+
+
+def lease_expiry(h: Harness) -> None:
+    first = h.start_client(RSC_HANDLER_MS="100")
+    joined(h, 1, "the first member")
+    h.start_client(RSC_HANDLER_MS="100")
+    joined(h, 2, "two members")
+    mids = h.publish(300)
+    wait_for(lambda: any(r.pid == first.pid for r in h.records()), 10)
+    first.signal(signal.SIGSTOP)
+    h.faults.append(_fault(first.pid, "STOP"))
+    # the lease ends, its shards move to the other member, which handles on
+    mids += h.publish(100)
+    moved = wait_for(lambda: len(h.owners()) == 1 and h.settled(1), LEASE_S * 4 + 5, 0.1)
+    expect(moved, "M5", "the stopped member's shards did not move after its lease ended")
+    h.faults.append(_fault(first.pid, "CONT"))
+    first.signal(signal.SIGCONT)
+    mids += steady_publish(h, 2.0)
+    handled_all(h, mids)
+    joined(h, 2, "the resumed member rejoins", "M7")
+    no_pending(h)
+    history_clean(h, "M5/M7")
+
+
+def kill_and_reclaim(h: Harness) -> None:
+    first = h.start_client(RSC_HANDLER_MS="200")
+    joined(h, 1, "one member")
+    mids = h.publish(100)
+    expect(wait_for(lambda: any(r.ev == "start" for r in first.records), 10), "M9", "nothing was handled")
+    h.kill(first)
+    h.start_client(RSC_HANDLER_MS="5")
+    joined(h, 1, "the restarted process", "M7")
+    mids += h.publish(50)
+    handled_all(h, mids)
+    no_pending(h)
+    history_clean(h, "M9/M10")
+
+
+def coordinator_restart(h: Harness) -> None:
+    client = h.start_client(RSC_HANDLER_MS="10")
+    joined(h, 1, "one member")
+    mids = h.publish(100)
+    h.kill_coordinator()
+    time.sleep(LEASE_S / 4)
+    h.start_coordinator()
+    mids += h.publish(100)
+    handled_all(h, mids, "M12")
+    expect(
+        client.alive(), "M12", f"the client exited while the coordinator restarted: {client.stderr_tail()}"
+    )
+    joined(h, 1, "after the restart", "M12")
+    no_pending(h)
+    history_clean(h, "M12")
+
+
+def bad_credential(h: Harness) -> None:
+    client = h.start_client(RSC_TOKEN="not-" + MEMBER_TOKEN)
+    code = client.wait(15)
+    expect(code is not None, "M11", "a refused credential did not end the client within 15 s")
+    expect(code != 0, "M11", "a refused credential ended the client with exit code 0")
+    expect(not (h.group_view() or {}).get("members"), "M11", "a member joined with a refused credential")
+
+
+def quota_exceeded(h: Harness) -> None:
+    h.kill_coordinator()
+    h.start_coordinator(RSC_QUOTA_MEMBERS_PER_GROUP="1")
+    first = h.start_client()
+    joined(h, 1, "the first member")
+    second = h.start_client()
+    mids = h.publish(100)
+    time.sleep(3 * LEASE_S)
+    expect(second.alive(), "M13", f"429 QUOTA_EXCEEDED ended the client: {second.stderr_tail()}")
+    expect(first.alive(), "M13", "the first member died")
+    handled_all(h, mids, "M13")
+    first.signal(signal.SIGTERM)
+    first.wait(15)
+    joined(h, 1, "the waiting client joins once a place is free", "M13")
+    mids = h.publish(50)
+    handled_all(h, mids, "M13")
+    history_clean(h, "M13")
+
+
+def redis_loses_data(h: Harness) -> None:
+    client = h.start_client(RSC_HANDLER_MS="5")
+    joined(h, 1, "one member")
+    handled_all(h, h.publish(100))
+    h.redis.stop()
+    h.redis.start()  # no persistence: everything is gone
+    # the producer recreates what it routes to; the coordinator writes back what it holds
+    handled_all(h, h.publish(100), "M16")
+    expect(client.alive(), "M16", f"the client exited: {client.stderr_tail()}")
+    history_clean(h, "M16")
+
+
+def static_takeover(h: Harness) -> None:
+    old = h.start_client(RSC_STATIC="1", RSC_MEMBER_ID="static-a")
+    joined(h, 1, "a static member")
+    handled_all(h, h.publish(50))
+    new = h.start_client(RSC_STATIC="1", RSC_MEMBER_ID="static-a")
+    code = old.wait(JOIN_S)
+    expect(code is not None, "M15", "the replaced process did not exit (FENCED REPLACED: stop for good)")
+    mids = h.publish(100)
+    handled_all(h, mids, "M15")
+    expect(new.alive(), "M15", f"the new incarnation exited: {new.stderr_tail()}")
+    expect(
+        all(r.pid == new.pid for r in h.records() if r.mid in set(mids) and r.ev == "start"),
+        "M15",
+        "the replaced process handled entries after its replacement joined",
+    )
+    history_clean(h, "M15")
+
+
+def _fault(pid: int, kind: str) -> Fault:
+    return Fault(pid, kind, now())
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("join", ("M1", "M4", "M9"), "join, get every shard, handle and acknowledge", join_and_handle),
+    Scenario("graceful-leave", ("M14",), "SIGTERM: revoke, leave, exit 0", graceful_leave),
+    Scenario(
+        "scale-out", ("M6", "M10"), "a second member: revoke, ack in time, no overlap", scale_out_revoke
+    ),
+    Scenario(
+        "lease-expiry", ("M5", "M7"), "SIGSTOP past the lease: no handling after it, rejoin", lease_expiry
+    ),
+    Scenario("kill-9", ("M9",), "kill -9 mid-handling, restart: pending entries reclaimed", kill_and_reclaim),
+    Scenario(
+        "coordinator-restart",
+        ("M12",),
+        "the coordinator restarts: retry within the lease",
+        coordinator_restart,
+    ),
+    Scenario("bad-credential", ("M11",), "a refused credential: a clean non-zero exit", bad_credential),
+    Scenario(
+        "quota-exceeded", ("M13",), "429 QUOTA_EXCEEDED: wait and retry, join when free", quota_exceeded
+    ),
+    Scenario("redis-data-loss", ("M16",), "Redis restarts empty: consumption resumes", redis_loses_data),
+    Scenario("static-takeover", ("M15",), "a new incarnation takes a static id over", static_takeover),
+)
+
+
+def run(
+    scenario: Scenario, client_command: str, workdir: Path, redis_server: str = "redis-server"
+) -> Outcome:
+    """Run one scenario in a fresh Redis and coordinator; never raises for a verdict."""
+    started = time.monotonic()
+    where = workdir / scenario.name
+    try:
+        with harness(client_command, where, redis_server) as h:
+            scenario.run(h)
+            (where / "records.jsonl").write_text(
+                "".join(json.dumps(attrs.asdict(r)) + "\n" for r in h.records())
+            )
+        return Outcome(scenario, True, "", time.monotonic() - started)
+    except Failed as verdict:
+        return Outcome(scenario, False, str(verdict), time.monotonic() - started)
+    except Exception as error:  # the kit's own trouble: reported, never a pass
+        return Outcome(
+            scenario, False, f"kit error: {type(error).__name__}: {error}", time.monotonic() - started
+        )
