@@ -31,6 +31,7 @@ import trio
 
 from rsc.client.errors import CoordinatorRejected, CoordinatorUnavailable, CoordinatorUnintelligible
 from rsc.events import codec
+from rsc.events.errors import http_status
 from rsc.events.versions import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from rsc.events.wire import (
     HeartbeatRequest,
@@ -318,7 +319,7 @@ class Coordinator:
             if isinstance(item, dict) and "error" in item:
                 out.append(
                     CoordinatorRejected(
-                        400,
+                        _item_status(item),
                         item["error"],
                         item.get("message", ""),
                         item.get("requestId", ""),
@@ -455,6 +456,15 @@ def answer(method: str, path: str, response: httpx.Response) -> Any:
         return response.json()
     except ValueError as exc:
         raise CoordinatorUnintelligible(f"{method} {path}: the answer is not JSON") from exc
+
+
+def _item_status(item: dict[str, Any]) -> int:
+    """The status of a refused item of a batch: what it names (this coordinator), else what its
+    error code is answered with alone (an older one sent none: every item was taken for a 400)."""
+    status = item.get("status")
+    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+        return status
+    return http_status(str(item["error"]))
 
 
 def _rejection(response: httpx.Response) -> CoordinatorRejected:

@@ -279,7 +279,7 @@ class Harness:
 
     def start_client(self, **extra: str) -> Client:
         n = len(self.clients)
-        env = self.client_env(RSC_MEMBER_ID=f"member-{n}", **extra)
+        env = self.client_env(**{"RSC_MEMBER_ID": f"member-{n}", **extra})
         client = Client(self.command, env, self.workdir / f"client-{n}.stderr")
         self.clients.append(client)
         return client

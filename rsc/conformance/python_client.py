@@ -64,7 +64,8 @@ def main() -> None:
 
     os.environ["RSC_INSTANCE_ID"] = os.environ.get("RSC_MEMBER_ID") or f"conformance-{os.getpid()}"
     os.environ["RSC_STATIC"] = "1" if os.environ.get("RSC_STATIC") == "1" else "0"
-    sys.argv = ["rsc", "worker", "rsc.conformance.python_client:app", "--log-level", "warning"]
+    level = os.environ.get("RSC_LOG_LEVEL", "warning")
+    sys.argv = ["rsc", "worker", "rsc.conformance.python_client:app", "--log-level", level]
     cli()
 
 

@@ -68,8 +68,13 @@ def no_pending(h: Harness, rule: str = "M9") -> None:
     expect(ok, rule, f"{h.pending()} entries left pending (delivered, never acknowledged)")
 
 
-def history_clean(h: Harness, rules: str = "M4/M5/M10") -> None:
-    report = check(h.records(), h.publishes, h.faults, h.ownership())
+def history_clean(h: Harness, rules: str = "M4/M5/M10", journal: bool = True) -> None:
+    """The history checker over the client's records, the publishes, the faults and the
+    ownership the group's journal shows. Without `journal` (Redis lost it) ownership is not
+    judged: only lost messages and overlapping handler calls."""
+    report = check(h.records(), h.publishes, h.faults, h.ownership() if journal else [])
+    if not journal:
+        report = attrs.evolve(report, stale_starts=())
     problems = report.problems(examples=2)
     expect(not problems, rules, "; ".join(p.replace("\n", " ") for p in problems))
 
@@ -131,9 +136,9 @@ def scale_out_revoke(h: Harness) -> None:
 
 
 def lease_expiry(h: Harness) -> None:
-    first = h.start_client(RSC_HANDLER_MS="100")
+    first = h.start_client(RSC_HANDLER_MS="20")
     joined(h, 1, "the first member")
-    h.start_client(RSC_HANDLER_MS="100")
+    h.start_client(RSC_HANDLER_MS="20")
     joined(h, 2, "two members")
     mids = h.publish(300)
     wait_for(lambda: any(r.pid == first.pid for r in h.records()), 10)
@@ -219,7 +224,7 @@ def redis_loses_data(h: Harness) -> None:
     # the producer recreates what it routes to; the coordinator writes back what it holds
     handled_all(h, h.publish(100), "M16")
     expect(client.alive(), "M16", f"the client exited: {client.stderr_tail()}")
-    history_clean(h, "M16")
+    history_clean(h, "M16", journal=False)
 
 
 def static_takeover(h: Harness) -> None:
@@ -277,10 +282,12 @@ def run(
     where = workdir / scenario.name
     try:
         with harness(client_command, where, redis_server) as h:
-            scenario.run(h)
-            (where / "records.jsonl").write_text(
-                "".join(json.dumps(attrs.asdict(r)) + "\n" for r in h.records())
-            )
+            try:
+                scenario.run(h)
+            finally:  # what the client recorded and the group's end state, for a post-mortem
+                lines = [json.dumps(attrs.asdict(r)) + "\n" for r in h.records()]
+                (where / "records.jsonl").write_text("".join(lines))
+                (where / "group.json").write_text(json.dumps(h.group_view(), indent=1))
         return Outcome(scenario, True, "", time.monotonic() - started)
     except Failed as verdict:
         return Outcome(scenario, False, str(verdict), time.monotonic() - started)

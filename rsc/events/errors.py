@@ -5,6 +5,35 @@ The HTTP layer maps every one of these to a 4xx with `error: code`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+#: The HTTP status of each error code the core refuses with (docs/protocol.md, "On the wire");
+#: any other code is 400. An item of a batch (`POST /v1/heartbeats`) names its status in the
+#: item, and a client of an older coordinator that does not reads it from here.
+HTTP_STATUS: Mapping[str, int] = {
+    "QUOTA_EXCEEDED": 429,  # without Retry-After: a slot frees when something is deleted or leaves
+    "INVALID_REQUEST": 400,
+    "UNSUPPORTED_PROTOCOL_VERSION": 400,
+    "NOT_FOUND": 404,
+    "UNKNOWN_STREAM": 404,
+    "UNKNOWN_GROUP": 404,
+    "INCARNATION_MISMATCH": 409,
+    "NOT_EMPTY": 409,
+    "DELETED": 409,
+    "MIGRATION_IN_PROGRESS": 409,
+    "NO_MIGRATION": 409,
+    "IMMUTABLE_FIELD": 409,
+    "FEATURE_LEVEL_REQUIRED": 409,
+    "FEATURE_LEVEL_NOT_SUPPORTED": 409,
+    "UNSUPPORTED_FEATURE_LEVEL": 400,
+    "PRECONDITION_FAILED": 412,
+}
+
+
+def http_status(code: str) -> int:
+    """The HTTP status a refusal with error `code` is answered with (400 unless listed)."""
+    return HTTP_STATUS.get(code, 400)
+
 
 class CoordinationError(Exception):
     """Base of every refusal by the pure core."""

@@ -30,7 +30,7 @@ from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.events import auth
 from rsc.events.auth import Action
-from rsc.events.errors import CoordinationError
+from rsc.events.errors import CoordinationError, http_status
 from rsc.events.rates import retry_after_header
 from rsc.http.authenticate import PUBLIC_PATHS, AdminAccount, Gate, Refused
 from rsc.http.callers import QuotaTable, caller_key
@@ -45,24 +45,6 @@ from rsc.http.throttle import FailureThrottle, client_key
 
 log = logging.getLogger("rsc.http")
 
-_STATUS = {
-    "QUOTA_EXCEEDED": 429,  # without Retry-After: a slot frees when something is deleted or leaves
-    "INVALID_REQUEST": 400,
-    "UNSUPPORTED_PROTOCOL_VERSION": 400,
-    "NOT_FOUND": 404,
-    "UNKNOWN_STREAM": 404,
-    "UNKNOWN_GROUP": 404,
-    "INCARNATION_MISMATCH": 409,
-    "NOT_EMPTY": 409,
-    "DELETED": 409,
-    "MIGRATION_IN_PROGRESS": 409,
-    "NO_MIGRATION": 409,
-    "IMMUTABLE_FIELD": 409,
-    "FEATURE_LEVEL_REQUIRED": 409,
-    "FEATURE_LEVEL_NOT_SUPPORTED": 409,
-    "UNSUPPORTED_FEATURE_LEVEL": 400,
-    "PRECONDITION_FAILED": 412,
-}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -172,7 +154,7 @@ def _add_request_ids_and_errors(app: QuartTrio, gate: Gate, rates: RateLimits) -
     @app.errorhandler(CoordinationError)
     async def refused(error: CoordinationError) -> Response:
         g.error_code = error.code  # (the audit tells a quota refusal from throttling by it)
-        return error_response(_STATUS.get(error.code, 400), error.code, error.message, refusal_details(error))
+        return error_response(http_status(error.code), error.code, error.message, refusal_details(error))
 
     @app.errorhandler(StoreError)
     async def unavailable(error: StoreError) -> Response:

@@ -25,7 +25,7 @@ from rsc.connect import first_leaf
 from rsc.events import codec, heartbeat_rules, longpoll
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
-from rsc.events.errors import CoordinationError
+from rsc.events.errors import CoordinationError, http_status
 from rsc.events.group import validate_heartbeat
 from rsc.events.heartbeat_rules import answered_in
 from rsc.events.respond import respond
@@ -176,10 +176,12 @@ async def _answer_batch(
             if heartbeat_rules.limited(body):  # each member its own limit
                 rates.check(PARTY, heartbeat_rules.member_key(caller, body))
         except ApiError as error:  # a refused caller (`Refused`) too
-            results[index] = error_body(error.code, error.message, error.details)
+            results[index] = error_body(error.code, error.message, error.details, error.status)
             continue
         except CoordinationError as error:
-            results[index] = error_body(error.code, error.message, refusal_details(error))
+            results[index] = error_body(
+                error.code, error.message, refusal_details(error), http_status(error.code)
+            )
             continue
         by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
         bodies[index] = body
@@ -202,12 +204,16 @@ async def _answer_batch(
             )
         except CoordinationError as error:
             for index, _ in items:
-                results[index] = error_body(error.code, error.message, refusal_details(error))
+                results[index] = error_body(
+                    error.code, error.message, refusal_details(error), http_status(error.code)
+                )
             return
         level = registry.known_feature_level()
         for (index, command), reply in zip(items, replies, strict=True):
             if isinstance(reply, CoordinationError):
-                results[index] = error_body(reply.code, reply.message, refusal_details(reply))
+                results[index] = error_body(
+                    reply.code, reply.message, refusal_details(reply), http_status(reply.code)
+                )
                 continue
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):

@@ -178,9 +178,14 @@ def _camel_path(problem: str) -> str:
     return re.sub(r"\.([a-z]+(?:_[a-z]+)+)", lambda m: "." + codec.camel(m.group(1)), problem)
 
 
-def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
-    """The JSON error `{error, message, requestId, details}` (the request's id). Raises nothing."""
-    return {"error": code, "message": message, "requestId": getattr(g, "request_id", ""), "details": details}
+def error_body(code: str, message: str, details: Any = None, status: int | None = None) -> dict[str, Any]:
+    """The JSON error `{error, message, requestId, details}` (the request's id), and `status`
+    when given (an item of a batch names the status it would have been answered with alone).
+    Raises nothing."""
+    body = {"error": code, "message": message, "requestId": getattr(g, "request_id", ""), "details": details}
+    if status is not None:
+        body["status"] = status
+    return body
 
 
 def error_response(status: int, code: str, message: str, details: Any = None) -> Response:
