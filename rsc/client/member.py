@@ -37,7 +37,7 @@ __all__ = ["CLIENT", "HeartbeatTransport", "Member", "MemberSettings"]
 #: Refusals that end when an operator creates the stream or group (Admin API): retried.
 WAIT_FOR_ADMIN = frozenset({"UNKNOWN_STREAM", "UNKNOWN_GROUP"})
 #: Refusals that end by themselves: retried as failed heartbeats.
-RETRIED = WAIT_FOR_ADMIN | {"INCARNATION_MISMATCH"}
+RETRIED = WAIT_FOR_ADMIN | {"INCARNATION_MISMATCH", "DELETED"}
 
 log = logging.getLogger("rsc.client.member")
 
@@ -192,7 +192,7 @@ class Member:
         A transport failure, a 5xx, a timeout and an answer this client cannot read are all
         a failed heartbeat: retried (sooner than the interval) until the lease rule says to
         stop every shard. So are a refused leave and the refusals that end by themselves (5xx,
-        408, 429, `UNKNOWN_STREAM`, `UNKNOWN_GROUP`, `INCARNATION_MISMATCH`); any other
+        408, 429, `UNKNOWN_STREAM`, `UNKNOWN_GROUP`, `INCARNATION_MISMATCH`, `DELETED`); any other
         refusal (401, 403, 400 `INVALID_REQUEST`...) raises `CoordinatorRejected`. Whatever a
         lifecycle method called here raises leaves as itself.
         """

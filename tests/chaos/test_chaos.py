@@ -48,8 +48,8 @@ import attrs
 import httpx
 
 from rsc.actors.keys import AggregateId
-from rsc.sync_connect import sync_redis
 from rsc.conformance.history import Fault, Publish, Record, Report, check, ownership_from_journal
+from rsc.sync_connect import sync_redis
 from tests.redis_servers import DurableServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

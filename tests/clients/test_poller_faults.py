@@ -369,3 +369,33 @@ async def test_a_refused_ack_is_kept_and_tried_again_at_the_refusal_pace(
         own(sync_redis, shard_key, "w0")  # the coordinator writes the token back
         await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_past_the_revoke_budget_is_cancelled_and_the_revoke_completes(
+    standalone_url: str, sync_redis: redis.Redis, shard_key: str
+) -> None:
+    """`revoke(shards, within_s)`: the member passes what the group's revoke timeout leaves
+    (`MemberMachine.revoke_budget_s`); a handler still running then is cancelled, the revoke
+    returns, and its entry stays pending for the next owner."""
+    cancelled = trio.Event()
+
+    async def stuck(message: Message) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    own(sync_redis, shard_key, "w0")
+    sync_redis.xadd(shard_key, {"n": "0"})
+    async with open_redis(standalone_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", "w0", "w0-inc", stuck, FAST_POLL)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset({0}), layout(shard_key))
+        await wait_for(lambda: poller.shards[0].home.handling is not None)
+        with trio.fail_after(10):  # far above the budget: it returns by the budget
+            await poller.revoke(frozenset({0}), 0.2)
+        assert cancelled.is_set()
+        assert poller.shards == {}
+        assert sync_redis.xpending(shard_key, "billing")["pending"] == 1
+        nursery.cancel_scope.cancel()

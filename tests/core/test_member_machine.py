@@ -269,3 +269,17 @@ def test_whatever_it_is_told_what_it_holds_stays_consistent(
         assert m.owned == reading
         assert m.revoking == stopping
         assert not (m.to_ack & m.owned)
+
+
+def test_the_revoke_budget_follows_the_answers_revoke_timeout() -> None:
+    """In-flight work on revoked shards gets what the group's revoke timeout leaves once the
+    revoke is acknowledged: the timeout less a heartbeat interval and a second; 60 s assumed
+    from a coordinator that does not say (protocol version 1, or an older release)."""
+    m = machine()
+    assert m.revoke_budget_s() == 60.0 - 1.0 - 1.0  # before any answer: the fallback
+    m.receive(m.request(0), answer(assigned={0}), 0)
+    assert m.revoke_budget_s() == 60.0 - 1.0 - 1.0  # an answer without revokeTimeoutMs
+    m.receive(m.request(1), attrs.evolve(answer(assigned={0}), revoke_timeout_ms=10_000), 1)
+    assert m.revoke_budget_s() == 10.0 - 1.0 - 1.0
+    m.receive(m.request(2), attrs.evolve(answer(assigned={0}), revoke_timeout_ms=1_000), 2)
+    assert m.revoke_budget_s() == 0.5  # never less than half a second

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rsc.conformance import vectors
 from rsc.events.model import Layout, Shard, ShardState
 from rsc.events.routing import bucket_of, jump, key_hash, route
 
@@ -64,3 +65,20 @@ def test_route_uses_active_shards_in_index_order() -> None:
         route(Layout(5, (Shard(0, "k0", ShardState.DRAINING),)), b"x")
     with pytest.raises(ValueError, match="routing protocol"):
         route(Layout(1, (Shard(0, "k0"),), routing="mod-v0"), b"x")
+
+
+def test_the_shared_vector_file_is_what_the_code_computes() -> None:
+    """rsc/conformance/vectors/jump-v1.json (what clients in other languages test against) is
+    written from this code: `python -m rsc.conformance.vectors` after a change."""
+    shipped = vectors.load()
+    assert shipped == vectors.build()
+    assert shipped["protocol"] == "jump-v1"
+
+
+def test_the_shared_vectors_hold_the_documented_ones() -> None:
+    shipped = {bytes.fromhex(v["keyHex"]): v for v in vectors.load()["vectors"]}
+    counts = vectors.load()["counts"]
+    for key, (h, buckets) in VECTORS.items():
+        assert int(shipped[key]["hash"], 16) == h
+        by_count = dict(zip(counts, shipped[key]["buckets"], strict=True))
+        assert [by_count[n] for n in COUNTS] == buckets

@@ -119,6 +119,7 @@ async def test_a_credential_s_quota_table_lowers_its_limits(standalone_url: str)
         batch = {"heartbeats": [hb("one", "a", 1), hb("one", "d", 0)]}
         items = (await http.post("/v1/heartbeats", json=batch, headers=auth)).json()["responses"]
         assert items[1]["error"] == "QUOTA_EXCEEDED"
+        assert items[1]["status"] == 429  # what it is answered alone: a client waits and retries
         assert items[1]["details"] == {"quota": "members_per_group", "limit": 2}
         assert "error" not in items[0], items[0]  # a live member is no join
         other_group = hb("one", "e", 0, consumerGroup="audit")

@@ -82,6 +82,7 @@ async def test_one_member_id_past_its_limit_waits_and_nobody_else_does(standalon
         batch = {"heartbeats": [hb("s", "a", epoch), hb("s", "b", other.json()["memberEpoch"])]}
         items = (await http.post("/v1/heartbeats", json=batch)).json()["responses"]
         assert items[0]["error"] == "RATE_LIMITED"
+        assert items[0]["status"] == 429
         assert "error" not in items[1], items[1]
         await trio.sleep(wait + 0.01)
         again = await http.post("/v1/heartbeat", json=hb("s", "a", epoch))

@@ -262,16 +262,21 @@ async def test_each_protocol_version_is_answered_in_its_own_shape(
     v1 = (await client.post("/v1/heartbeat", json=hb(prefix, "a", 1))).json()
     assert "protocolVersion" not in v1
     assert "featureLevel" not in v1
+    assert "revokeTimeoutMs" not in v1
     v2 = (await client.post("/v1/heartbeat", json=hb(prefix, "b", 2))).json()
     assert v2["protocolVersion"] == 2
+    assert v2["revokeTimeoutMs"] == 20_000  # the group's (tests/httpkit.py sets it)
     assert 1 <= v2["featureLevel"] <= MAX_FEATURE_LEVEL
     newer = (await client.post("/v1/heartbeat", json=hb(prefix, "c", 7))).json()
     assert newer["protocolVersion"] == 2  # the client steps down to it
     batch = [hb(prefix, "d", 1), hb(prefix, "e", 2), hb(prefix, "f", 0)]
     items = (await client.post("/v1/heartbeats", json={"heartbeats": batch})).json()["responses"]
     assert "protocolVersion" not in items[0]
+    assert "revokeTimeoutMs" not in items[0]
     assert items[1]["protocolVersion"] == 2
+    assert items[1]["revokeTimeoutMs"] == 20_000
     assert items[2]["error"] == "UNSUPPORTED_PROTOCOL_VERSION"
+    assert items[2]["status"] == 400
     producer = codec.wire.unstructure(ProducerHeartbeatRequest(1, prefix, "p"))
     assert "protocolVersion" not in (await client.post("/v1/producers/heartbeat", json=producer)).json()
     producer["protocolVersion"] = 2

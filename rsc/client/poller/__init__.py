@@ -9,7 +9,7 @@
   loop), nothing queued runs until a heartbeat has confirmed the assignment.
 * Ordered through handoffs: a revoke first stops reading the shard, drops its
   queue and starts nothing more of it; the handler in flight finishes (up to
-  `revoke_timeout_s`), its acknowledgement is flushed, and only then is the revoke
+  what the group's revoke timeout leaves, `revoke_timeout_s` if lower), its acknowledgement is flushed, and only then is the revoke
   acknowledged. Entries read but not handled stay pending in Redis, where the next
   owner claims them first, in id order, before reading new ones.
 * Survives Redis outages: every Redis call goes through `rsc.client.redis_calls`;

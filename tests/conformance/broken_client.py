@@ -1,0 +1,41 @@
+"""A deliberately broken client for the conformance kit's own tests: the Python worker under
+the contract, broken as `RSC_BROKEN` says.
+
+* `after-lease`: no self-fencing (the member's safety margin far below zero, and shards it
+  loses are not stopped): after a pause past its lease it goes on handling what it had queued;
+* `ignore-revokes`: a revoke is never carried out (the shards are neither stopped nor
+  acknowledged), so the coordinator fences it when the revoke timeout ends.
+
+The kit must fail it on the scenarios that check those rules (tests/conformance/test_kit.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+from rsc.client.member import MemberSettings
+from rsc.client.poller.poller import Poller
+from rsc.conformance import python_client
+
+BROKEN = os.environ.get("RSC_BROKEN", "")
+
+if BROKEN == "after-lease":
+    python_client.app.member_settings = MemberSettings(safety_margin=-1000.0)
+
+    async def keep(self: Poller, shards: frozenset[int]) -> None:
+        return None  # a lost shard's queue is handled on
+
+    Poller.lost = keep  # type: ignore[method-assign]
+elif BROKEN == "ignore-revokes":
+
+    async def never(self: Poller, shards: frozenset[int], within_s: float) -> None:
+        await trio.sleep_forever()
+
+    Poller.revoke = never  # type: ignore[method-assign]
+else:
+    raise SystemExit(f"RSC_BROKEN={BROKEN!r}: after-lease or ignore-revokes")
+
+if __name__ == "__main__":
+    python_client.main()

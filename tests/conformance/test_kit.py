@@ -1,0 +1,61 @@
+"""The conformance kit (`rsc conformance`) against the Python worker, which must pass every
+scenario, and against deliberately broken clients (tests/conformance/broken_client.py), which
+must fail exactly the scenarios of the rules they break. Real processes: the kit starts its
+own redis-server and coordinator; the verdicts are read from its JUnit XML."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+
+from rsc.conformance.scenarios import SCENARIOS
+
+ROOT = Path(__file__).parents[2]
+RSC = [sys.executable, "-m", "rsc"]
+
+
+def kit(tmp_path: Path, client: str | None, *scenarios: str, **env: str) -> dict[str, str | None]:
+    """Run the kit; scenario name -> None (passed) or its failure message."""
+    junit = tmp_path / "junit.xml"
+    args = [*RSC, "conformance", "--junit", str(junit), "--workdir", str(tmp_path / "work")]
+    args += ["--client", client] if client else []
+    for name in scenarios:
+        args += ["--scenario", name]
+    done = subprocess.run(
+        args, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert junit.exists(), done.stdout + done.stderr
+    verdicts: dict[str, str | None] = {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        failure = case.find("failure")
+        verdicts[case.get("name", "")] = None if failure is None else failure.get("message", "")
+    assert (done.returncode == 0) == all(v is None for v in verdicts.values()), done.stdout
+    return verdicts
+
+
+def test_the_python_worker_passes_every_scenario(tmp_path: Path) -> None:
+    verdicts = kit(tmp_path, None)
+    assert set(verdicts) == {s.name for s in SCENARIOS}
+    assert {name: why for name, why in verdicts.items() if why} == {}
+
+
+@pytest.mark.parametrize(
+    ("broken", "scenario", "rule", "why"),
+    [
+        ("after-lease", "lease-expiry", "M5", "handler starts after the shard moved away"),
+        ("ignore-revokes", "scale-out", "M6", "REVOKE_TIMEOUT"),
+    ],
+)
+def test_a_broken_client_fails_the_scenario_of_the_rule_it_breaks(
+    tmp_path: Path, broken: str, scenario: str, rule: str, why: str
+) -> None:
+    client = f"{sys.executable} -m tests.conformance.broken_client"
+    verdicts = kit(tmp_path, client, "join", scenario, RSC_BROKEN=broken)
+    assert verdicts["join"] is None  # what it does not break still passes
+    failure = verdicts[scenario]
+    assert failure is not None and rule in failure and why in failure, failure
