@@ -58,4 +58,6 @@ def test_a_broken_client_fails_the_scenario_of_the_rule_it_breaks(
     verdicts = kit(tmp_path, client, "join", scenario, RSC_BROKEN=broken)
     assert verdicts["join"] is None  # what it does not break still passes
     failure = verdicts[scenario]
-    assert failure is not None and rule in failure and why in failure, failure
+    assert failure is not None
+    assert rule in failure, failure
+    assert why in failure, failure

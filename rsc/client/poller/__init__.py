@@ -8,10 +8,11 @@
   handled again). After a pause longer than the lease (SIGSTOP, a blocked event
   loop), nothing queued runs until a heartbeat has confirmed the assignment.
 * Ordered through handoffs: a revoke first stops reading the shard, drops its
-  queue and starts nothing more of it; the handler in flight finishes (up to
-  what the group's revoke timeout leaves, `revoke_timeout_s` if lower), its acknowledgement is flushed, and only then is the revoke
-  acknowledged. Entries read but not handled stay pending in Redis, where the next
-  owner claims them first, in id order, before reading new ones.
+  queue and starts nothing more of it; the handler in flight finishes (up to what the
+  group's revoke timeout leaves, `revoke_timeout_s` if lower), its acknowledgement is
+  flushed, and only then is the revoke acknowledged. Entries read but not handled stay
+  pending in Redis, where the next owner claims them first, in id order, before reading
+  new ones.
 * Survives Redis outages: every Redis call goes through `rsc.client.redis_calls`;
   the reader, acker and reclaimer back off with jitter and retry, acknowledgements
   are kept until Redis takes them, and an outage is logged once when it starts and
