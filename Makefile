@@ -36,7 +36,7 @@ clean-demo: setup
 # Both parts run; the target fails if either did.
 test: setup
 	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
-	$(BIN)/pytest tests/processes tests/chaos tests/browser tests/compat; second=$$?; \
+	$(BIN)/pytest tests/processes tests/chaos tests/browser tests/compat tests/conformance; second=$$?; \
 	exit $$(( first || second ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
@@ -46,7 +46,7 @@ test-fast: setup
 
 # One tier: make test-core, test-actors, test-http, test-clients, test-processes, test-chaos,
 # test-browser, test-compat (docs/development.md says which to run when).
-TIERS := core actors http clients processes chaos browser compat
+TIERS := core actors http clients processes chaos browser compat conformance
 $(addprefix test-,$(TIERS)): test-%: setup
 	$(BIN)/pytest -q tests/$*
 

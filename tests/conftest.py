@@ -19,10 +19,10 @@ from tests import redis_servers
 
 #: The tiers, one folder each (docs/development.md says which to run when); each test is
 #: marked with its folder's tier, so `-m core`, `-m "http or clients"`... select them too.
-TIERS = ("core", "actors", "http", "clients", "processes", "chaos", "browser", "compat")
+TIERS = ("core", "actors", "http", "clients", "processes", "chaos", "browser", "compat", "conformance")
 #: Tiers of real processes, several servers, a browser or the previous release: `make test`
 #: runs them, `make test-fast` (`-m "not slow"`, the inner loop) leaves them out.
-SLOW_TIERS = frozenset({"processes", "chaos", "browser", "compat"})
+SLOW_TIERS = frozenset({"processes", "chaos", "browser", "compat", "conformance"})
 #: In-process modules that take long all the same (several servers, long scenarios, many
 #: examples): left out of `make test-fast` too.
 SLOW_MODULES = frozenset(
