@@ -95,6 +95,19 @@ class RedisServer:
             self.process.wait()
         self.process = None
 
+    def snapshot(self) -> bytes:
+        """The dataset as an RDB file, now (`SAVE`)."""
+        with self.client() as r:
+            r.save()
+        return (self.dir / "dump.rdb").read_bytes()
+
+    def restart_from(self, rdb: bytes) -> None:
+        """Stop, then start again from `rdb`: an older copy of the data (a restored backup, a
+        failover to a replica that lagged)."""
+        self.stop()
+        (self.dir / "dump.rdb").write_bytes(rdb)
+        self.start()
+
     def client(self) -> redis.Redis:
         """A redis-py client (decoded replies)."""
         return redis.Redis(port=self.port, decode_responses=True, socket_timeout=5)
@@ -164,7 +177,7 @@ class Harness:
         self.stream = f"cf-{secrets.token_hex(3)}"
         self.group = "conformance"
         self.port = free_port()
-        self.coordinator: subprocess.Popen[bytes] | None = None
+        self.coordinators: dict[int, subprocess.Popen[bytes]] = {}
         self.clients: list[Client] = []
         self.faults: list[Fault] = []
         self.publishes: list[Publish] = []
@@ -178,7 +191,9 @@ class Harness:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start_coordinator(self, **extra: str) -> None:
+    def start_coordinator(self, port: int | None = None, standby: bool = False, **extra: str) -> None:
+        """`rsc serve` on `port` (default: the harness's); ready, or (`standby`) answering."""
+        port = port or self.port
         credentials = [
             {"name": "members", "token": MEMBER_TOKEN, "roles": ["member"], "create": True},
             {"name": "producers", "token": PRODUCER_TOKEN, "roles": ["producer"], "create": True},
@@ -193,18 +208,19 @@ class Harness:
             "RSC_COORDINATOR_LEASE_TTL_MS": "1000",
             "RSC_ADMIN_PASSWORD": ADMIN_PASSWORD,
             "RSC_CREDENTIALS": json.dumps(credentials),
+            "RSC_ADVERTISE_URL": f"http://127.0.0.1:{port}",
             **self.serve_env,
             **extra,
         }
-        log = (self.workdir / "coordinator.log").open("ab")
-        self.coordinator = subprocess.Popen(
+        log = (self.workdir / f"coordinator-{port}.log").open("ab")
+        process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "rsc",
                 "serve",
                 "--bind",
-                f"127.0.0.1:{self.port}",
+                f"127.0.0.1:{port}",
                 "--redis-url",
                 self.redis.url,
             ],
@@ -214,16 +230,23 @@ class Harness:
             start_new_session=True,
         )
         log.close()
-        if not wait_for(lambda: self.http.get("/readyz").status_code == 200, 30, 0.1):
-            raise RuntimeError(
-                f"the coordinator did not become ready (log: {self.workdir / 'coordinator.log'})"
-            )
+        self.coordinators[port] = process
+        wanted = (200, 503) if standby else (200,)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=2.0) as probe:
+            if not wait_for(lambda: probe.get("/readyz").status_code in wanted, 30, 0.1):
+                raise RuntimeError(f"the coordinator on {port} did not start (log: {log.name})")
 
-    def kill_coordinator(self) -> None:
-        if self.coordinator is not None and self.coordinator.poll() is None:
-            self.coordinator.kill()
-            self.coordinator.wait()
-        self.coordinator = None
+    def kill_coordinator(self, port: int | None = None) -> None:
+        process = self.coordinators.pop(port or self.port, None)
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def use(self, port: int) -> None:
+        """Ask the coordinator on `port` from now on (the views, the producer)."""
+        self.port = port
+        self.http.close()
+        self.http = httpx.Client(base_url=self.url, timeout=5.0)
 
     def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return self.http.request(method, path, auth=("admin", ADMIN_PASSWORD), **kwargs)
@@ -240,14 +263,14 @@ class Harness:
         view = self.group_view() or {}
         return {m["memberId"]: set(m.get("assigned", ())) for m in view.get("members", ())}
 
-    def settled(self, members: int) -> bool:
-        """`members` members own every shard between them and nothing is pending."""
+    def settled(self, members: int, shards: int = SHARDS) -> bool:
+        """`members` members own every one of `shards` shards between them and nothing is pending."""
         view = self.group_view()
         if view is None or len(view.get("members", ())) != members:
             return False
         owned = [s for m in view["members"] for s in m.get("assigned", ())]
         moving = any(m.get("pending") or m.get("revoking") for m in view["members"])
-        return sorted(owned) == list(range(SHARDS)) and not moving
+        return sorted(owned) == list(range(shards)) and not moving
 
     def journal(self) -> list[tuple[str, str, str]]:
         with self.redis.client() as r:
@@ -338,7 +361,8 @@ class Harness:
     def close(self) -> None:
         for client in self.clients:
             client.kill()
-        self.kill_coordinator()
+        for port in list(self.coordinators):
+            self.kill_coordinator(port)
         self.redis.stop()
         self.http.close()
 

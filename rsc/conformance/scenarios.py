@@ -16,7 +16,16 @@ from pathlib import Path
 
 import attrs
 
-from rsc.conformance.harness import LEASE_MS, MEMBER_TOKEN, REVOKE_TIMEOUT_MS, Harness, harness, now, wait_for
+from rsc.conformance.harness import (
+    LEASE_MS,
+    MEMBER_TOKEN,
+    REVOKE_TIMEOUT_MS,
+    Harness,
+    free_port,
+    harness,
+    now,
+    wait_for,
+)
 from rsc.conformance.history import Fault, check
 
 LEASE_S = LEASE_MS / 1000
@@ -245,6 +254,47 @@ def static_takeover(h: Harness) -> None:
     history_clean(h, "M15")
 
 
+def standby_failover(h: Harness) -> None:
+    standby = free_port()
+    h.start_coordinator(standby, standby=True)
+    # the standby first: the client must get past its 503 STANDBY to the active one
+    client = h.start_client(RSC_COORDINATOR_URL=f"http://127.0.0.1:{standby},{h.url}", RSC_HANDLER_MS="5")
+    joined(h, 1, "one member, past a standby", "M12")
+    mids = h.publish(100)
+    h.kill_coordinator()
+    h.use(standby)
+    taken = wait_for(lambda: h.http.get("/readyz").status_code == 200, 20, 0.1)
+    expect(taken, "M12", "kit: the standby did not take over")
+    mids += h.publish(100)
+    handled_all(h, mids, "M12")
+    expect(client.alive(), "M12", f"the client exited during the failover: {client.stderr_tail()}")
+    no_fence(h, ("LEASE_EXPIRED",), "M12")
+    joined(h, 1, "after the failover", "M12")
+    history_clean(h, "M12")
+
+
+def older_copy(h: Harness) -> None:
+    client = h.start_client(RSC_HANDLER_MS="5")
+    joined(h, 1, "one member")
+    handled_all(h, h.publish(50))
+    copy = h.redis.snapshot()  # the layout at version 1, four shards
+    answer = h.admin("PUT", f"/v1/admin/streams/{h.stream}", json={"shardCount": 6})
+    expect(answer.status_code == 200, "M8", f"kit: the reshard was refused: {answer.text}")
+    grew = wait_for(lambda: h.settled(1, 6), JOIN_S, 0.1)
+    expect(grew, "M8", "the member never read all six shards after the scale-out")
+    handled_all(h, h.publish(100), "M8")
+    # Redis comes back from the older copy, and no coordinator remembers the newer layout:
+    # the member reports version 2, the stored one is 1 (SYNC_METADATA, or a stale epoch)
+    h.kill_coordinator()
+    h.redis.restart_from(copy)
+    h.start_coordinator()
+    mids = h.publish(100)
+    handled_all(h, mids, "M8")
+    expect(client.alive(), "M8", f"the client exited: {client.stderr_tail()}")
+    joined(h, 1, "on the stored layout again", "M8")
+    history_clean(h, "M8", journal=False)
+
+
 def _fault(pid: int, kind: str) -> Fault:
     return Fault(pid, kind, now())
 
@@ -270,6 +320,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         "quota-exceeded", ("M13",), "429 QUOTA_EXCEEDED: wait and retry, join when free", quota_exceeded
     ),
     Scenario("redis-data-loss", ("M16",), "Redis restarts empty: consumption resumes", redis_loses_data),
+    Scenario("standby-failover", ("M12",), "503 STANDBY first, then the active one dies", standby_failover),
+    Scenario("older-copy", ("M8", "M7"), "Redis restored from an older copy: SYNC_METADATA", older_copy),
     Scenario("static-takeover", ("M15",), "a new incarnation takes a static id over", static_takeover),
 )
 
