@@ -229,7 +229,10 @@ async def test_revoke_loss_and_stop_end_a_blocked_wake_up_at_once(
             if how == "stop":
                 nursery.cancel_scope.cancel()
             else:
-                await (poller.lost if how == "lost" else poller.revoke)(frozenset({0}))
+                if how == "lost":
+                    await poller.lost(frozenset({0}))
+                else:
+                    await poller.revoke(frozenset({0}), 30.0)
 
                 # The read naming shard 0 ended at once (it blocks for an hour otherwise). On a
                 # standalone Redis it named shard 1 too: shard 1 is watched by a new one.
