@@ -300,10 +300,13 @@ class Harness:
             **extra,
         }
 
-    def start_client(self, **extra: str) -> Client:
+    def start_client(self, command: str | None = None, **extra: str) -> Client:
+        """One more process of the client under test (or of `command`), with the contract's
+        environment and `extra` over it."""
         n = len(self.clients)
         env = self.client_env(**{"RSC_MEMBER_ID": f"member-{n}", **extra})
-        client = Client(self.command, env, self.workdir / f"client-{n}.stderr")
+        args = shlex.split(command) if command else self.command
+        client = Client(args, env, self.workdir / f"client-{n}.stderr")
         self.clients.append(client)
         return client
 

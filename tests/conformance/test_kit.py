@@ -6,6 +6,7 @@ own redis-server and coordinator; the verdicts are read from its JUnit XML."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,15 @@ def kit(tmp_path: Path, client: str | None, *scenarios: str, **env: str) -> dict
 
 def test_the_python_worker_passes_every_scenario(tmp_path: Path) -> None:
     verdicts = kit(tmp_path, None)
+    assert set(verdicts) == {s.name for s in SCENARIOS}
+    assert {name: why for name, why in verdicts.items() if why} == {}
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_the_node_client_passes_every_scenario(tmp_path: Path) -> None:
+    """clients/node's worker under the contract (make setup installs its packages)."""
+    assert (ROOT / "clients" / "node" / "node_modules").is_dir(), "run make setup (npm ci in clients/node)"
+    verdicts = kit(tmp_path, f"node {ROOT / 'clients' / 'node' / 'bin' / 'conformance-client.js'}")
     assert set(verdicts) == {s.name for s in SCENARIOS}
     assert {name: why for name, why in verdicts.items() if why} == {}
 

@@ -1,0 +1,110 @@
+"""Python and Node.js members in one group, and producers of both languages on one stream.
+
+One `rsc worker` (the Python worker under the conformance contract) and one Node.js worker
+(clients/node) share a group while 20,000 messages are published; the Node worker is
+kill -9'd and started again, and the stream is scaled out from 4 to 8 shards in the middle.
+The history checker (`rsc.conformance.history`) judges every handler call both recorded
+against the group's journal: nothing acknowledged is lost, no two calls on one shard overlap,
+no call starts on a shard after it moved away. And a Node.js producer routes every key to the
+shard the Python router names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rsc.cli.conformance_command import PYTHON_CLIENT
+from rsc.conformance.harness import Harness, harness, wait_for
+from rsc.conformance.history import check
+from rsc.events import codec
+from rsc.events.model import Layout
+from rsc.events.routing import route
+
+ROOT = Path(__file__).parents[2]
+NODE_DIR = ROOT / "clients" / "node"
+NODE_CLIENT = f"node {NODE_DIR / 'bin' / 'conformance-client.js'}"
+MESSAGES = 20_000
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+
+
+def publish_steadily(h: Harness, total: int, done: threading.Event, mids: list[str]) -> None:
+    try:
+        while len(mids) < total:
+            mids += h.publish(min(250, total - len(mids)))
+            time.sleep(0.05)
+    finally:
+        done.set()
+
+
+def test_python_and_node_workers_share_a_group_through_a_kill_and_a_scale_out(tmp_path: Path) -> None:
+    with harness(PYTHON_CLIENT, tmp_path) as h:
+        h.start_client(RSC_HANDLER_MS="1")
+        node = h.start_client(NODE_CLIENT, RSC_HANDLER_MS="1")
+        assert wait_for(lambda: h.settled(2), 30, 0.1), h.group_view()
+        mids: list[str] = []
+        done = threading.Event()
+        publisher = threading.Thread(target=publish_steadily, args=(h, MESSAGES, done, mids), daemon=True)
+        publisher.start()
+        assert wait_for(lambda: len(mids) >= MESSAGES // 4, 60)
+        assert any(r.pid == node.pid for r in h.records()), "the Node worker handled nothing"
+        h.kill(node)
+        restarted = h.start_client(NODE_CLIENT, RSC_HANDLER_MS="1")
+        assert wait_for(lambda: len(mids) >= MESSAGES // 2, 60)
+        answer = h.admin("PUT", f"/v1/admin/streams/{h.stream}", json={"shardCount": 8})
+        assert answer.status_code == 200, answer.text
+        assert done.wait(120), "the publisher did not finish"
+        publisher.join()
+        handled = wait_for(lambda: set(mids) <= h.ended(), 120, 0.5)
+        assert handled, f"{len(set(mids) - h.ended())} of {len(mids)} never handled"
+        assert wait_for(lambda: h.pending() == 0, 30, 0.5), f"{h.pending()} left pending"
+        assert wait_for(lambda: h.settled(2, 8), 30, 0.2), h.group_view()
+        report = check(h.records(), h.publishes, h.faults, h.ownership())
+        assert report.ok, "\n".join(report.problems())
+        assert report.published == MESSAGES
+        by_pid = {c.pid: sum(r.ev == "end" and r.pid == c.pid for r in h.records()) for c in h.clients}
+        assert by_pid[restarted.pid] > 0, f"the restarted Node worker handled nothing: {by_pid}"
+
+
+def test_node_and_python_producers_route_every_key_to_the_same_shard(tmp_path: Path) -> None:
+    keys = [f"key-{i}" for i in range(300)] + ["", "Grüße", "注文-7", "customer:1001"]
+    with harness(PYTHON_CLIENT, tmp_path) as h:
+        h.publish(1)  # the stream, as Python producers create it
+        answer = h.admin("PUT", f"/v1/admin/streams/{h.stream}", json={"shardCount": 7})
+        assert answer.status_code == 200, answer.text
+        env = h.client_env(RSC_TOKEN="conformance-producer-token")
+        script = NODE_DIR / "bin" / "publish-keys.js"
+        done = subprocess.run(
+            ["node", str(script)],
+            input=json.dumps(keys),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        view = h.http.get(f"/v1/streams/{h.stream}/routing").json()
+        layout = codec.converter.structure(
+            {
+                "metadataVersion": view["metadataVersion"],
+                "routing": view["routing"],
+                "shards": view["shards"],
+            },
+            Layout,
+        )
+        with h.redis.client() as r:
+            landed = {
+                fields["bkey"]: shard["index"]
+                for shard in view["shards"]
+                for _, fields in r.xrange(shard["key"])
+                if "bkey" in fields
+            }
+        assert set(landed) == set(keys)
+        assert {k: landed[k] for k in keys} == {k: route(layout, k.encode()).index for k in keys}
