@@ -17,7 +17,17 @@ $(STAMP): pyproject.toml rsc/__init__.py constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-setup: $(STAMP)
+# The Node.js reference client's packages (clients/node, `npm ci` from its lock file), when
+# Node.js is installed: the conformance tier runs it.
+NODE_DIR := clients/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed-$(shell cat $(NODE_DIR)/package-lock.json 2>/dev/null | cksum | cut -d' ' -f1)
+
+$(NODE_STAMP): $(wildcard $(NODE_DIR)/package-lock.json)
+	@if command -v npm >/dev/null && [ -f $(NODE_DIR)/package-lock.json ]; then \
+		cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error && rm -f node_modules/.installed-* && touch ../../$@; \
+	else echo "setup: no npm (or no clients/node/package-lock.json): the Node.js client is not installed"; fi
+
+setup: $(STAMP) $(NODE_STAMP)
 
 # The demo's keys live under their own namespace (`make clean-demo` removes them), and its
 # admin password (loopback only) is `demo` unless RSC_ADMIN_PASSWORD says otherwise.
