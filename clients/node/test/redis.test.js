@@ -1,0 +1,114 @@
+// The data-plane scripts against a real Redis: appends, the seal, and the owner-token checks.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Coordinator } from '../src/coordinator.js';
+import { Producer } from '../src/producer.js';
+import { parseRedisUrl } from '../src/redis.js';
+import { SCRIPTS, ownersKey, runScript, sealKey } from '../src/scripts.js';
+import { deleteKeys, prefix, redisOrNull } from './helpers.js';
+
+/** @type {import('ioredis').Redis | null} */
+let redis = null;
+const p = prefix();
+const shard = `${p}s:{s:0}`;
+const owners = ownersKey(shard);
+const group = 'g';
+
+before(async () => {
+  redis = await redisOrNull();
+  if (redis) {
+    await redis.xgroup('CREATE', shard, group, '0', 'MKSTREAM');
+    await redis.hset(owners, group, JSON.stringify({ memberId: 'm1', incarnation: 'i1', memberEpoch: 1 }));
+  }
+});
+after(async () => {
+  if (redis) {
+    await deleteKeys(redis, p);
+    redis.disconnect();
+  }
+});
+
+test('redis URL forms', () => {
+  assert.equal(parseRedisUrl('redis://h:7/2').db, 2);
+  const s = parseRedisUrl('redis+sentinel://:pw@a:1,b:2/main/3?sentinel_password=x');
+  assert.equal(s.kind, 'sentinel');
+  assert.equal(s.service, 'main');
+  assert.equal(s.db, 3);
+  assert.equal(s.password, 'pw');
+  assert.deepEqual(s.hosts, [{ host: 'a', port: 1 }, { host: 'b', port: 2 }]);
+  assert.equal(parseRedisUrl('rediss://h').tls, true);
+});
+
+test('append, read and ack by the owner; refused for another incarnation', async (t) => {
+  if (!redis) return t.skip('no Redis');
+  const ids = await runScript(redis, 'append', [shard, sealKey(shard)], [2, 2, 'mid', 'a', 4, 'mid', 'b', 'x', 'y']);
+  assert.equal(ids.length, 2);
+  const [[refused, entries, tail]] = await runScript(redis, 'read', [shard, owners],
+    [group, 'm1', 'i1', 'm1', 10, '0-0', '']);
+  assert.equal(refused, '');
+  assert.deepEqual(entries.map((e) => e[0]), ids);
+  assert.deepEqual(entries[1][1], ['mid', 'b', 'x', 'y']);
+  assert.equal(tail, ids[1]);
+  const [otherRead] = await runScript(redis, 'read', [shard, owners], [group, 'm1', 'i2', 'm1', 10, '0-0', '']);
+  assert.match(otherRead[0], /^FENCED/);
+  const [refusedAck] = await runScript(redis, 'ack', [shard, owners], [group, 'm2', 'i1', 1, ids[0]]);
+  assert.match(refusedAck, /^FENCED/);
+  await assert.rejects(runScript(redis, 'claim', [shard, owners], [group, 'm1', 'other', 'm1', 0, 10, '0-0']), /FENCED/);
+  await assert.rejects(runScript(redis, 'start', [shard, owners], [group, 'mX', 'i1', 'mX', ids[0]]), /FENCED/);
+  // the owner: a redelivery counted, then acknowledged
+  assert.equal(Number(await runScript(redis, 'start', [shard, owners], [group, 'm1', 'i1', 'm1', ids[0]])), 2);
+  const [acked] = await runScript(redis, 'ack', [shard, owners], [group, 'm1', 'i1', 2, ...ids]);
+  assert.equal(acked, 2);
+  assert.equal((await redis.xpending(shard, group))[0], 0);
+});
+
+test('a sealed shard refuses appends; the producer refreshes its layout and re-routes', async (t) => {
+  if (!redis) return t.skip('no Redis');
+  const a = `${p}st:{st:0}`;
+  const b = `${p}st:{st:1}`;
+  await redis.set(sealKey(a), '2');
+  await assert.rejects(runScript(redis, 'append', [a, sealKey(a)], [1, 2, 'k', 'v']), /^ReplyError: SEALED|SEALED/);
+  // A fake coordinator: version 1 routes everything to shard a, version 2 has a DRAINING.
+  let version = 1;
+  const layouts = {
+    1: { metadataVersion: 1, routing: 'jump-v1', shards: [{ index: 0, key: a, state: 'ACTIVE' }] },
+    2: { metadataVersion: 2, routing: 'jump-v1', shards: [{ index: 0, key: a, state: 'DRAINING' }, { index: 1, key: b, state: 'ACTIVE' }] },
+  };
+  const coordinator = new Coordinator({
+    urls: 'http://fake',
+    fetch: async (_url, init) => {
+      const body = JSON.parse(String(init?.body));
+      const answer = {
+        status: 'OK', producerId: body.producerId, metadataVersion: version, routing: 'jump-v1', shardCount: 1,
+        paused: false, heartbeatIntervalMs: 1000, leaseTtlMs: 5000,
+        layout: body.metadataVersion === version ? null : layouts[version],
+      };
+      return new Response(JSON.stringify(answer), { status: 200 });
+    },
+  });
+  const producer = new Producer({ coordinator, redis, stream: 'st', log: () => {} });
+  await producer.heartbeat();
+  assert.equal(producer.metadataVersion, 1);
+  version = 2;
+  const ids = await producer.publishMany([{ key: 'x', fields: { n: '1' } }, { key: 'y', fields: { n: '2' } }]);
+  assert.equal(producer.metadataVersion, 2);
+  assert.equal(await redis.xlen(a), 0);
+  assert.deepEqual((await redis.xrange(b, '-', '+')).map((e) => e[0]), ids);
+});
+
+test('NOSCRIPT: the script is sent again with EVAL', async () => {
+  const calls = [];
+  const fake = {
+    evalsha: async (...a) => { calls.push(['evalsha', ...a]); throw new Error('NOSCRIPT No matching script.'); },
+    eval: async (...a) => { calls.push(['eval', ...a]); return 'ok'; },
+  };
+  assert.equal(await runScript(fake, 'start', ['k', 'o'], ['g']), 'ok');
+  assert.equal(calls[0][1], SCRIPTS.start.sha);
+  assert.ok(calls[1][1].equals(SCRIPTS.start.body));
+  assert.deepEqual(calls[1].slice(2), [2, 'k', 'o', 'g']);
+});
+
+test('script SHA1s are what Redis computes', async (t) => {
+  if (!redis) return t.skip('no Redis');
+  for (const s of Object.values(SCRIPTS)) assert.equal(await redis.script('LOAD', s.body), s.sha);
+});
