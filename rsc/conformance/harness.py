@@ -157,6 +157,8 @@ class Client:
             self.process.kill()
             self.process.wait()
         self._reader.join(timeout=2)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         self._err.close()
 
     def stderr_tail(self, lines: int = 3) -> str:
