@@ -11,20 +11,27 @@ shard the Python router names."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from redis.cluster import RedisCluster
 
 from rsc.cli.conformance_command import PYTHON_CLIENT
-from rsc.conformance.harness import PRODUCER_TOKEN, Harness, harness, wait_for
+from rsc.client.sync import SyncCoordinator, SyncProducer
+from rsc.conformance.harness import PRODUCER_TOKEN, Client, Harness, free_port, harness, wait_for
 from rsc.conformance.history import check
 from rsc.events import codec
 from rsc.events.model import Layout
 from rsc.events.routing import route
+from tests.redis_servers import cluster
 
 ROOT = Path(__file__).parents[2]
 NODE_DIR = ROOT / "clients" / "node"
@@ -109,3 +116,48 @@ def test_node_and_python_producers_route_every_key_to_the_same_shard(tmp_path: P
             }
         assert set(landed) == set(keys)
         assert {k: landed[k] for k in keys} == {k: route(layout, k.encode()).index for k in keys}
+
+
+def test_the_node_worker_reads_a_redis_cluster(tmp_path: Path) -> None:
+    """The Node.js worker given a cluster node's URL (as the Python clients take it): ioredis
+    follows the slots, the fenced scripts run on each shard's node."""
+    with cluster() as url:
+        port = free_port()
+        env = {
+            **os.environ,
+            "RSC_HEARTBEAT_INTERVAL_MS": "200",
+            "RSC_MEMBER_LEASE_TTL_MS": "2000",
+            "RSC_COORDINATOR_LEASE_TTL_MS": "1000",
+            "RSC_DEFAULT_SHARD_COUNT": "6",
+        }
+        log = (tmp_path / "coordinator.log").open("wb")
+        serve = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}", "--redis-url", url]
+        coordinator = subprocess.Popen(serve, env=env, stdout=log, stderr=log)
+        base = f"http://127.0.0.1:{port}"
+        client_env = {**os.environ, "RSC_COORDINATOR_URL": base, "RSC_REDIS_URL": url, "RSC_STREAM": "nc"}
+        client_env |= {"RSC_GROUP": "g", "RSC_MEMBER_ID": "n1", "RSC_HANDLER_MS": "1"}
+        worker = None
+        try:
+            with httpx.Client(base_url=base) as http:
+                assert wait_for(lambda: http.get("/readyz").status_code == 200, 30)
+                worker = Client(shlex.split(NODE_CLIENT), client_env, tmp_path / "node.stderr")
+                joined = wait_for(lambda: len(http.get("/v1/streams/nc/groups/g").json()["members"]) == 1, 30)
+                assert joined, worker.stderr_tail()
+            data = RedisCluster.from_url(url)
+            coordinator_client = SyncCoordinator(base)
+            producer = SyncProducer(coordinator_client, data, "nc").start()
+            try:
+                producer.publish_many([({"mid": f"m{i}", "bkey": f"k{i}"}, f"k{i}") for i in range(600)])
+            finally:
+                producer.close()
+                coordinator_client.close()
+                data.close()
+            handled = lambda: {r.mid for r in worker.records if r.ev == "end"}  # noqa: E731
+            assert wait_for(lambda: len(handled()) == 600, 60), (len(handled()), worker.stderr_tail())
+            assert len({r.shard for r in worker.records}) == 6
+        finally:
+            if worker is not None:
+                worker.kill()
+            coordinator.kill()
+            coordinator.wait()
+            log.close()
