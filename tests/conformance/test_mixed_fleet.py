@@ -10,6 +10,7 @@ shard the Python router names."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -31,7 +33,8 @@ from rsc.conformance.history import check
 from rsc.events import codec
 from rsc.events.model import Layout
 from rsc.events.routing import route
-from tests.redis_servers import cluster
+from rsc.sync_connect import sync_redis
+from tests.redis_servers import SentinelSet, cluster
 
 ROOT = Path(__file__).parents[2]
 NODE_DIR = ROOT / "clients" / "node"
@@ -118,10 +121,22 @@ def test_node_and_python_producers_route_every_key_to_the_same_shard(tmp_path: P
         assert {k: landed[k] for k in keys} == {k: route(layout, k.encode()).index for k in keys}
 
 
-def test_the_node_worker_reads_a_redis_cluster(tmp_path: Path) -> None:
-    """The Node.js worker given a cluster node's URL (as the Python clients take it): ioredis
-    follows the slots, the fenced scripts run on each shard's node."""
-    with cluster() as url:
+@contextlib.contextmanager
+def data_plane(kind: str, tmp_path: Path) -> Iterator[str]:
+    if kind == "cluster":
+        with cluster() as url:
+            yield url
+    else:
+        with SentinelSet(tmp_path / "sentinel") as sentinels:
+            yield sentinels.url
+
+
+@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+def test_the_node_worker_reads_a_redis_cluster_and_through_sentinel(tmp_path: Path, kind: str) -> None:
+    """The Node.js worker given a cluster node's URL or a `redis+sentinel://` URL (as the
+    Python clients take them): ioredis follows the slots, or asks the sentinels for the
+    primary; the fenced scripts run where each shard lives."""
+    with data_plane(kind, tmp_path) as url:
         port = free_port()
         env = {
             **os.environ,
@@ -143,7 +158,7 @@ def test_the_node_worker_reads_a_redis_cluster(tmp_path: Path) -> None:
                 worker = Client(shlex.split(NODE_CLIENT), client_env, tmp_path / "node.stderr")
                 joined = wait_for(lambda: len(http.get("/v1/streams/nc/groups/g").json()["members"]) == 1, 30)
                 assert joined, worker.stderr_tail()
-            data = RedisCluster.from_url(url)
+            data = RedisCluster.from_url(url) if kind == "cluster" else sync_redis(url)
             coordinator_client = SyncCoordinator(base)
             producer = SyncProducer(coordinator_client, data, "nc").start()
             try:
