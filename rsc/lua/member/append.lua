@@ -1,7 +1,7 @@
 -- rsc member script `append` (producers, feature level 2): append messages to one shard unless
 -- the shard is sealed (it drains: the layout the producer routes with is stale), atomic with the
 -- check. One call per shard a publish writes to (the seal is checked once per shard and call).
--- KEYS: shard, its seal (`<shard key>:seal`)
+-- KEYS: shard, its seal (`<shard key>:rsc:v1:seal`)
 -- ARGV: the number of messages, then per message the number of its field/value strings followed
 --       by those strings, flat (field, value, field, value, ...).
 -- Reply: the entry ids, in order; error 'SEALED <shard> drains since layout v<N>' when sealed
