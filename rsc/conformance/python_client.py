@@ -24,8 +24,9 @@ app = App()
 _HANDLER_S = int(os.environ.get("RSC_HANDLER_MS", "0")) / 1000
 
 
-def record(event: str, message: Message) -> None:
-    """One JSON line on stdout, written with one system call."""
+def record_line(event: str, message: Message) -> bytes:
+    """The contract's JSON line for one handler event (docs/clients.md), with its newline; the
+    chaos suite's worker writes the same records (tests/chaos/chaosapp.py)."""
     line = {
         "ev": event,
         "pid": os.getpid(),
@@ -39,7 +40,12 @@ def record(event: str, message: Message) -> None:
         "seq": message.fields.get("seq"),
         "deliveries": message.deliveries,
     }
-    os.write(1, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+    return (json.dumps(line, separators=(",", ":")) + "\n").encode()
+
+
+def record(event: str, message: Message) -> None:
+    """One JSON line on stdout, written with one system call."""
+    os.write(1, record_line(event, message))
 
 
 @app.listener(

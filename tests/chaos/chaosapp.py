@@ -19,7 +19,6 @@ so that entries of that shard are queued behind the blocked call.)
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -29,6 +28,7 @@ import trio
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 from rsc.client.worker import App
+from rsc.conformance.python_client import record_line
 
 RECORDS = os.environ.get("RSC_CHAOS_RECORDS", f"chaos-records-{os.getpid()}.jsonl")
 _low, _, _high = os.environ.get("RSC_CHAOS_DELAY_MS", "30,100").partition(",")
@@ -40,21 +40,8 @@ app = App(member_settings=MemberSettings(heartbeat_interval_ms=200, lease_ttl_ms
 
 
 def record(event: str, message: Message) -> None:
-    """One JSON line, written with one system call."""
-    line = {
-        "ev": event,
-        "pid": os.getpid(),
-        "member": message.member_id,
-        "shard": message.shard,
-        "key": message.key,
-        "id": message.id,
-        "bkey": message.fields.get("bkey"),
-        "seq": message.fields.get("seq"),
-        "mid": message.fields.get("mid"),
-        "deliveries": message.deliveries,
-        "t": time.clock_gettime(time.CLOCK_MONOTONIC),
-    }
-    os.write(_fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+    """One JSON line (the conformance contract's record), written with one system call."""
+    os.write(_fd, record_line(event, message))
 
 
 @app.listener(
