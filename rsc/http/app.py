@@ -14,48 +14,32 @@ The routes, one job a module: `heartbeat_routes` (members), `producer_routes`,
 
 from __future__ import annotations
 
-import itertools
 import logging
-import re
-import secrets
 
-from quart import Response, g, request
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from rsc.actors.errors import ActorStopped, NotFinalized, StoreError, UnsupportedSchema
-from rsc.actors.features import UnsupportedFeatureLevel
-from rsc.actors.health import store_failed
+from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.events import auth
 from rsc.events.auth import Action
-from rsc.events.errors import CoordinationError, http_status
-from rsc.events.rates import retry_after_header
-from rsc.http.authenticate import PUBLIC_PATHS, AdminAccount, Gate, Refused
+from rsc.events.errors import CoordinationError
+from rsc.http import exchange, fast_heartbeat
+from rsc.http.answers import answer_response, error_answer, http_error_answer
+from rsc.http.authenticate import PUBLIC_PATHS, AdminAccount, Gate
 from rsc.http.callers import QuotaTable, caller_key
 from rsc.http.errors import ApiError
+from rsc.http.fast_heartbeat import HeartbeatFastPath
 from rsc.http.heartbeat_routes import add_heartbeat_routes
-from rsc.http.json_io import error_response
-from rsc.http.metrics import Metrics, refusal_details
+from rsc.http.metrics import Metrics
 from rsc.http.monitoring_routes import add_monitoring_routes
 from rsc.http.producer_routes import add_producer_routes
 from rsc.http.ratelimit import ADMIN_WRITES, VIEWS, RateLimits
 from rsc.http.throttle import FailureThrottle, client_key
 
 log = logging.getLogger("rsc.http")
-
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
-
-#: Request ids this process makes: a random prefix per process and a counter (as unique as a
-#: uuid4 per process and start, without a system call for randomness on every request).
-_REQUEST_ID_PREFIX = secrets.token_hex(8)
-_request_numbers = itertools.count(1)
-
-
-def _new_request_id() -> str:
-    return f"{_REQUEST_ID_PREFIX}{next(_request_numbers):016x}"
 
 
 def create_app(registry: Registry, settings: Settings | None = None) -> QuartTrio:
@@ -90,6 +74,10 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     add_heartbeat_routes(app, registry, metrics, gate, rates, quota_of, settings)
     add_producer_routes(app, registry, metrics, gate, rates, quota_of)
     add_monitoring_routes(app, registry, gate, metrics)
+    fast = HeartbeatFastPath(app.asgi_app, app.extensions["rsc.single_heartbeat"], gate, app.config)
+    app.extensions[fast_heartbeat.EXTENSION] = fast
+    # Quart's documented middleware hook (`app.asgi_app = middleware(app.asgi_app)`):
+    app.asgi_app = fast  # type: ignore[method-assign]
     return app
 
 
@@ -133,60 +121,30 @@ def _authorize(gate: Gate, rates: RateLimits) -> None:
 def _add_request_ids_and_errors(app: QuartTrio, gate: Gate, rates: RateLimits) -> None:
     @app.before_request
     async def assign_request_id_and_authorize() -> None:  # one hook: each costs per request
-        given = request.headers.get("X-Request-Id", "")
-        g.request_id = given if _REQUEST_ID.fullmatch(given) else _new_request_id()
+        headers = request.headers
+        exchange.begin(
+            headers.get("Authorization", ""),
+            request.remote_addr,
+            exchange.id_for(headers.get("X-Request-Id", "")),
+        )
         _authorize(gate, rates)
 
     @app.after_request
     async def echo_request_id(response: Response) -> Response:
-        response.headers["X-Request-Id"] = getattr(g, "request_id", "")
+        response.headers["X-Request-Id"] = exchange.request_id()
         return response
 
     @app.errorhandler(ApiError)
-    async def api_error(error: ApiError) -> Response:
-        response = error_response(error.status, error.code, error.message, error.details)
-        if isinstance(error, Refused) and error.status == 401:
-            response.headers["WWW-Authenticate"] = 'Bearer realm="rsc"'
-        if error.retry_after_s is not None:
-            response.headers["Retry-After"] = retry_after_header(error.retry_after_s)
-        return response
-
     @app.errorhandler(CoordinationError)
-    async def refused(error: CoordinationError) -> Response:
-        g.error_code = error.code  # (the audit tells a quota refusal from throttling by it)
-        return error_response(http_status(error.code), error.code, error.message, refusal_details(error))
-
     @app.errorhandler(StoreError)
-    async def unavailable(error: StoreError) -> Response:
-        if isinstance(error, UnsupportedSchema | UnsupportedFeatureLevel):
-            # Written by a newer release: this coordinator must not act on it (an operator's
-            # problem: run a release that supports it). Clients retry elsewhere or later.
-            log.error("%s", error)
-            return error_response(503, "UNSUPPORTED_VERSION", str(error))
-        if isinstance(error, NotFinalized):
-            log.error("bug: %s", error)
-            return error_response(500, "INTERNAL", "internal error: an event the feature level forbids")
-        store_failed(log, error, f"store unavailable: {error}")
-        return error_response(503, "UNAVAILABLE", "the coordinator's Redis is unavailable; retry")
-
     @app.errorhandler(ActorStopped)
-    async def stopped(error: ActorStopped) -> Response:
-        return error_response(503, "UNAVAILABLE", "the aggregate is restarting; retry")
+    async def known_error(error: Exception) -> Response:
+        return answer_response(error_answer(error))
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "BODY_TOO_LARGE"}.get(status, "HTTP_ERROR")
-        response = error_response(status, code, error.description or error.name)
-        allowed = getattr(error, "valid_methods", None)
-        if status == 405 and allowed:
-            response.headers["Allow"] = ", ".join(sorted(allowed))  # RFC 9110
-        return response
+        return answer_response(http_error_answer(error))
 
     @app.errorhandler(Exception)
     async def bug(error: Exception) -> Response:
-        request_id = getattr(g, "request_id", "")
-        log.exception("unhandled error, request id %s, on %s %r", request_id, request.method, request.path)
-        return error_response(
-            500, "INTERNAL", f"internal error; request id {request_id} is in the server log"
-        )
+        return answer_response(error_answer(error, request.method, request.path))

@@ -19,10 +19,10 @@ from collections.abc import Callable
 import attrs
 import trio
 from prometheus_client import CollectorRegistry, Counter
-from quart import g, request
 
 from rsc.events import auth
 from rsc.events.auth import Action, Credential, Policy, Verdict
+from rsc.http import exchange
 from rsc.http.errors import ApiError
 from rsc.http.throttle import FailureThrottle, client_key
 
@@ -66,7 +66,7 @@ class AdminAccount:
 
 
 class Gate:
-    """Authenticates each request once (`g.principal`) and authorizes actions on streams."""
+    """Authenticates each request once (`Exchange.principal`) and authorizes actions on streams."""
 
     def __init__(
         self,
@@ -89,13 +89,13 @@ class Gate:
     def principal(self, action: Action | None = None) -> Credential | None:
         """The authenticated caller of this request (None: anonymous); 401 for a bad credential.
 
-        Authenticated once per request (the result is kept in `g`)."""
-        ctx = g._get_current_object()  # one proxy lookup instead of several
-        cached = ctx.__dict__.get("principal", _UNSET)
-        if cached is not _UNSET:
-            return cached  # type: ignore[no-any-return]
+        Authenticated once per request (the result is kept in its `Exchange`)."""
+        ctx = exchange.current()
+        cached = ctx.principal
+        if cached is not exchange.UNSET:
+            return cached  # type: ignore[return-value]
         found: Credential | None = None
-        header = request.headers.get("Authorization", "")
+        header = ctx.authorization
         if header:
             scheme, _, value = header.partition(" ")
             basic = scheme.lower() == "basic"
@@ -129,7 +129,7 @@ class Gate:
 
     def refuse_if_throttled(self) -> None:
         """429 when this request's address used up its admin login budget (views and Admin API alike)."""
-        address = client_key(request.remote_addr)
+        address = client_key(exchange.current().remote_addr)
         wait = self.throttle.retry_after(address, trio.current_time())
         if wait is not None:
             raise Refused(
@@ -147,7 +147,7 @@ class Gate:
         if user is not None and password is not None and self.account.check(user, password):
             return auth.ADMIN
         if user is not None or count_missing:
-            self.throttle.failed(client_key(request.remote_addr), trio.current_time())
+            self.throttle.failed(client_key(exchange.current().remote_addr), trio.current_time())
         return None
 
     def check(self, action: Action, stream_prefix: str | None = None) -> Credential | None:
@@ -191,7 +191,6 @@ class Gate:
         return Refused(status, code, message)
 
 
-_UNSET = object()
 #: What each action is, in a refusal's words.
 _VERBS = {
     Action.MEMBER_HEARTBEAT: "send member heartbeats",
@@ -204,7 +203,7 @@ _VERBS = {
 
 
 def _from_loopback() -> bool:
-    address = request.remote_addr
+    address = exchange.current().remote_addr
     if not address or address == UNIX_PEER:  # a Unix socket peer: on this host, like loopback
         return True
     if address.startswith("127.") or address == "::1":  # the usual spellings, without parsing

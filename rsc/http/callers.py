@@ -8,18 +8,19 @@ quotas `rsc.config.Settings.quota_for`'s.
 
 from __future__ import annotations
 
-from quart import request
-
 from rsc.config import Settings
 from rsc.events import auth, quotas
+from rsc.http import exchange
 from rsc.http.throttle import client_key
 
 
 def caller_key(caller: auth.Credential | None) -> str:
     """Whose per-caller limits the current request uses: its credential's, else its address's.
 
-    Raises nothing (outside a request, quart's `RuntimeError`)."""
-    return f"credential:{caller.name}" if caller is not None else f"address:{client_key(request.remote_addr)}"
+    Raises nothing (outside a request, `LookupError`)."""
+    if caller is not None:
+        return f"credential:{caller.name}"
+    return f"address:{client_key(exchange.current().remote_addr)}"
 
 
 class QuotaTable:

@@ -68,36 +68,12 @@ def add_heartbeat_routes(
     single_seconds = metrics.heartbeat_seconds.labels("single")
     batch_seconds = metrics.heartbeat_seconds.labels("batch")
 
-    @app.post("/v1/heartbeat")
+    single = SingleHeartbeat(registry, gate, rates, quota_of, holds, auto_groups, single_seconds)
+    app.extensions["rsc.single_heartbeat"] = single
+
+    @app.post("/v1/heartbeat")  # (below Quart, `rsc.http.fast_heartbeat` answers it first)
     async def heartbeat() -> Response:
-        with single_seconds.time():
-            body = structure(await json_body(), HeartbeatRequest)
-            caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
-            command = body.to_command(registry.clock.now_ms())
-            validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
-            if heartbeat_rules.limited(body):
-                rates.check(HEARTBEATS, caller_key(caller))
-                rates.check(PARTY, heartbeat_rules.member_key(caller, body))
-            quota = quota_of(caller)
-            command = heartbeat_rules.with_join_quota(command, quota.limits.members_per_group)
-            may_create = gate.may_create(caller)
-            create = heartbeat_rules.creates_group(body, auto_groups, may_create)
-            version = holds.version(body.stream_prefix, body.consumer_group)
-            seen = heartbeat_rules.seen_version(body, may_create)
-            reply = await registry.ask_group(
-                body.stream_prefix,
-                body.consumer_group,
-                command,
-                create=create,
-                seen_version=seen,
-                rebuild=auto_groups,
-                quota=quota,
-            )
-            response = respond(reply.state, command, reply.events)
-        if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
-            response = await holds.hold(body, command, response, version)
-        level = registry.known_feature_level()
-        return json_response(answered_in(response, body.protocol_version, level))
+        return json_response(await single.answer(await json_body()), plain=True)
 
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
@@ -112,6 +88,66 @@ def add_heartbeat_routes(
                 for index, hold in held.items():
                     nursery.start_soon(_held_item, results, index, holds, hold, level)
         return json_response({"responses": results}, plain=True)
+
+
+class SingleHeartbeat:
+    """`POST /v1/heartbeat`'s work, whichever path took the request (Quart's route or the fast
+    path below it): the parsed body in, the answer as plain JSON out, refusals raised."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        gate: Gate,
+        rates: RateLimits,
+        quota_of: QuotaTable,
+        holds: RegistryHold,
+        auto_groups: bool,
+        seconds: Any,
+    ) -> None:
+        self.registry = registry
+        self.gate = gate
+        self.rates = rates
+        self.quota_of = quota_of
+        self.holds = holds
+        self.auto_groups = auto_groups
+        #: The `rsc_heartbeat_seconds{endpoint="single"}` series.
+        self.seconds = seconds
+
+    async def answer(self, payload: Any) -> Any:
+        """The answer to one member's heartbeat `payload` (JSON), as plain JSON.
+
+        Raises `ApiError` (a bad body, a refused caller, a rate limit), `CoordinationError` (a
+        refusal of the group), `StoreError` and `ActorStopped` (retry): `rsc.http.answers`
+        says how each is answered."""
+        registry, gate, rates, holds = self.registry, self.gate, self.rates, self.holds
+        with self.seconds.time():
+            body = structure(payload, HeartbeatRequest)
+            caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
+            command = body.to_command(registry.clock.now_ms())
+            validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
+            if heartbeat_rules.limited(body):
+                rates.check(HEARTBEATS, caller_key(caller))
+                rates.check(PARTY, heartbeat_rules.member_key(caller, body))
+            quota = self.quota_of(caller)
+            command = heartbeat_rules.with_join_quota(command, quota.limits.members_per_group)
+            may_create = gate.may_create(caller)
+            create = heartbeat_rules.creates_group(body, self.auto_groups, may_create)
+            version = holds.version(body.stream_prefix, body.consumer_group)
+            seen = heartbeat_rules.seen_version(body, may_create)
+            reply = await registry.ask_group(
+                body.stream_prefix,
+                body.consumer_group,
+                command,
+                create=create,
+                seen_version=seen,
+                rebuild=self.auto_groups,
+                quota=quota,
+            )
+            response = respond(reply.state, command, reply.events)
+        if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
+            response = await holds.hold(body, command, response, version)
+        level = registry.known_feature_level()
+        return codec.wire.unstructure(answered_in(response, body.protocol_version, level))
 
 
 async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold, level: int) -> None:

@@ -16,10 +16,11 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
-from quart import Response, g, request
+from quart import Response, request
 
 from rsc.events import codec
 from rsc.events.model import SURROGATE
+from rsc.http import exchange
 from rsc.http.errors import ApiError
 
 T = TypeVar("T")
@@ -182,7 +183,7 @@ def error_body(code: str, message: str, details: Any = None, status: int | None 
     """The JSON error `{error, message, requestId, details}` (the request's id), and `status`
     when given (an item of a batch names the status it would have been answered with alone).
     Raises nothing."""
-    body = {"error": code, "message": message, "requestId": getattr(g, "request_id", ""), "details": details}
+    body = {"error": code, "message": message, "requestId": exchange.request_id(), "details": details}
     if status is not None:
         body["status"] = status
     return body

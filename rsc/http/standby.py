@@ -35,7 +35,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from rsc.actors.leadership import Leadership
-from rsc.http.json_io import error_response
+from rsc.http.answers import ErrorAnswer, answer_response
 
 #: What a standby still answers itself (GET only): facts about the process, not the coordination.
 log = logging.getLogger("rsc.standby")
@@ -45,7 +45,11 @@ RETRY_AFTER_S = 1
 
 
 def add_standby_gate(app: QuartTrio, leadership: Leadership) -> None:
-    """Answer 503 STANDBY while `leadership` is not active (register it after every other hook)."""
+    """Answer 503 STANDBY while `leadership` is not active (register it after every other hook);
+    the heartbeat fast path below Quart asks `leadership` too."""
+    fast = app.extensions.get("rsc.fast_heartbeat")
+    if fast is not None:
+        fast.leadership = leadership
 
     @app.before_request
     async def standby_gate() -> Response | None:
@@ -62,26 +66,29 @@ def add_standby_gate(app: QuartTrio, leadership: Leadership) -> None:
 
 
 def standby_response(leadership: Leadership) -> Response:
-    """The 503 STANDBY answer, naming the active coordinator when it is known.
+    """`standby_answer` for the current Quart request. Raises nothing."""
+    return answer_response(standby_answer(leadership, request.path))
+
+
+def standby_answer(leadership: Leadership, path: str) -> ErrorAnswer:
+    """The 503 STANDBY answer to a request for `path`, naming the active coordinator when it is
+    known. Raises nothing.
 
     When this process cannot reach Redis, it is not a standby waiting its turn: it
     says that Redis is the cause (503 UNAVAILABLE, `/readyz` NOT_READY) instead.
     """
+    retry = (("Retry-After", str(RETRY_AFTER_S)),)
     if leadership.unreachable is not None:
-        code = "NOT_READY" if request.path == "/readyz" else "UNAVAILABLE"
-        response = error_response(
+        return ErrorAnswer(
             503,
-            code,
+            "NOT_READY" if path == "/readyz" else "UNAVAILABLE",
             "the coordinator cannot reach its Redis, so it does not act as the active coordinator; retry",
             {"redis": "unreachable", "active": None},
+            retry,
         )
-        response.headers["Retry-After"] = str(RETRY_AFTER_S)
-        return response
     active = leadership.active_elsewhere()
     where = f"; the active coordinator is {active}" if active else ""
-    response = error_response(503, "STANDBY", f"this coordinator is a standby{where}", {"active": active})
-    response.headers["Retry-After"] = str(RETRY_AFTER_S)
-    return response
+    return ErrorAnswer(503, "STANDBY", f"this coordinator is a standby{where}", {"active": active}, retry)
 
 
 def _open() -> bool:

@@ -18,7 +18,7 @@ import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
-from rsc.http import paging
+from rsc.http import exchange, paging
 from rsc.http.admin.bodies import int_query, one_value
 from rsc.http.audit import AuditFilter, AuditLog, AuditRecord
 from rsc.http.authenticate import AdminAccount, Gate, basic_credentials
@@ -65,7 +65,7 @@ def add_access_hooks(app: QuartTrio, account: AdminAccount, audit: AuditLog) -> 
         if request.path.startswith("/v1/admin/"):
             if response.status_code == 401:
                 response.headers["WWW-Authenticate"] = admin_challenge()
-            if response.status_code == 429 and getattr(g, "error_code", None) != "QUOTA_EXCEEDED":
+            if response.status_code == 429 and exchange.current().error_code != "QUOTA_EXCEEDED":
                 return response  # throttled logins: counted, and audited once per address and window
             await _audit(audit, response)
         return response
@@ -179,13 +179,13 @@ async def _audit(audit: AuditLog, response: Response) -> None:
         body = b""
     entry = AuditRecord(
         time_ms=audit_now_ms(),
-        request_id=getattr(g, "request_id", ""),
+        request_id=exchange.request_id(),
         caller=getattr(g, "caller", None),
         remote_address=request.remote_addr,
         method=request.method,
         path=request.path,
         status=response.status_code,
-        outcome=_outcome(response.status_code, getattr(g, "error_code", None)),
+        outcome=_outcome(response.status_code, exchange.current().error_code),
         body_sha256=hashlib.sha256(body).hexdigest(),
         revision=getattr(g, "revision", None),
     )

@@ -1,0 +1,157 @@
+"""`POST /v1/heartbeat` answered below Quart, as ASGI middleware (`app.asgi_app`, Quart's hook
+for it).
+
+A single heartbeat is the coordinator's most frequent request, and Quart's machinery around a
+route (a request object and context, a task for the body, hooks, a `Response`) cost about as
+much CPU as the heartbeat's own work. Here the request is read and answered straight from
+ASGI messages, with everything the route path does, in the same order and words:
+
+* the standby gate first (a standby answers 503 `STANDBY`, or `UNAVAILABLE` when Redis is
+  unreachable), and again when the answer leaves (`rsc.http.standby`);
+* the request id (`X-Request-Id`, the caller's if valid), echoed on every answer;
+* authorization of the member role before the body is read, then on the body's stream
+  (`rsc.http.authenticate.Gate`), rate limits and quotas (`SingleHeartbeat`, the same object the
+  Quart route calls);
+* the body limits (413 `BODY_TOO_LARGE` by `Content-Length` or as it arrives, 408 after the
+  body timeout) and strict JSON (`rsc.http.json_io.parse_json`);
+* every refusal answered by `rsc.http.answers`, as Quart's error handlers answer it.
+
+Any other method or path goes to Quart unchanged (so `GET /v1/heartbeat` is still a 405 with
+`Allow`, and the route stays in the OpenAPI document).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
+
+from rsc.actors.leadership import Leadership
+from rsc.events.auth import Action
+from rsc.http import exchange
+from rsc.http.answers import ErrorAnswer, error_answer, http_error_answer
+from rsc.http.authenticate import Gate
+from rsc.http.heartbeat_routes import SingleHeartbeat
+from rsc.http.json_io import parse_json
+from rsc.http.standby import standby_answer
+
+#: ASGI's scope, receive and send (hypercorn's typed dicts, read as plain mappings here).
+Scope = Any
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+
+PATH = "/v1/heartbeat"
+#: Where `rsc.http.app.create_app` keeps the middleware (the standby gate gives it leadership).
+EXTENSION = "rsc.fast_heartbeat"
+_JSON = (b"content-type", b"application/json")
+
+
+class _Disconnected(Exception):
+    """The client went away before its body arrived: nothing to answer."""
+
+
+class HeartbeatFastPath:
+    """The middleware (see the module); `inner` is Quart's own `asgi_app`."""
+
+    def __init__(self, inner: ASGIApp, single: SingleHeartbeat, gate: Gate, config: Any) -> None:
+        self.inner = inner
+        self.single = single
+        self.gate = gate
+        #: Quart's config: `MAX_CONTENT_LENGTH` and `BODY_TIMEOUT`, read per request (the server
+        #: sets them when it starts).
+        self.config = config
+        #: The term this process acts in (`rsc.http.standby.add_standby_gate` sets it); None: always.
+        self.leadership: Leadership | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != PATH
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+        ):
+            await self.inner(scope, receive, send)
+            return
+        await self._answer(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        authorization = given_id = ""
+        length: bytes | None = None
+        for name, value in scope["headers"]:  # the first of each, as Quart's `headers.get`
+            if name == b"authorization" and not authorization:
+                authorization = value.decode("latin-1")
+            elif name == b"x-request-id" and not given_id:
+                given_id = value.decode("latin-1")
+            elif name == b"content-length" and length is None:
+                length = value
+        client = scope.get("client")
+        current = exchange.begin(authorization, client[0] if client else "<local>", exchange.id_for(given_id))
+        leadership = self.leadership
+        if leadership is not None and not leadership.active:
+            await _send_error(send, current, standby_answer(leadership, PATH))
+            return
+        try:
+            self.gate.check(Action.MEMBER_HEARTBEAT)  # the role, before the body is read
+            data = await self._body(receive, length)
+            answer = await self.single.answer(parse_json(data))
+        except _Disconnected:
+            return
+        except HTTPException as error:
+            await _send_error(send, current, http_error_answer(error))
+            return
+        except Exception as error:
+            await _send_error(send, current, error_answer(error, "POST", PATH))
+            return
+        if leadership is not None and not leadership.active:  # the term ended while answering
+            await _send_error(send, current, standby_answer(leadership, PATH))
+            return
+        body = json.dumps(answer, separators=(",", ":")).encode()
+        await _send(send, current, 200, body, ())
+
+    async def _body(self, receive: Receive, length: bytes | None) -> bytes:
+        """The request body; `RequestEntityTooLarge`, `RequestTimeout` or `_Disconnected`."""
+        limit = self.config["MAX_CONTENT_LENGTH"]
+        if limit is not None and length is not None and length.isdigit() and int(length) > limit:
+            raise RequestEntityTooLarge()
+        chunks: list[bytes] = []
+        size = 0
+        with trio.move_on_after(self.config["BODY_TIMEOUT"] or float("inf")) as waited:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    raise RequestEntityTooLarge()
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        if waited.cancelled_caught:
+            raise RequestTimeout()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send_error(send: Send, current: exchange.Exchange, answer: ErrorAnswer) -> None:
+    body = json.dumps(answer.body(), separators=(",", ":")).encode()
+    headers = tuple(
+        (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers
+    )
+    await _send(send, current, answer.status, body, headers)
+
+
+async def _send(
+    send: Send, current: exchange.Exchange, status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...]
+) -> None:
+    headers = [
+        _JSON,
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+        (b"x-request-id", current.request_id.encode("latin-1")),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

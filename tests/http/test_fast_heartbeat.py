@@ -1,0 +1,196 @@
+"""`POST /v1/heartbeat` below Quart (`rsc.http.fast_heartbeat`) answers exactly as the Quart
+route does: every request is sent twice over a real socket, once on the fast path and once with
+the fast path stepped aside (its path pointed elsewhere, so Quart's route answers), and the two
+answers must agree: status, headers, error codes and words, the answer's body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from rsc.events.auth import credential
+from rsc.http import fast_heartbeat
+from rsc.http.service import serve
+from tests import redis_servers
+from tests.httpkit import FAST, hb, serve_on
+
+TOKEN = "fast-member-token-0123456789"
+OTHER = "fast-other-token-0123456789"
+#: Headers whose values say nothing of the answer (hypercorn's own, or per request).
+_VARYING = {"date", "server", "x-request-id", "connection"}
+
+
+@contextlib.contextmanager
+def through_quart() -> Iterator[None]:
+    """Requests in this block go to Quart's route (the fast path matches another path)."""
+    saved = fast_heartbeat.PATH
+    fast_heartbeat.PATH = "/not-the-heartbeat-path"
+    try:
+        yield
+    finally:
+        fast_heartbeat.PATH = saved
+
+
+def shape(response: httpx.Response, *names: str) -> dict[str, Any]:
+    """What an answer says: status, header names and values (but the varying ones), and its body
+    with the request id checked against `X-Request-Id` and then left out; `names`: the stream
+    prefixes written in place of each other."""
+    text = response.text
+    for index, name in enumerate(names):
+        text = text.replace(name, f"<stream {index}>")
+    body = json.loads(text)
+    if isinstance(body, dict) and "requestId" in body:
+        assert body.pop("requestId") == response.headers["x-request-id"]
+    headers = {k: v for k, v in response.headers.items() if k not in _VARYING}
+    return {"status": response.status_code, "headers": headers, "body": body}
+
+
+async def both(
+    http: httpx.AsyncClient, fast_body: Any, quart_body: Any = None, *, names: tuple[str, ...] = (), **kw: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same request on each path (`quart_body` if it must differ, as a new member would)."""
+    fast = await http.post("/v1/heartbeat", **_body(fast_body), **kw)
+    with through_quart():
+        quart = await http.post(
+            "/v1/heartbeat", **_body(fast_body if quart_body is None else quart_body), **kw
+        )
+    return shape(fast, *names), shape(quart, *reversed(names)) if names else shape(quart)
+
+
+def _body(value: Any) -> dict[str, Any]:
+    streamed = isinstance(value, bytes | str) or hasattr(value, "__aiter__")
+    return {"content": value} if streamed else {"json": value}
+
+
+async def test_answers_agree_on_every_kind_of_request(standalone_url: str, prefix: str) -> None:
+    credentials = (
+        credential("workers", ["member"], token=TOKEN, streams=[f"{prefix}*"], create=True),
+        credential("others", ["member"], token=OTHER, streams=["elsewhere-*"]),
+    )
+    settings = attrs.evolve(
+        FAST,
+        redis_url=standalone_url,
+        credentials=credentials,
+        max_body_bytes=4096,
+        quota_members_per_group=2,
+        rate_limit_party_per_interval=0,
+    )
+    member = {"Authorization": f"Bearer {TOKEN}"}
+    a, b = f"{prefix}a", f"{prefix}b"
+    async with serve_on(settings) as http:
+        # joins of a new stream (each path its own): the same answer but for the stream's name
+        fast, quart = await both(http, hb(a, "m1", 0), hb(b, "m1", 0), names=(a, b), headers=member)
+        assert fast["status"] == 200
+        assert fast["body"]["memberEpoch"] == 1
+        assert fast == quart
+        # a steady member, protocol 2 (the answer names its version and the feature level)
+        steady = hb(a, "m1", 1, protocolVersion=2)
+        fast, quart = await both(
+            http, steady, hb(b, "m1", 1, protocolVersion=2), names=(a, b), headers=member
+        )
+        assert fast["body"]["protocolVersion"] == 2
+        assert fast == quart
+        cases: list[tuple[str, Any, dict[str, str], int]] = [
+            ("malformed JSON", b'{"protocolVersion": 1,', member, 400),
+            ("not an object", b"[1, 2]", member, 400),
+            ("too deep", b"[" * 40 + b"]" * 40, member, 400),
+            ("lone surrogate", b'{"streamPrefix": "\\ud800"}', member, 400),
+            ("schema", {"protocolVersion": 1, "streamPrefix": 7}, member, 400),
+            ("unsupported version", hb(a, "m9", 0, protocolVersion=0), member, 400),
+            ("bad id", hb(a, "", 0), member, 400),
+            ("fenced epoch", hb(a, "m1", 7), member, 200),
+            ("no credential", hb(a, "m1", 1), {}, 401),
+            ("bad credential", hb(a, "m1", 1), {"Authorization": "Bearer nope"}, 401),
+            ("basic without admin", hb(a, "m1", 1), {"Authorization": "Basic YWRtaW46eA=="}, 403),
+            ("other stream", hb(a, "m1", 1), {"Authorization": f"Bearer {OTHER}"}, 403),
+            ("too large", b"{" + b" " * 5000 + b"}", member, 413),
+            ("request id kept", hb(a, "m1", 1), {**member, "X-Request-Id": "req-77"}, 200),
+        ]
+        for name, body, headers, status in cases:
+            fast, quart = await both(http, body, headers=headers)
+            assert fast == quart, name
+            assert fast["status"] == status, (name, fast)
+        kept = await http.post(
+            "/v1/heartbeat", json=hb(a, "m1", 1), headers={**member, "X-Request-Id": "req-77"}
+        )
+        assert kept.headers["x-request-id"] == "req-77"
+        made = await http.post(
+            "/v1/heartbeat", json=hb(a, "m1", 1), headers={**member, "X-Request-Id": "bad id!"}
+        )
+        assert made.headers["x-request-id"] != "bad id!"
+        assert made.json()["memberEpoch"] == 1
+        # the group's member quota (2): a third member is refused 429 QUOTA_EXCEEDED on either path
+        await http.post("/v1/heartbeat", json=hb(a, "m2", 0), headers=member)
+        fast, quart = await both(http, hb(a, "m3", 0), headers=member)
+        assert (fast["status"], fast["body"]["error"]) == (429, "QUOTA_EXCEEDED")
+        assert fast == quart
+        # a body sent in chunks, without Content-Length, over the limit: 413 as it arrives
+        big = b"{" + b" " * 5000 + b"}"
+        fast, quart = await both(http, _chunks(big), _chunks(big), headers=member)
+        assert (fast["status"], fast["body"]["error"]) == (413, "BODY_TOO_LARGE")
+        assert fast == quart
+        # other methods still reach Quart's routing: 405 with Allow
+        refused = await http.get("/v1/heartbeat", headers=member)
+        assert (refused.status_code, refused.headers["allow"]) == (405, "OPTIONS, POST")
+
+
+async def _chunks(data: bytes) -> Any:
+    for start in range(0, len(data), 1000):
+        yield data[start : start + 1000]
+
+
+async def test_rate_limits_answer_alike(standalone_url: str, prefix: str) -> None:
+    settings = attrs.evolve(FAST, redis_url=standalone_url, rate_limit_heartbeats_per_s=1)
+    async with serve_on(settings) as http:
+        seen: dict[str, dict[str, Any]] = {}
+        for path in ("fast", "quart"):
+            with through_quart() if path == "quart" else contextlib.nullcontext():
+                for _ in range(10):
+                    answer = await http.post("/v1/heartbeat", json=hb(prefix, f"m-{path}", 0))
+                    if answer.status_code == 429:
+                        break
+                await trio.sleep(0)
+            assert answer.status_code == 429, answer.text
+            body = answer.json()
+            assert float(answer.headers["retry-after"]) >= 1
+            seen[path] = {
+                "error": body["error"],
+                "details": sorted(body["details"]),
+                "limit": body["details"]["limit"],
+            }
+        assert (
+            seen["fast"]
+            == seen["quart"]
+            == {
+                "error": "RATE_LIMITED",
+                "details": ["limit", "retryAfterS"],
+                "limit": "heartbeats",
+            }
+        )
+
+
+async def test_a_standby_answers_503_on_the_fast_path(prefix: str) -> None:
+    with redis_servers.standalone() as url:
+        settings = attrs.evolve(FAST, redis_url=url)
+        async with serve_on(settings) as active:
+            shutdown = trio.Event()
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(
+                    lambda task_status: serve(
+                        settings, "127.0.0.1:0", shutdown=shutdown, task_status=task_status
+                    )
+                )
+                async with httpx.AsyncClient(base_url=urls[0], timeout=10) as standby:
+                    fast, quart = await both(standby, hb(prefix, "m1", 0))
+                shutdown.set()
+            assert (fast["status"], fast["body"]["error"]) == (503, "STANDBY")
+            assert fast["headers"]["retry-after"] == "1"
+            assert fast == quart
+            assert (await active.post("/v1/heartbeat", json=hb(prefix, "m1", 0))).status_code == 200
