@@ -4,7 +4,9 @@ Starts a private redis-server, the coordinator (`python -m rsc serve`) and a
 minimal raw ASGI app on hypercorn-trio, each in its own process, then drives
 them from this process with httpx on trio over loopback:
 
-* raw ASGI: POST of a small JSON body answered with a small JSON body;
+* raw ASGI: POST of a small JSON body answered with a small JSON body, on stock hypercorn-trio
+  (the anchor) and on rsc's own HTTP server (`rsc.http.server.serve_http`, a stricter anchor:
+  the same server code as the coordinator, so what is left is the coordinator's own work);
 * single heartbeats: steady members (each echoes its epoch), one per request;
 * batched heartbeats: 100 members per `POST /v1/heartbeats`;
 * latency under light load (2 connections);
@@ -69,6 +71,22 @@ async def app(scope, receive, send):
     headers = [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": out})
+"""
+
+#: The same raw app on rsc's own HTTP server (`rsc.http.server.serve_http`: hypercorn's protocol
+#: with rsc's connection handling and one write per answer), a stricter anchor: what is left
+#: between it and the coordinator is the coordinator's own work.
+RAW_ON_RSC = """
+import sys
+import trio
+from rawapp import app
+from rsc.http.server import Limits, hypercorn_config, serve_http
+
+async def main():
+    limits = Limits()
+    await serve_http(app, hypercorn_config(sys.argv[1], limits), limits, shutdown_trigger=trio.sleep_forever)
+
+trio.run(main)
 """
 
 
@@ -206,29 +224,32 @@ def join(rsc_url: str, members: list[str], stream: str, token: str = "") -> list
     return steady
 
 
-def run(args: argparse.Namespace, raw_url: str, rsc_url: str, auth_url: str, workdir: Path) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, raw_url: str, raw_rsc_url: str, rsc_url: str, auth_url: str, workdir: Path
+) -> dict[str, Any]:
     one = join(rsc_url, ["10.8.0.1/bench/0"], "bench")[0]
     hundred = join(rsc_url, [f"10.9.0.{i}/bench/0" for i in range(100)], "bench-batch")
     auth_one = join(auth_url, ["10.8.0.1/bench/0"], "bench", TOKEN)[0]
     auth_hundred = join(auth_url, [f"10.9.0.{i}/bench/0" for i in range(100)], "bench-batch", TOKEN)
     c = args.concurrency
     batch, auth_batch = {"heartbeats": hundred}, {"heartbeats": auth_hundred}
-    # raw and single alternate (ABBA) for `--rounds` rounds: the machine drifts between runs,
-    # and the per-round ratio, not one run of each, is the figure (its median).
+    # raw, raw on rsc's server and single alternate (ABC, CBA...) for `--rounds` rounds: the
+    # machine drifts between runs, and the per-round ratio, not one run of each, is the figure
+    # (its median).
+    urls = {"raw": raw_url + "/", "rawRsc": raw_rsc_url + "/", "single": rsc_url + "/v1/heartbeat"}
     pairs = []
     for round_ in range(args.rounds):
-        order = ["raw", "single"] if round_ % 2 == 0 else ["single", "raw"]
-        got = {}
-        for name in order:
-            url = raw_url + "/" if name == "raw" else rsc_url + "/v1/heartbeat"
-            got[name] = wrk(url, one, args.seconds, c, workdir)
-        pairs.append(got)
+        order = list(urls) if round_ % 2 == 0 else list(reversed(urls))
+        pairs.append({name: wrk(urls[name], one, args.seconds, c, workdir) for name in order})
     ratios = [p["single"]["requestsPerSecond"] / p["raw"]["requestsPerSecond"] for p in pairs]
+    strict = [p["single"]["requestsPerSecond"] / p["rawRsc"]["requestsPerSecond"] for p in pairs]
     middle = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
     results = {
         "raw": pairs[middle]["raw"],
+        "rawRsc": pairs[middle]["rawRsc"],
         "single": pairs[middle]["single"],
         "singleToRawPerRound": [round(r, 3) for r in ratios],
+        "singleToRawRscPerRound": [round(r, 3) for r in strict],
         "singleAuth": wrk(auth_url + "/v1/heartbeat", auth_one, args.seconds, c, workdir, token=TOKEN),
         "batch": wrk(rsc_url + "/v1/heartbeats", batch, args.seconds, c, workdir),
         "batchAuth": wrk(auth_url + "/v1/heartbeats", auth_batch, args.seconds, c, workdir, token=TOKEN),
@@ -251,13 +272,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5, help="raw / single rounds (ABBA)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of raw, raw on rsc, single")
     args = parser.parse_args()
     raw_port = redis_servers.free_port()
+    raw_rsc_port = redis_servers.free_port()
     rsc_port = redis_servers.free_port()
     auth_port = redis_servers.free_port()
     with redis_servers.standalone() as redis_url, tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "rawapp.py").write_text(RAW_APP)
+        (Path(tmp) / "raw_on_rsc.py").write_text(RAW_ON_RSC)
+        repo = str(Path(__file__).resolve().parent.parent)
+        raw_rsc_cmd = [sys.executable, str(Path(tmp) / "raw_on_rsc.py"), f"127.0.0.1:{raw_rsc_port}"]
+        raw_rsc_url = f"http://127.0.0.1:{raw_rsc_port}"
         raw_cmd = [
             sys.executable,
             "-m",
@@ -286,13 +312,20 @@ def main() -> None:
         # The second coordinator has its own Redis: one active coordinator per Redis.
         with (
             process(raw_cmd, env_raw, raw_url + "/"),
+            process(raw_rsc_cmd, {"PYTHONPATH": f"{tmp}:{repo}"}, raw_rsc_url + "/"),
             process(rsc_cmd, env_rsc, rsc_url + "/healthz"),
             redis_servers.standalone() as auth_redis,
         ):
             env_auth["RSC_REDIS_URL"] = auth_redis
             with process(auth_cmd, env_auth, auth_url + "/healthz"):
-                results = run(args, raw_url, rsc_url, auth_url, Path(tmp))
+                results = run(args, raw_url, raw_rsc_url, rsc_url, auth_url, Path(tmp))
+    report(args, results)
+
+
+def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Print the table and the ratios; write the JSON."""
     ratio = statistics.median(results["singleToRawPerRound"])
+    strict = statistics.median(results["singleToRawRscPerRound"])
     capacity = results["batch"]["memberHeartbeatsPerSecond"] * 3
     print(f"{args.concurrency} requests in flight, {args.seconds:g} s each\n")
     header = f"{'run':<34} {'req/s':>8} {'member hb/s':>12} {'p50 ms':>8} {'p99 ms':>8}"
@@ -300,6 +333,7 @@ def main() -> None:
     print("-" * len(header))
     for name, key in [
         ("raw hypercorn-trio ASGI", "raw"),
+        ("raw ASGI on rsc's HTTP server", "rawRsc"),
         ("single heartbeats", "single"),
         ("single, with a bearer credential", "singleAuth"),
         ("batched heartbeats (100/request)", "batch"),
@@ -307,11 +341,15 @@ def main() -> None:
         ("single, paced at half the max rate", "singleHalfRate"),
     ]:
         r = results[key]
-        per = r.get("memberHeartbeatsPerSecond", r["requestsPerSecond"] if key != "raw" else "-")
+        per = r.get("memberHeartbeatsPerSecond", r["requestsPerSecond"] if not key.startswith("raw") else "-")
         print(f"{name:<34} {r['requestsPerSecond']:>8} {per:>12} {r['p50Ms']:>8} {r['p99Ms']:>8}")
     shown = " ".join(f"{r:.0%}" for r in results["singleToRawPerRound"])
-    print(f"\nsingle / raw ASGI (the anchor, same run): {ratio:.0%}, median of {args.rounds} ABBA rounds")
+    rounds = args.rounds
+    print(f"\nsingle / raw ASGI (the anchor, same run): {ratio:.0%}, median of {rounds} alternating rounds")
     print(f"  per round: {shown}; goal >= 90%, floor 80%")
+    shown = " ".join(f"{r:.0%}" for r in results["singleToRawRscPerRound"])
+    print(f"single / the same raw app on rsc's HTTP server (a stricter anchor): {strict:.0%}")
+    print(f"  per round: {shown}")
     single_auth = results["singleAuth"]["requestsPerSecond"] / results["single"]["requestsPerSecond"]
     batch_auth = results["batchAuth"]["requestsPerSecond"] / results["batch"]["requestsPerSecond"]
     print(f"with credentials / without: single {single_auth:.0%}, batched {batch_auth:.0%} (target >= 90%)")
@@ -331,6 +369,7 @@ def main() -> None:
         "seconds": args.seconds,
         "results": results,
         "singleToRawRatio": round(ratio, 3),
+        "singleToRawOnRscServerRatio": round(strict, 3),
         "authToPlainRatio": {"single": round(single_auth, 3), "batch": round(batch_auth, 3)},
         "membersAt3sInterval": capacity,
     }
