@@ -424,6 +424,21 @@ class Registry:
                 del self._creating[aggregate_id]
                 self._created.pop(aggregate_id).set()
 
+    @contextlib.contextmanager
+    def creating(self, stream_prefix: str) -> Iterator[None]:
+        """A look at the stream and then its creation, as one (an admin `PUT`): a missing
+        stream's actor is kept between the two (loaded once, not twice), and stopped at the end
+        of the block if the stream is missing still (a refused creation keeps nothing)."""
+        aggregate_id = AggregateId(stream_prefix)
+        try:
+            with self._marked_creating(aggregate_id):
+                yield
+        finally:
+            entry = self.actors.get(aggregate_id)
+            state = entry.actor.state if entry is not None and entry.started else None
+            if entry is not None and (state is None or state.deleted):
+                self._stop_missing(aggregate_id)
+
     def _stop_missing(self, aggregate_id: AggregateId) -> None:
         """Stop the actor of an aggregate found not to exist, unless someone is creating it."""
         if not self._creating[aggregate_id]:

@@ -54,14 +54,21 @@ class RedisEffectsBase:
     async def _pipeline(self) -> AsyncIterator[Any]:
         """One round trip per node for many single-key commands (they run when the block exits).
 
+        Raises what `_refusals` raises."""
+        async with self._refusals(), self.redis.pipeline(transaction=False) as pipe:
+            yield pipe
+
+    @contextlib.asynccontextmanager
+    async def _refusals(self) -> AsyncIterator[None]:
+        """The block's Redis commands (a pipeline, or a command sent alone) as effects see them.
+
         Raises `TermFenced` when this coordinator holds no active term, or a script refused a
         write with `FENCED` (a newer term wrote there), `StoreUnavailable` when Redis does not
         answer, and coredis' `ResponseError` for any other refusal."""
         self._in_term()
         try:
             with redis_errors("side effect"):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    yield pipe
+                yield
         except coredis.exceptions.ResponseError as exc:
             if error_code(exc) == "FENCED":
                 # Classified by its code above; the stored fence is then read from the text of

@@ -103,7 +103,12 @@ class RedisShardKeys(RedisEffectsBase):
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         """See `ShardKeys.ensure_streams`."""
-        for chunk in chunks(shard_keys):
+        keys = list(shard_keys)
+        if len(keys) == 1:  # alone: a script in a pipeline costs a round trip more (SCRIPT EXISTS)
+            async with self._refusals():
+                await self._ensure_stream(keys=keys)
+            return
+        for chunk in chunks(keys):
             async with self._pipeline() as pipe:
                 for key in chunk:
                     self._ensure_stream(keys=[key], client=pipe)
@@ -146,7 +151,12 @@ class RedisShardKeys(RedisEffectsBase):
 
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
         """See `ShardKeys.ensure_consumer_groups`."""
-        for chunk in chunks(shard_keys):
+        keys = list(shard_keys)
+        if len(keys) == 1:  # alone: no SCRIPT EXISTS first, as in `ensure_streams`
+            async with self._refusals():
+                await self._ensure_group(keys=keys, args=[group, start_id])
+            return
+        for chunk in chunks(keys):
             async with self._pipeline() as pipe:
                 for key in chunk:
                     self._ensure_group(keys=[key], args=[group, start_id], client=pipe)

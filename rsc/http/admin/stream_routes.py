@@ -132,16 +132,17 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     raises."""
     level = await registry.feature_level()
     admin_rules.require(admin_rules.reshard_mode_gate(spec.reshard_mode), level)
-    actor = await existing_stream(registry, stream_prefix)
-    limit = quota.limits.shards_per_stream
-    admin_rules.check_shard_quota(spec.shard_count, limit, actor.state if actor is not None else None)
-    only_new = check_if_none_match(actor, f"stream {stream_prefix!r}")
-    if actor is None:
-        missing_with_if_match(f"stream {stream_prefix!r}")
-        actor = await stream_actor(registry, stream_prefix, spec.shard_count, only_new, quota)
-        expect = None
-    else:
-        expect = check_if_match(actor.revision)
+    with registry.creating(stream_prefix):  # a missing stream is loaded once, looked at and created
+        actor = await existing_stream(registry, stream_prefix)
+        limit = quota.limits.shards_per_stream
+        admin_rules.check_shard_quota(spec.shard_count, limit, actor.state if actor is not None else None)
+        only_new = check_if_none_match(actor, f"stream {stream_prefix!r}")
+        if actor is None:
+            missing_with_if_match(f"stream {stream_prefix!r}")
+            actor = await stream_actor(registry, stream_prefix, spec.shard_count, only_new, quota)
+            expect = None
+        else:
+            expect = check_if_match(actor.revision)
     state = actor.state
     admin_rules.require(admin_rules.scale_in_gate(spec.shard_count, state), level)
     reshard = admin_rules.reshard_for(state, spec.shard_count, spec.reshard_mode, level)
