@@ -528,3 +528,34 @@ async def test_a_group_delete_that_stopped_half_way_is_finished_by_the_next(auto
         await registry.stream("other", create=True, shard_count=1)
         with pytest.raises(UnknownGroup):
             await admin_changes.delete_group(registry, "other", "billing")  # nothing there: still refused
+
+
+class _CountingStore(MemoryStore):
+    """A memory store that counts the loads of each aggregate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: dict[AggregateId, int] = {}
+
+    async def load(self, aggregate: AggregateId) -> Any:
+        self.loads[aggregate] = self.loads.get(aggregate, 0) + 1
+        return await super().load(aggregate)
+
+
+async def test_a_look_then_a_creation_loads_once_and_a_refusal_keeps_nothing(autojump_clock: Clock) -> None:
+    store = _CountingStore()
+    async with registry_on(store) as registry:
+        with registry.creating("made"):  # as an admin PUT: is it there? no: create it
+            with pytest.raises(UnknownStream):
+                await registry.stream("made", create=False)
+            assert registry.running_actor(AggregateId("made")) is not None  # kept in between
+            await registry.stream("made", create=True, shard_count=2)
+        assert store.loads[AggregateId("made")] == 1
+        assert registry.running_actor(AggregateId("made")) is not None
+        # looked at, then not created (a 412, a quota)
+        with registry.creating("refused"), pytest.raises(UnknownStream):
+            await registry.stream("refused", create=False)
+        assert registry.running_actor(AggregateId("refused")) is None  # nothing kept for a missing name
+        with pytest.raises(UnknownStream):  # and outside such a block, a look keeps nothing either
+            await registry.stream("looked", create=False)
+        assert registry.running_actor(AggregateId("looked")) is None
