@@ -74,7 +74,7 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     add_heartbeat_routes(app, registry, metrics, gate, rates, quota_of, settings)
     add_producer_routes(app, registry, metrics, gate, rates, quota_of)
     add_monitoring_routes(app, registry, gate, metrics)
-    fast = HeartbeatFastPath(app.asgi_app, app.extensions["rsc.single_heartbeat"], gate, app.config)
+    fast = HeartbeatFastPath(app.asgi_app, app.extensions["rsc.heartbeat_answers"], gate, app.config)
     app.extensions[fast_heartbeat.EXTENSION] = fast
     # Quart's documented middleware hook (`app.asgi_app = middleware(app.asgi_app)`):
     app.asgi_app = fast  # type: ignore[method-assign]

@@ -1,23 +1,23 @@
-"""`POST /v1/heartbeat` answered below Quart, as ASGI middleware (`app.asgi_app`, Quart's hook
-for it).
+"""`POST /v1/heartbeat` and `POST /v1/heartbeats` answered below Quart, as ASGI middleware
+(`app.asgi_app`, Quart's hook for it).
 
-A single heartbeat is the coordinator's most frequent request, and Quart's machinery around a
-route (a request object and context, a task for the body, hooks, a `Response`) cost about as
-much CPU as the heartbeat's own work. Here the request is read and answered straight from
+Heartbeats are the coordinator's most frequent requests, and Quart's machinery around a route
+(a request object and context, a task for the body, hooks, a `Response`) cost about as much
+CPU as a single heartbeat's own work. Here the request is read and answered straight from
 ASGI messages, with everything the route path does, in the same order and words:
 
 * the standby gate first (a standby answers 503 `STANDBY`, or `UNAVAILABLE` when Redis is
   unreachable), and again when the answer leaves (`rsc.http.standby`);
 * the request id (`X-Request-Id`, the caller's if valid), echoed on every answer;
 * authorization of the member role before the body is read, then on the body's stream
-  (`rsc.http.authenticate.Gate`), rate limits and quotas (`SingleHeartbeat`, the same object the
-  Quart route calls);
+  (`rsc.http.authenticate.Gate`), rate limits and quotas (`HeartbeatAnswers`, the same object
+  the Quart routes call);
 * the body limits (413 `BODY_TOO_LARGE` by `Content-Length` or as it arrives, 408 after the
   body timeout) and strict JSON (`rsc.http.json_io.parse_json`);
 * every refusal answered by `rsc.http.answers`, as Quart's error handlers answer it.
 
 Any other method or path goes to Quart unchanged (so `GET /v1/heartbeat` is still a 405 with
-`Allow`, and the route stays in the OpenAPI document).
+`Allow`, and the routes stay in the OpenAPI document).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rsc.events.auth import Action
 from rsc.http import exchange
 from rsc.http.answers import ErrorAnswer, error_answer, http_error_answer
 from rsc.http.authenticate import Gate
-from rsc.http.heartbeat_routes import SingleHeartbeat
+from rsc.http.heartbeat_routes import HeartbeatAnswers
 from rsc.http.json_io import parse_json
 from rsc.http.standby import standby_answer
 
@@ -43,8 +43,11 @@ Scope = Any
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
+#: A request body (parsed JSON) to its answer (plain JSON), refusals raised.
+AnswerOf = Callable[[Any], Awaitable[Any]]
 
 PATH = "/v1/heartbeat"
+BATCH_PATH = "/v1/heartbeats"
 #: Where `rsc.http.app.create_app` keeps the middleware (the standby gate gives it leadership).
 EXTENSION = "rsc.fast_heartbeat"
 _JSON = (b"content-type", b"application/json")
@@ -57,9 +60,9 @@ class _Disconnected(Exception):
 class HeartbeatFastPath:
     """The middleware (see the module); `inner` is Quart's own `asgi_app`."""
 
-    def __init__(self, inner: ASGIApp, single: SingleHeartbeat, gate: Gate, config: Any) -> None:
+    def __init__(self, inner: ASGIApp, answers: HeartbeatAnswers, gate: Gate, config: Any) -> None:
         self.inner = inner
-        self.single = single
+        self.answers = answers
         self.gate = gate
         #: Quart's config: `MAX_CONTENT_LENGTH` and `BODY_TIMEOUT`, read per request (the server
         #: sets them when it starts).
@@ -68,17 +71,23 @@ class HeartbeatFastPath:
         self.leadership: Leadership | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] != PATH
-            or scope["method"] != "POST"
-            or scope.get("root_path")
-        ):
+        ours = scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+        path = scope["path"] if ours else None
+        if path == PATH:
+            await self._answer(scope, receive, send, path, self.answers.single)
+        elif path == BATCH_PATH:
+            await self._answer(scope, receive, send, path, self.answers.batch)
+        else:
             await self.inner(scope, receive, send)
-            return
-        await self._answer(scope, receive, send)
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        answer_of: Callable[[Any], Awaitable[Any]],
+    ) -> None:
         authorization = given_id = ""
         length: bytes | None = None
         for name, value in scope["headers"]:  # the first of each, as Quart's `headers.get`
@@ -92,22 +101,22 @@ class HeartbeatFastPath:
         current = exchange.begin(authorization, client[0] if client else "<local>", exchange.id_for(given_id))
         leadership = self.leadership
         if leadership is not None and not leadership.active:
-            await _send_error(send, current, standby_answer(leadership, PATH))
+            await _send_error(send, current, standby_answer(leadership, path))
             return
         try:
             self.gate.check(Action.MEMBER_HEARTBEAT)  # the role, before the body is read
             data = await self._body(receive, length)
-            answer = await self.single.answer(parse_json(data))
+            answer = await answer_of(parse_json(data))
         except _Disconnected:
             return
         except HTTPException as error:
             await _send_error(send, current, http_error_answer(error))
             return
         except Exception as error:
-            await _send_error(send, current, error_answer(error, "POST", PATH))
+            await _send_error(send, current, error_answer(error, "POST", path))
             return
         if leadership is not None and not leadership.active:  # the term ended while answering
-            await _send_error(send, current, standby_answer(leadership, PATH))
+            await _send_error(send, current, standby_answer(leadership, path))
             return
         body = json.dumps(answer, separators=(",", ":")).encode()
         await _send(send, current, 200, body, ())

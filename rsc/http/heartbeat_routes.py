@@ -60,7 +60,6 @@ def add_heartbeat_routes(
 ) -> None:
     """`POST /v1/heartbeat` and `POST /v1/heartbeats` (see the module); the holds of long polls
     are `app.extensions["rsc.holds"]` (released when the server stops)."""
-    max_batch_items, auto_groups = settings.max_batch_items, settings.auto_create_groups
     # Held long polls take a connection each: at most half of what the server accepts.
     holds = RegistryHold(registry, limit=max(1, settings.max_connections // 2))
     app.extensions["rsc.holds"] = holds
@@ -68,31 +67,28 @@ def add_heartbeat_routes(
     single_seconds = metrics.heartbeat_seconds.labels("single")
     batch_seconds = metrics.heartbeat_seconds.labels("batch")
 
-    single = SingleHeartbeat(registry, gate, rates, quota_of, holds, auto_groups, single_seconds)
-    app.extensions["rsc.single_heartbeat"] = single
+    answers = HeartbeatAnswers(
+        registry, gate, rates, quota_of, holds, settings, single_seconds, batch_seconds
+    )
+    app.extensions["rsc.heartbeat_answers"] = answers
 
-    @app.post("/v1/heartbeat")  # (below Quart, `rsc.http.fast_heartbeat` answers it first)
+    # (below Quart, `rsc.http.fast_heartbeat` answers both first; these keep them in Quart's
+    # routing, for its 405s, and answer alike)
+    @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
-        return json_response(await single.answer(await json_body()), plain=True)
+        return json_response(await answers.single(await json_body()), plain=True)
 
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
-        with batch_seconds.time():
-            batch = structure(await json_body(), HeartbeatBatch)
-            results, held = await _answer_batch(
-                registry, gate, batch, max_batch_items, auto_groups, holds, quota_of, rates
-            )
-        if held:  # long polls: the answer goes once every held item has its own
-            level = registry.known_feature_level()
-            async with trio.open_nursery() as nursery:
-                for index, hold in held.items():
-                    nursery.start_soon(_held_item, results, index, holds, hold, level)
-        return json_response({"responses": results}, plain=True)
+        return json_response(await answers.batch(await json_body()), plain=True)
 
 
-class SingleHeartbeat:
-    """`POST /v1/heartbeat`'s work, whichever path took the request (Quart's route or the fast
-    path below it): the parsed body in, the answer as plain JSON out, refusals raised."""
+class HeartbeatAnswers:
+    """`POST /v1/heartbeat` and `POST /v1/heartbeats`, whichever path took the request (Quart's
+    routes or the fast path below them): the parsed body in, the answer as plain JSON out,
+    refusals raised (`ApiError` for a bad body, a refused caller or a rate limit,
+    `CoordinationError` for a refusal of the group, `StoreError` and `ActorStopped` to retry:
+    `rsc.http.answers` says how each is answered)."""
 
     def __init__(
         self,
@@ -101,26 +97,25 @@ class SingleHeartbeat:
         rates: RateLimits,
         quota_of: QuotaTable,
         holds: RegistryHold,
-        auto_groups: bool,
-        seconds: Any,
+        settings: Settings,
+        single_seconds: Any,
+        batch_seconds: Any,
     ) -> None:
         self.registry = registry
         self.gate = gate
         self.rates = rates
         self.quota_of = quota_of
         self.holds = holds
-        self.auto_groups = auto_groups
-        #: The `rsc_heartbeat_seconds{endpoint="single"}` series.
-        self.seconds = seconds
+        self.auto_groups = settings.auto_create_groups
+        self.max_batch_items = settings.max_batch_items
+        #: The `rsc_heartbeat_seconds{endpoint}` series of each.
+        self.single_seconds = single_seconds
+        self.batch_seconds = batch_seconds
 
-    async def answer(self, payload: Any) -> Any:
-        """The answer to one member's heartbeat `payload` (JSON), as plain JSON.
-
-        Raises `ApiError` (a bad body, a refused caller, a rate limit), `CoordinationError` (a
-        refusal of the group), `StoreError` and `ActorStopped` (retry): `rsc.http.answers`
-        says how each is answered."""
+    async def single(self, payload: Any) -> Any:
+        """The answer to one member's heartbeat `payload` (JSON), as plain JSON."""
         registry, gate, rates, holds = self.registry, self.gate, self.rates, self.holds
-        with self.seconds.time():
+        with self.single_seconds.time():
             body = structure(payload, HeartbeatRequest)
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
             command = body.to_command(registry.clock.now_ms())
@@ -148,6 +143,28 @@ class SingleHeartbeat:
             response = await holds.hold(body, command, response, version)
         level = registry.known_feature_level()
         return codec.wire.unstructure(answered_in(response, body.protocol_version, level))
+
+    async def batch(self, payload: Any) -> Any:
+        """The answer to a batch of heartbeats `payload` (JSON), as plain JSON: an answer or a
+        JSON error in each item's place."""
+        with self.batch_seconds.time():
+            batch = structure(payload, HeartbeatBatch)
+            results, held = await _answer_batch(
+                self.registry,
+                self.gate,
+                batch,
+                self.max_batch_items,
+                self.auto_groups,
+                self.holds,
+                self.quota_of,
+                self.rates,
+            )
+        if held:  # long polls: the answer goes once every held item has its own
+            level = self.registry.known_feature_level()
+            async with trio.open_nursery() as nursery:
+                for index, hold in held.items():
+                    nursery.start_soon(_held_item, results, index, self.holds, hold, level)
+        return {"responses": results}
 
 
 async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold, level: int) -> None:

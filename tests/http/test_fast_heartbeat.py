@@ -1,7 +1,8 @@
-"""`POST /v1/heartbeat` below Quart (`rsc.http.fast_heartbeat`) answers exactly as the Quart
-route does: every request is sent twice over a real socket, once on the fast path and once with
-the fast path stepped aside (its path pointed elsewhere, so Quart's route answers), and the two
-answers must agree: status, headers, error codes and words, the answer's body.
+"""`POST /v1/heartbeat` and `/v1/heartbeats` below Quart (`rsc.http.fast_heartbeat`) answer
+exactly as the Quart routes do: every request is sent twice over a real socket, once on the
+fast path and once with the fast path stepped aside (its paths pointed elsewhere, so Quart's
+routes answer), and the two answers must agree: status, headers, error codes and words, the
+answer's body.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ _VARYING = {"date", "server", "x-request-id", "connection"}
 
 @contextlib.contextmanager
 def through_quart() -> Iterator[None]:
-    """Requests in this block go to Quart's route (the fast path matches another path)."""
-    saved = fast_heartbeat.PATH
-    fast_heartbeat.PATH = "/not-the-heartbeat-path"
+    """Requests in this block go to Quart's routes (the fast path matches other paths)."""
+    saved = fast_heartbeat.PATH, fast_heartbeat.BATCH_PATH
+    fast_heartbeat.PATH = fast_heartbeat.BATCH_PATH = "/not-a-heartbeat-path"
     try:
         yield
     finally:
-        fast_heartbeat.PATH = saved
+        fast_heartbeat.PATH, fast_heartbeat.BATCH_PATH = saved
 
 
 def shape(response: httpx.Response, *names: str) -> dict[str, Any]:
@@ -53,14 +54,18 @@ def shape(response: httpx.Response, *names: str) -> dict[str, Any]:
 
 
 async def both(
-    http: httpx.AsyncClient, fast_body: Any, quart_body: Any = None, *, names: tuple[str, ...] = (), **kw: Any
+    http: httpx.AsyncClient,
+    fast_body: Any,
+    quart_body: Any = None,
+    *,
+    names: tuple[str, ...] = (),
+    path: str = "/v1/heartbeat",
+    **kw: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The same request on each path (`quart_body` if it must differ, as a new member would)."""
-    fast = await http.post("/v1/heartbeat", **_body(fast_body), **kw)
+    fast = await http.post(path, **_body(fast_body), **kw)
     with through_quart():
-        quart = await http.post(
-            "/v1/heartbeat", **_body(fast_body if quart_body is None else quart_body), **kw
-        )
+        quart = await http.post(path, **_body(fast_body if quart_body is None else quart_body), **kw)
     return shape(fast, *names), shape(quart, *reversed(names)) if names else shape(quart)
 
 
@@ -80,6 +85,7 @@ async def test_answers_agree_on_every_kind_of_request(standalone_url: str, prefi
         credentials=credentials,
         max_body_bytes=4096,
         quota_members_per_group=2,
+        max_batch_items=4,
         rate_limit_party_per_interval=0,
     )
     member = {"Authorization": f"Bearer {TOKEN}"}
@@ -136,6 +142,31 @@ async def test_answers_agree_on_every_kind_of_request(standalone_url: str, prefi
         fast, quart = await both(http, _chunks(big), _chunks(big), headers=member)
         assert (fast["status"], fast["body"]["error"]) == (413, "BODY_TOO_LARGE")
         assert fast == quart
+        # batches: each item answered or refused in its place, alike on both paths
+        items = [hb(a, "m1", 7), hb(a, "", 0), hb("elsewhere-x", "m1", 0), {"protocolVersion": "1"}]
+        fast, quart = await both(http, {"heartbeats": items}, path="/v1/heartbeats", headers=member)
+        assert fast["status"] == 200
+        assert [r.get("error") for r in fast["body"]["responses"]] == [
+            None,  # answered (FENCED: a stale epoch, which changes nothing)
+            "INVALID_REQUEST",
+            "FORBIDDEN",
+            "INVALID_REQUEST",
+        ]
+        for answer in (fast, quart):  # each item names its request's id
+            for item in answer["body"]["responses"]:
+                item.pop("requestId", None)
+        assert fast == quart
+        for name, body, status in [
+            ("too many items", {"heartbeats": [hb(a, "m1", 1)] * 5}, 413),
+            ("not a batch", {"heartbeat": []}, 400),
+            ("malformed", b"{", 400),
+        ]:
+            fast, quart = await both(http, body, path="/v1/heartbeats", headers=member)
+            assert fast == quart, name
+            assert fast["status"] == status, (name, fast)
+        fast, quart = await both(http, {"heartbeats": []}, path="/v1/heartbeats", headers={})
+        assert fast == quart
+        assert fast["status"] == 401
         # other methods still reach Quart's routing: 405 with Allow
         refused = await http.get("/v1/heartbeat", headers=member)
         assert (refused.status_code, refused.headers["allow"]) == (405, "OPTIONS, POST")
