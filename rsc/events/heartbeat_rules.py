@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from rsc.events import quotas
+from rsc.events import codec, quotas
 from rsc.events.auth import Credential
 from rsc.events.commands import Heartbeat
 from rsc.events.model import check_id, check_name
@@ -132,3 +132,23 @@ def answered_in(response: R, requested: int, level: int) -> R:
             return attrs.evolve(response, revoke_timeout_ms=None)  # came with version 2
         return response
     return attrs.evolve(response, protocol_version=version, feature_level=level)
+
+
+#: The answer fields that come after `protocolVersion` and `featureLevel` (in field order).
+_AFTER_VERSION = ("static", "revokeTimeoutMs")
+
+
+def answered_json(response: HeartbeatResponse, requested: int, level: int) -> dict[str, Any]:
+    """`codec.wire.unstructure(answered_in(response, requested, level))` for a member's answer
+    that names no version yet (as `respond` makes it), without a copy of the answer: a batch
+    renders a hundred. Raises `UnsupportedProtocolVersion` as `answered_in` does."""
+    version = check_protocol_version(requested)
+    data: dict[str, Any] = codec.wire.unstructure(response)
+    if version < 2:
+        data.pop("revokeTimeoutMs", None)  # came with version 2
+        return data
+    after = {name: data.pop(name) for name in _AFTER_VERSION if name in data}
+    data["protocolVersion"] = version
+    data["featureLevel"] = level
+    data.update(after)
+    return data

@@ -11,6 +11,7 @@ may create or rebuild, what is rate limited, and the answer's shape are
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -22,12 +23,12 @@ from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.connect import first_leaf
-from rsc.events import codec, heartbeat_rules, longpoll
+from rsc.events import heartbeat_rules, longpoll
 from rsc.events.auth import Action
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, http_status
 from rsc.events.group import validate_heartbeat
-from rsc.events.heartbeat_rules import answered_in
+from rsc.events.heartbeat_rules import answered_json
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.http.authenticate import Gate
@@ -142,7 +143,7 @@ class HeartbeatAnswers:
         if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
             response = await holds.hold(body, command, response, version)
         level = registry.known_feature_level()
-        return codec.wire.unstructure(answered_in(response, body.protocol_version, level))
+        return answered_json(response, body.protocol_version, level)
 
     async def batch(self, payload: Any) -> Any:
         """The answer to a batch of heartbeats `payload` (JSON), as plain JSON: an answer or a
@@ -169,7 +170,7 @@ class HeartbeatAnswers:
 
 async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold, level: int) -> None:
     response = await holds.hold(*hold)
-    results[index] = codec.wire.unstructure(answered_in(response, hold[0].protocol_version, level))
+    results[index] = answered_json(response, hold[0].protocol_version, level)
 
 
 def _check_batch(batch: HeartbeatBatch, max_batch_items: int) -> None:
@@ -271,9 +272,21 @@ async def _answer_batch(
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):
                 held[index] = (bodies[index], command, response, version)
-            response = answered_in(response, bodies[index].protocol_version, level)
-            results[index] = codec.wire.unstructure(response)
+            results[index] = answered_json(response, bodies[index].protocol_version, level)
 
+    await _each_group(by_group, one_group)
+    return results, held
+
+
+async def _each_group(
+    by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]],
+    one_group: Callable[[tuple[str, str], list[tuple[int, Heartbeat]]], Awaitable[None]],
+) -> None:
+    """`one_group` for every group of a batch, side by side. Raises a `StoreError` or
+    `ActorStopped` of any (answered 503: the client retries the whole batch)."""
+    if len(by_group) == 1:  # (most batches: one process's members of one group)
+        await one_group(*next(iter(by_group.items())))
+        return
     try:
         async with trio.open_nursery() as nursery:
             for key, items in by_group.items():
@@ -282,5 +295,4 @@ async def _answer_batch(
         retry, _ = group.split((StoreError, ActorStopped))
         if retry is None:
             raise
-        raise first_leaf(retry) from group  # answered 503: the client retries the whole batch
-    return results, held
+        raise first_leaf(retry) from group

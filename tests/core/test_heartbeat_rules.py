@@ -3,14 +3,22 @@ it may create or rebuild, what is rate limited and under which key, the shape of
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
-from rsc.events import auth, heartbeat_rules, quotas
+from rsc.events import auth, codec, heartbeat_rules, quotas
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import InvalidCommand, UnsupportedProtocolVersion
-from rsc.events.model import HeartbeatStatus
+from rsc.events.model import FenceReason, HeartbeatStatus
 from rsc.events.versions import PROTOCOL_VERSION
-from rsc.events.wire import HeartbeatRequest, ProducerHeartbeatRequest, ProducerHeartbeatResponse
+from rsc.events.wire import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProducerHeartbeatRequest,
+    ProducerHeartbeatResponse,
+    ShardAssignment,
+)
 
 WORKERS = auth.credential("workers", ["member"], token="w" * 20)
 SHOP = auth.credential("shop", ["producer"], token="s" * 20)
@@ -125,3 +133,39 @@ def test_only_a_caller_that_sees_every_stream_may_read_names_on_a_public_path() 
     assert not auth.sees_every_stream(protected, monitor, auth.Action.VIEW)
     assert auth.sees_every_stream(protected, everything, auth.Action.VIEW)
     assert auth.sees_every_stream(protected, auth.ADMIN, auth.Action.VIEW)
+
+
+@hypothesis.given(
+    static=st.sampled_from([None, True]),
+    revoke_timeout_ms=st.sampled_from([None, 0, 60_000]),
+    fence_reason=st.sampled_from([None, *FenceReason]),
+    requested=st.integers(min_value=1, max_value=PROTOCOL_VERSION + 3),
+    level=st.integers(min_value=1, max_value=9),
+)
+def test_an_answer_rendered_at_once_is_the_answer_in_its_version(
+    static: bool | None,
+    revoke_timeout_ms: int | None,
+    fence_reason: FenceReason | None,
+    requested: int,
+    level: int,
+) -> None:
+    response = HeartbeatResponse(
+        HeartbeatStatus.OK,
+        3,
+        4,
+        4,
+        3_000,
+        10_000,
+        2,
+        ShardAssignment((0, 1), (2,), (3,)),
+        1,
+        fence_reason=fence_reason,
+        static=static,
+        revoke_timeout_ms=revoke_timeout_ms,
+    )
+    expected = codec.wire.unstructure(heartbeat_rules.answered_in(response, requested, level))
+    rendered = heartbeat_rules.answered_json(response, requested, level)
+    assert rendered == expected
+    assert list(rendered) == list(expected)  # the same fields in the same order
+    with pytest.raises(UnsupportedProtocolVersion):
+        heartbeat_rules.answered_json(response, 0, level)
