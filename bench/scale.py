@@ -7,7 +7,9 @@ driver heartbeats its members in batches of `--batch` (`POST /v1/heartbeats`) ev
 `--interval-ms`: first the joins (which create the streams and groups), then steady
 heartbeats (each member echoes its epoch). Reported:
 
-* setup: how long the joins took (streams and groups created on the way);
+* setup: how long the joins took (streams and groups created on the way), then how long
+  until the groups settled (a whole round in which no member's epoch or shards moved; the
+  members report what they read, as members do);
 * steady state over `--seconds`: member-heartbeats per second, batch p50/p99 as the drivers
   saw them, the coordinator's CPU and RSS, memory per member;
 * Redis: keys and memory used (journals, snapshots, checkpoints, shard keys, owner tokens);
@@ -76,7 +78,7 @@ def wait_ready(url: str, timeout_s: float = 60) -> None:
     raise SystemExit(f"{url} did not become ready in {timeout_s} s")
 
 
-def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any, results: Any) -> None:
+def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any, results: Any) -> None:  # noqa: PLR0915
     """One driver process: members `number::drivers` of every stream's members."""
     import trio  # each process its own trio run
 
@@ -86,6 +88,10 @@ def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any,
         for m in range(args.members // args.streams)
     ]
     epochs = dict.fromkeys((m for _, m in members), 0)
+    # What each member last heard, as a member keeps it: the layout version, and the shards
+    # it reads (it installs what it is assigned at once and stops a revoked one at once).
+    versions = dict.fromkeys(epochs, 0)
+    owned: dict[str, list[int]] = {m: [] for m in epochs}
 
     def body(stream: str, member: str) -> dict[str, Any]:
         return {
@@ -95,7 +101,8 @@ def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any,
             "memberId": member,
             "incarnation": "i1",
             "memberEpoch": epochs[member],
-            "metadataVersion": 0,
+            "metadataVersion": versions[member],
+            "ownedShards": owned[member],
         }
 
     async def run() -> None:
@@ -112,6 +119,7 @@ def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any,
                     url = urls[1]
                 started_round = time.monotonic()
                 failed = False
+                changed = 0  # members whose epoch or assignment moved this round
                 for at in range(0, len(members), args.batch):
                     chunk = members[at : at + args.batch]
                     sent = time.perf_counter()
@@ -129,15 +137,22 @@ def driver(number: int, args: argparse.Namespace, urls: list[str], control: Any,
                     for (_, member), item in zip(chunk, answer.json()["responses"], strict=True):
                         if item.get("status") in ("FENCED", "UNKNOWN_MEMBER"):
                             epochs[member] = 0  # as a member does: join again
+                            versions[member], owned[member] = 0, []
                             failed = True
                         elif "memberEpoch" in item:
+                            assigned = item["assignment"]["assigned"]
+                            changed += epochs[member] != item["memberEpoch"] or owned[member] != assigned
                             epochs[member] = max(0, item["memberEpoch"])
+                            versions[member] = item.get("metadataVersion", versions[member])
+                            owned[member] = assigned
                             beats += 1
                         else:
                             failed = True
                     results[f"beats-{number}"] = beats  # after every batch: a rate over any window
                 if not failed:
                     results[f"ok-{number}"] = time.time()
+                    if not changed:  # a whole round in which no member's epoch or shards moved
+                        results[f"settled-{number}"] = time.time()
                 results[f"latencies-{number}"] = latencies[-20_000:]
                 round_ += 1
                 left = args.interval_ms / 1000 - (time.monotonic() - started_round)
@@ -185,7 +200,18 @@ def main() -> None:  # noqa: PLR0915  (a scenario read top to bottom)
             time.sleep(0.5)
         report["setupSeconds"] = round(time.monotonic() - started, 1)
         print(f"joined: {args.members:,} members over {args.streams:,} streams in {report['setupSeconds']} s")
-        time.sleep(args.interval_ms / 1000)  # one round of steady heartbeats first
+        # Settled: every driver had a whole round in which no member's epoch or shards moved
+        # (the groups converged: targets installed, revokes acknowledged). Measured from the end
+        # of the joins; the steady phase is measured after it (or after the limit, if never).
+        joined = time.time()
+        limit = joined + 30 * args.interval_ms / 1000 + 120
+        while time.time() < limit and not all(
+            results.get(f"settled-{n}", 0) > joined for n in range(args.drivers)
+        ):
+            time.sleep(0.5)
+        settled = all(results.get(f"settled-{n}", 0) > joined for n in range(args.drivers))
+        report["settleSeconds"] = round(time.time() - joined, 1) if settled else None
+        print("settled:", f"in {report['settleSeconds']} s" if settled else "not within the limit")
         beats0 = sum(results.get(f"beats-{n}", 0) for n in range(args.drivers))
         cpu0, wall0, since = cpu_seconds(active.pid), time.monotonic(), time.time()
         time.sleep(args.seconds)
@@ -259,7 +285,9 @@ def main() -> None:  # noqa: PLR0915  (a scenario read top to bottom)
         f"p99 {steady['batchP99Ms']} ms, coordinator CPU {steady['coordinatorCpu']:.0%}, RSS "
         f"{steady['coordinatorRssMb']} MB ({steady['rssKbPerMember']} KB per member), Redis "
         f"{steady['redisUsedMb']} MB in {steady['redisKeys']:,} keys\n"
-        f"  restart {report['restartSeconds']} s, standby takeover {report['takeoverSeconds']} s"
+        f"  joined in {report['setupSeconds']} s, settled "
+        f"{'in ' + str(report['settleSeconds']) + ' s' if report['settleSeconds'] is not None else 'never'}; "
+        f"restart {report['restartSeconds']} s, standby takeover {report['takeoverSeconds']} s"
     )
     print(f"wrote {RESULTS}")
 
