@@ -434,10 +434,13 @@ class Registry:
             with self._marked_creating(aggregate_id):
                 yield
         finally:
+            # Only a started actor found missing (one still loading is its loader's to judge,
+            # and may be another task's); `_stop_missing` spares one another creation marked.
             entry = self.actors.get(aggregate_id)
-            state = entry.actor.state if entry is not None and entry.started else None
-            if entry is not None and (state is None or state.deleted):
-                self._stop_missing(aggregate_id)
+            if entry is not None and entry.started and entry.error is None:
+                state = entry.actor.state
+                if state is None or state.deleted:
+                    self._stop_missing(aggregate_id)
 
     def _stop_missing(self, aggregate_id: AggregateId) -> None:
         """Stop the actor of an aggregate found not to exist, unless someone is creating it."""

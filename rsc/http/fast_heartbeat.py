@@ -6,15 +6,18 @@ Heartbeats are the coordinator's most frequent requests, and Quart's machinery a
 CPU as a single heartbeat's own work. Here the request is read and answered straight from
 ASGI messages, with everything the route path does, in the same order and words:
 
-* the standby gate first (a standby answers 503 `STANDBY`, or `UNAVAILABLE` when Redis is
-  unreachable), and again when the answer leaves (`rsc.http.standby`);
 * the request id (`X-Request-Id`, the caller's if valid), echoed on every answer;
-* authorization of the member role before the body is read, then on the body's stream
-  (`rsc.http.authenticate.Gate`), rate limits and quotas (`HeartbeatAnswers`, the same object
-  the Quart routes call);
+* authorization of the member role before the body is read (its refusals counted, a wrong
+  admin password throttled, as before), then the standby gate (a standby answers 503
+  `STANDBY`, or `UNAVAILABLE` when Redis is unreachable, in place of any answer), which is
+  asked again when any answer leaves (`rsc.http.standby`);
 * the body limits (413 `BODY_TOO_LARGE` by `Content-Length` or as it arrives, 408 after the
-  body timeout) and strict JSON (`rsc.http.json_io.parse_json`);
-* every refusal answered by `rsc.http.answers`, as Quart's error handlers answer it.
+  body timeout) and strict JSON (`rsc.http.json_io.parse_json`), timed with the answer;
+* authorization on the body's stream, rate limits and quotas (`HeartbeatAnswers`, the same
+  object the Quart routes call);
+* every refusal answered by `rsc.http.answers`, as Quart's error handlers answer it;
+* a long poll given up when its client disconnects (Quart watched for that on every request;
+  only a held answer waits long enough for it to matter).
 
 Any other method or path goes to Quart unchanged (so `GET /v1/heartbeat` is still a 405 with
 `Allow`, and the routes stay in the OpenAPI document).
@@ -43,8 +46,9 @@ Scope = Any
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
-#: A request body (parsed JSON) to its answer (plain JSON), refusals raised.
-AnswerOf = Callable[[Any], Awaitable[Any]]
+#: A request body (read and parsed JSON by the function given) to its answer (plain JSON),
+#: refusals raised.
+AnswerOf = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
 
 PATH = "/v1/heartbeat"
 BATCH_PATH = "/v1/heartbeats"
@@ -55,6 +59,27 @@ _JSON = (b"content-type", b"application/json")
 
 class _Disconnected(Exception):
     """The client went away before its body arrived: nothing to answer."""
+
+
+#: No answer: the client went away.
+_GONE = object()
+
+
+def _holds(payload: Any) -> bool:
+    """Whether a heartbeat (or any item of a batch) asks for a long poll."""
+    if not isinstance(payload, dict):
+        return False
+    items = payload.get("heartbeats")
+    if isinstance(items, list):
+        return any(isinstance(item, dict) and item.get("waitMs") for item in items)
+    return bool(payload.get("waitMs"))
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    """Cancel `scope` when the client disconnects (the body was read: nothing else comes)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 class HeartbeatFastPath:
@@ -81,15 +106,11 @@ class HeartbeatFastPath:
             await self.inner(scope, receive, send)
 
     async def _answer(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        path: str,
-        answer_of: Callable[[Any], Awaitable[Any]],
+        self, scope: Scope, receive: Receive, send: Send, path: str, answer_of: AnswerOf
     ) -> None:
         authorization = given_id = ""
         length: bytes | None = None
+        chunked = False
         for name, value in scope["headers"]:  # the first of each, as Quart's `headers.get`
             if name == b"authorization" and not authorization:
                 authorization = value.decode("latin-1")
@@ -97,29 +118,55 @@ class HeartbeatFastPath:
                 given_id = value.decode("latin-1")
             elif name == b"content-length" and length is None:
                 length = value
+            elif name == b"transfer-encoding":
+                chunked = True  # (then a Content-Length means nothing)
         client = scope.get("client")
         current = exchange.begin(authorization, client[0] if client else "<local>", exchange.id_for(given_id))
+        refused: ErrorAnswer | None = None
+        try:  # the role, before the body is read, and before the standby gate (as Quart's hooks ran)
+            self.gate.check(Action.MEMBER_HEARTBEAT)
+        except Exception as error:
+            refused = error_answer(error, "POST", path)
         leadership = self.leadership
         if leadership is not None and not leadership.active:
             await _send_error(send, current, standby_answer(leadership, path))
             return
-        try:
-            self.gate.check(Action.MEMBER_HEARTBEAT)  # the role, before the body is read
-            data = await self._body(receive, length)
-            answer = await answer_of(parse_json(data))
-        except _Disconnected:
+        if refused is not None:
+            await _send_error(send, current, refused)
             return
-        except HTTPException as error:
-            await _send_error(send, current, http_error_answer(error))
-            return
-        except Exception as error:
-            await _send_error(send, current, error_answer(error, "POST", path))
-            return
+        answer, refused = await self._work(receive, None if chunked else length, path, answer_of)
         if leadership is not None and not leadership.active:  # the term ended while answering
             await _send_error(send, current, standby_answer(leadership, path))
-            return
-        body = json.dumps(answer, separators=(",", ":")).encode()
-        await _send(send, current, 200, body, ())
+        elif refused is not None:
+            await _send_error(send, current, refused)
+        elif answer is not _GONE:
+            await _send(send, current, 200, json.dumps(answer, separators=(",", ":")).encode(), ())
+
+    async def _work(
+        self, receive: Receive, length: bytes | None, path: str, answer_of: AnswerOf
+    ) -> tuple[Any, ErrorAnswer | None]:
+        """The answer (or `_GONE`: the client went away) or the refusal. A long poll is given up
+        when its client disconnects, as Quart gave up a request whose client went away."""
+        answer: Any = _GONE
+        async with trio.open_nursery() as watching:
+
+            async def read() -> Any:
+                payload = parse_json(await self._body(receive, length))
+                if _holds(payload):
+                    watching.start_soon(_cancel_on_disconnect, receive, watching.cancel_scope)
+                return payload
+
+            try:
+                answer = await answer_of(read)
+            except _Disconnected:
+                return _GONE, None
+            except HTTPException as error:
+                return None, http_error_answer(error)
+            except Exception as error:
+                return None, error_answer(error, "POST", path)
+            finally:
+                watching.cancel_scope.cancel()  # (the watcher, if any)
+        return answer, None  # (still `_GONE` if the client went away and the work was cancelled)
 
     async def _body(self, receive: Receive, length: bytes | None) -> bytes:
         """The request body; `RequestEntityTooLarge`, `RequestTimeout` or `_Disconnected`."""

@@ -77,16 +77,17 @@ def add_heartbeat_routes(
     # routing, for its 405s, and answer alike)
     @app.post("/v1/heartbeat")
     async def heartbeat() -> Response:
-        return json_response(await answers.single(await json_body()), plain=True)
+        return json_response(await answers.single(json_body), plain=True)
 
     @app.post("/v1/heartbeats")
     async def heartbeats() -> Response:
-        return json_response(await answers.batch(await json_body()), plain=True)
+        return json_response(await answers.batch(json_body), plain=True)
 
 
 class HeartbeatAnswers:
     """`POST /v1/heartbeat` and `POST /v1/heartbeats`, whichever path took the request (Quart's
-    routes or the fast path below them): the parsed body in, the answer as plain JSON out,
+    routes or the fast path below them): a function that reads and parses the body in (it is
+    timed with the answer), the answer as plain JSON out,
     refusals raised (`ApiError` for a bad body, a refused caller or a rate limit,
     `CoordinationError` for a refusal of the group, `StoreError` and `ActorStopped` to retry:
     `rsc.http.answers` says how each is answered)."""
@@ -113,11 +114,11 @@ class HeartbeatAnswers:
         self.single_seconds = single_seconds
         self.batch_seconds = batch_seconds
 
-    async def single(self, payload: Any) -> Any:
-        """The answer to one member's heartbeat `payload` (JSON), as plain JSON."""
+    async def single(self, read: Callable[[], Awaitable[Any]]) -> Any:
+        """The answer to one member's heartbeat (the JSON `read` returns), as plain JSON."""
         registry, gate, rates, holds = self.registry, self.gate, self.rates, self.holds
         with self.single_seconds.time():
-            body = structure(payload, HeartbeatRequest)
+            body = structure(await read(), HeartbeatRequest)
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
             command = body.to_command(registry.clock.now_ms())
             validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
@@ -145,11 +146,11 @@ class HeartbeatAnswers:
         level = registry.known_feature_level()
         return answered_json(response, body.protocol_version, level)
 
-    async def batch(self, payload: Any) -> Any:
-        """The answer to a batch of heartbeats `payload` (JSON), as plain JSON: an answer or a
-        JSON error in each item's place."""
+    async def batch(self, read: Callable[[], Awaitable[Any]]) -> Any:
+        """The answer to a batch of heartbeats (the JSON `read` returns), as plain JSON: an
+        answer or a JSON error in each item's place."""
         with self.batch_seconds.time():
-            batch = structure(payload, HeartbeatBatch)
+            batch = structure(await read(), HeartbeatBatch)
             results, held = await _answer_batch(
                 self.registry,
                 self.gate,

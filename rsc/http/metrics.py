@@ -35,6 +35,8 @@ log = logging.getLogger("rsc.metrics")
 SAMPLE_EVERY_S = 10.0
 #: The most of the time sampling may take: a sample that took 1 s waits 19 s before the next.
 SAMPLE_SHARE = 0.05
+#: The interval stretches to at most this many times `metrics_sample_interval_ms`.
+SAMPLE_STRETCH_MAX = 6
 
 
 @attrs.frozen
@@ -127,16 +129,20 @@ class Metrics:
     async def sample_forever(self, every_s: float = SAMPLE_EVERY_S) -> None:
         """Read the shards' Redis figures every `every_s` (a scrape never waits for Redis), or
         less often where a sample takes longer than `SAMPLE_SHARE` of the time: with tens of
-        thousands of shards the interval stretches, so that sampling never takes more than that
-        share of the coordinator's one thread from heartbeats."""
+        thousands of shards the interval stretches (up to `SAMPLE_STRETCH_MAX` times), so that
+        sampling takes no more than that share of the coordinator's one thread from
+        heartbeats. A failed sample (Redis not answering) does not stretch it."""
         while True:
             started = trio.current_time()
             try:
                 await self.sample()
             except StoreError as exc:
                 log.debug("sampling shard figures: %s", exc)
+                stretch = every_s  # (a failed sample, Redis waited for: the usual interval)
+            else:
+                stretch = (trio.current_time() - started) / SAMPLE_SHARE
             took = trio.current_time() - started
-            await trio.sleep(max(every_s, took / SAMPLE_SHARE) - took)
+            await trio.sleep(max(0.0, min(max(every_s, stretch), SAMPLE_STRETCH_MAX * every_s) - took))
 
     async def sample(self) -> None:
         """Sample every stream whose layout this process knows: from its running stream actor,

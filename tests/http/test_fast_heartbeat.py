@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,8 +209,9 @@ async def test_rate_limits_answer_alike(standalone_url: str, prefix: str) -> Non
 
 
 async def test_a_standby_answers_503_on_the_fast_path(prefix: str) -> None:
+    member = credential("workers", ["member"], token=TOKEN, streams=[f"{prefix}*"], create=True)
     with redis_servers.standalone() as url:
-        settings = attrs.evolve(FAST, redis_url=url)
+        settings = attrs.evolve(FAST, redis_url=url, credentials=(member,))
         async with serve_on(settings) as active:
             shutdown = trio.Event()
             async with trio.open_nursery() as nursery:
@@ -219,9 +221,26 @@ async def test_a_standby_answers_503_on_the_fast_path(prefix: str) -> None:
                     )
                 )
                 async with httpx.AsyncClient(base_url=urls[0], timeout=10) as standby:
-                    fast, quart = await both(standby, hb(prefix, "m1", 0))
+                    good = {"Authorization": f"Bearer {TOKEN}"}
+                    fast, quart = await both(standby, hb(prefix, "m1", 0), headers=good)
+                    # a bad credential on a standby: 503 STANDBY all the same, and counted as
+                    # a refused credential on either path (authorization runs first, as ever)
+                    before = await _refused(standby)
+                    bad = await both(standby, hb(prefix, "m1", 0), headers={"Authorization": "Bearer bad"})
+                    counted = await _refused(standby) - before
                 shutdown.set()
             assert (fast["status"], fast["body"]["error"]) == (503, "STANDBY")
             assert fast["headers"]["retry-after"] == "1"
             assert fast == quart
-            assert (await active.post("/v1/heartbeat", json=hb(prefix, "m1", 0))).status_code == 200
+            assert bad[0] == bad[1] == fast
+            assert counted == 2
+            answer = await active.post("/v1/heartbeat", json=hb(prefix, "m1", 0), headers=good)
+            assert answer.status_code == 200
+
+
+async def _refused(http: httpx.AsyncClient) -> float:
+    text = (await http.get("/metrics")).text
+    found = re.search(
+        r'^rsc_auth_refusals_total\{action="[^"]*",reason="bad-credential"\} (\S+)$', text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
