@@ -111,3 +111,22 @@ async def test_a_bad_wait_is_a_400(client: httpx.AsyncClient, prefix: str, wait:
     response = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0, waitMs=wait))
     assert response.status_code == 400
     assert response.json()["error"] == "INVALID_REQUEST"
+
+
+async def test_a_long_poll_is_given_up_when_its_client_goes_away(standalone_url: str, prefix: str) -> None:
+    # at most two answers held at once (half of max_connections)
+    settings = attrs.evolve(SLOW, redis_url=standalone_url, max_connections=4)
+    async with serve_on(settings) as client:
+        _, b = await handoff_start(client, prefix)
+        body = hb(prefix, "b", b["memberEpoch"], waitMs=5_000)
+        for _ in range(2):  # two long polls whose clients go away while they are held
+            async with httpx.AsyncClient(base_url=str(client.base_url), timeout=10) as gone:
+                with trio.move_on_after(0.3):
+                    await gone.post("/v1/heartbeat", json=body)
+        # Their holds were given up as their clients left: a third long poll is held again
+        # (answered at its wait), where two holds still counted would answer it at once.
+        start = trio.current_time()
+        with trio.fail_after(4):
+            answer = await beat(client, hb(prefix, "b", b["memberEpoch"], waitMs=1_000))
+        assert trio.current_time() - start >= 1.0
+        assert answer["status"] == "REVOKE_PENDING"
