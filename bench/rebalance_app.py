@@ -150,9 +150,9 @@ class TracedPoller(Poller):
         await super().assigned(shards, layout)
         trace("assigned", t=began, end=time.monotonic(), shards=_list(shards))
 
-    async def revoke(self, shards: frozenset[int]) -> None:
+    async def revoke(self, shards: frozenset[int], within_s: float) -> None:
         began = time.monotonic()
-        await super().revoke(shards)
+        await super().revoke(shards, within_s)
         trace("revoke", t=began, end=time.monotonic(), shards=_list(shards))
 
     async def lost(self, shards: frozenset[int]) -> None:
