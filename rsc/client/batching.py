@@ -4,9 +4,10 @@
 waits at most `linger_s` for the other members of the process to heartbeat
 too, then one request carries them all and each member gets its own answer
 (or its own error). Members started together heartbeat at the same interval,
-so after the first round they travel together. A long-poll heartbeat (`wait_ms`,
-sent while a member waits for pending shards) goes on its own request, at most
-`max_long_polls` at once.
+so after the first round they travel together. A heartbeat acknowledging a revoke
+(`revoked_shards`) does not wait: another member waits for those shards, so it goes at
+once, with whatever is waiting to go. A long-poll heartbeat (`wait_ms`, sent while a member
+waits for pending shards) goes on its own request, at most `max_long_polls` at once.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class BatchingTransport:
             request = attrs.evolve(request, wait_ms=0)
         slot = _Slot(request)
         self._pending.append(slot)
-        if len(self._pending) >= self.max_batch:
+        if len(self._pending) >= self.max_batch or request.revoked_shards:
+            # A handoff waits on an acknowledgement: it does not linger for company.
             self._nursery.start_soon(self._flush)
         elif not self._flush_scheduled:
             self._flush_scheduled = True

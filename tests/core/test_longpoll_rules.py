@@ -176,6 +176,52 @@ async def test_a_process_holds_at_most_max_long_polls_connections(
     assert (coordinator.single, coordinator.batched) == ([1_000], [0])
 
 
+async def test_a_revoke_acknowledgement_does_not_linger_for_company(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Interval heartbeats wait `linger_s` for each other; one acknowledging a revoke goes at
+    once (another member waits for its shards), taking along what was waiting to go."""
+
+    class Recording:
+        def __init__(self) -> None:
+            self.sent: list[tuple[float, list[str]]] = []
+
+        async def heartbeats(self, requests: list[HeartbeatRequest]) -> list[HeartbeatResponse]:
+            self.sent.append((trio.current_time(), [r.member_id for r in requests]))
+            return [answer for _ in requests]
+
+    g = Group.create(shards=4)
+    _, answer = waiting(g)
+    coordinator = Recording()
+    transport = BatchingTransport(coordinator, linger_s=1.0)  # type: ignore[arg-type]
+    start = trio.current_time()
+
+    async def ack_later() -> None:
+        await trio.sleep(0.25)
+        acked = attrs.evolve(request("a", 1, wait_ms=0), revoked_shards=frozenset({3}))
+        await transport.heartbeat(acked)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(transport.run)
+        async with trio.open_nursery() as beats:
+            beats.start_soon(transport.heartbeat, request("b", 1, wait_ms=0))
+            beats.start_soon(ack_later)
+        await trio.sleep(2)
+        beats_alone = [(when - start, who) for when, who in coordinator.sent]
+        nursery.cancel_scope.cancel()
+    assert beats_alone == [(pytest.approx(0.25), ["b", "a"])]
+    # without an acknowledgement, the same two wait out the linger together
+    coordinator.sent.clear()
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(transport.run)
+        async with trio.open_nursery() as beats:
+            beats.start_soon(transport.heartbeat, request("b", 1, wait_ms=0))
+            beats.start_soon(transport.heartbeat, request("a", 1, wait_ms=0))
+        nursery.cancel_scope.cancel()
+    assert [(when - start, who) for when, who in coordinator.sent] == [(pytest.approx(1.0), ["b", "a"])]
+
+
 def stable_pair(g: Group) -> tuple[HeartbeatResponse, HeartbeatResponse]:
     """a and b each read two of four shards, reconciled."""
     a = g.hb("a", 0)
