@@ -60,7 +60,7 @@ class RedisStore:
         #: The finalized feature level, which says what may be written (one of its own if None).
         self.features: FeatureSource = features or Features(redis, term=fence_token, keys=keys)
         self._append = redis.register_script(script("coordinator/append"))
-        self._raise_fence = redis.register_script(script("coordinator/raise_fence"))
+        self._load = redis.register_script(script("coordinator/load"))
         self._restore = redis.register_script(script("coordinator/restore"))
         #: Asked when a fence is above our token (see `FenceFloor`); None: that is `TermFenced`.
         self.on_fenced: FenceFloor | None = None
@@ -70,28 +70,55 @@ class RedisStore:
         return exc.fence is not None and self.on_fenced is not None and await self.on_fenced(exc.fence)
 
     async def load(self, aggregate: AggregateId) -> Loaded:
-        if self.fence_token is not None:
-            try:
-                await self._fence(aggregate, self.fence_token())
-            except TermFenced as exc:
-                if not await self._fenced_again(exc):
-                    raise
-                await self._fence(aggregate, self.fence_token())
+        if self.fence_token is None:  # an unfenced reader (`rsc journal`): reads only
+            return await self._read_loaded(aggregate)
+        try:
+            return await self._fenced_load(aggregate, self.fence_token())
+        except TermFenced as exc:
+            if not await self._fenced_again(exc):
+                raise
+            return await self._fenced_load(aggregate, self.fence_token())
+
+    async def _fenced_load(self, aggregate: AggregateId, token: int) -> Loaded:
+        """Raise the aggregate's fence to `token` and read it, in one round trip (`load.lua`).
+
+        Raises `TermFenced` if its fence is higher already, `UnsupportedSchema`, `StoreError`."""
+        keys = [self.keys.snapshot(aggregate), self.keys.journal(aggregate)]
+        with redis_errors(f"loading {aggregate}"):
+            result = await self._load(keys=keys, args=[token])
+        if result[0] == "fenced":
+            raise _fenced(aggregate, int(result[1]), token)
+        if result[0] == "absent":
+            return Loaded(0, None, None, ())
+        flat = result[1]
+        snapshot = {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return self._loaded(aggregate, snapshot, [_lua_entry(raw) for raw in result[2]])
+
+    async def _read_loaded(self, aggregate: AggregateId) -> Loaded:
         with redis_errors(f"loading {aggregate}"):
             snapshot = await self.redis.hgetall(self.keys.snapshot(aggregate))
             if "revision" not in snapshot:
                 return Loaded(0, None, None, ())
-            schema = int(snapshot.get("schemaVersion", 0))
-            check_schema(aggregate, schema)
-            checkpoint = None
-            start = "-"
-            if "state" in snapshot:
-                checkpoint = JournalEntry(
-                    snapshot["stateId"], CHECKPOINT, int(snapshot["stateRevision"]), snapshot["state"]
-                )
-                start = "(" + snapshot["stateId"]
+            check_schema(aggregate, int(snapshot.get("schemaVersion", 0)))
+            start = "(" + snapshot["stateId"] if "state" in snapshot else "-"
             tail = await self.redis.xrange(self.keys.journal(aggregate), start, "+")
-        events = tuple(e for e in map(_entry, tail) if not e.is_checkpoint)
+        return self._loaded(aggregate, snapshot, [_entry(raw) for raw in tail])
+
+    @staticmethod
+    def _loaded(aggregate: AggregateId, snapshot: dict[str, str], tail: list[JournalEntry]) -> Loaded:
+        """The aggregate as its snapshot and the journal after the snapshot's checkpoint hold it.
+
+        Raises `UnsupportedSchema`."""
+        if "revision" not in snapshot:
+            return Loaded(0, None, None, ())
+        schema = int(snapshot.get("schemaVersion", 0))
+        check_schema(aggregate, schema)
+        checkpoint = None
+        if "state" in snapshot:
+            checkpoint = JournalEntry(
+                snapshot["stateId"], CHECKPOINT, int(snapshot["stateRevision"]), snapshot["state"]
+            )
+        events = tuple(e for e in tail if not e.is_checkpoint)
         return Loaded(int(snapshot["revision"]), snapshot.get("lastId"), checkpoint, events, schema)
 
     async def append(
@@ -144,13 +171,6 @@ class RedisStore:
             raise ConcurrencyConflict(expected_revision, int(result[1]))
         return Appended(int(result[1]), str(result[2]))
 
-    async def _fence(self, aggregate: AggregateId, token: int) -> None:
-        """Raise the aggregate's fence to `token` (if it exists); `TermFenced` if it is higher already."""
-        with redis_errors(f"fencing {aggregate}"):
-            result = await self._raise_fence(keys=[self.keys.snapshot(aggregate)], args=[token])
-        if result[0] == "fenced":
-            raise _fenced(aggregate, int(result[1]), token)
-
     async def read(
         self, aggregate: AggregateId, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[JournalEntry]:
@@ -175,9 +195,17 @@ def check_schema(aggregate: AggregateId, schema: int) -> None:
 
 
 def _entry(raw: Any) -> JournalEntry:
-    fields = raw.field_values
+    """A journal entry as coredis answers `XRANGE`."""
+    return _journal_entry(str(raw.identifier), raw.field_values)
+
+
+def _lua_entry(raw: Any) -> JournalEntry:
+    """A journal entry as a script answers `XRANGE`: `[id, [field, value, ...]]`."""
+    flat = raw[1]
+    return _journal_entry(str(raw[0]), {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)})
+
+
+def _journal_entry(identifier: str, fields: Any) -> JournalEntry:
     version = int(fields.get("v", 1))
     restored = str(fields.get("restored", ""))
-    return JournalEntry(
-        str(raw.identifier), fields["kind"], int(fields["rev"]), fields["data"], version, restored
-    )
+    return JournalEntry(identifier, fields["kind"], int(fields["rev"]), fields["data"], version, restored)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+import redis as redis_py
 import trio
 
 from rsc.actors.errors import ConcurrencyConflict, TermFenced
@@ -12,6 +14,7 @@ from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import FenceToken, MemoryStore, Store
 from rsc.actors.store_connection import open_redis
+from tests import redis_servers
 
 #: Makes another writer on the same data, with its own fence-token provider.
 Writers = Callable[[FenceToken | None], Store]
@@ -100,6 +103,23 @@ async def test_checkpoint_replaces_the_snapshot_state(store: Store, prefix: str)
     assert loaded.checkpoint is not None
     assert (loaded.checkpoint.data, loaded.checkpoint.revision) == ('{"sum":3}', 2)
     assert [e.data for e in loaded.events] == ['{"n":3}']
+
+
+async def test_a_fenced_load_reads_what_an_unfenced_reader_reads(writers: Writers, prefix: str) -> None:
+    """The coordinator's load (fence raised and everything read in one script) and a reader's
+    (`rsc journal`: plain reads) see the same aggregate: revision, last id, checkpoint, the
+    events after it with their versions, schema."""
+    agg = AggregateId(prefix, "g")
+    writer = writers(token(4))
+    await writer.append(agg, 0, events(1, 2), checkpoint='{"sum":3}')
+    await writer.append(agg, 2, events(3, 4))
+    fenced, plain = await writer.load(agg), await writers(None).load(agg)
+    assert fenced == plain
+    assert fenced.checkpoint is not None
+    assert fenced.checkpoint.revision == 2
+    assert [(e.data, e.revision) for e in fenced.events] == [('{"n":3}', 3), ('{"n":4}', 4)]
+    with pytest.raises(TermFenced):  # the load raised the fence to 4
+        await writers(token(3)).append(agg, 4, events(5))
 
 
 async def test_retention_bounds_the_journal_and_keeps_it_replayable(store: Store, prefix: str) -> None:
@@ -215,3 +235,43 @@ async def test_a_writer_without_a_term_neither_loads_nor_appends(writers: Writer
     with pytest.raises(TermFenced):
         await standby.load(AggregateId(prefix, "new"))
     assert (await writers(token(1)).load(agg)).revision == 1
+
+
+async def test_the_coordinator_loads_an_aggregate_in_one_round_trip() -> None:
+    """Restart and takeover load every aggregate: one command each (fence, snapshot and
+    journal tail in one script), as a private Redis's MONITOR sees them."""
+    with redis_servers.standalone() as url:
+        async with open_redis(url) as client:
+            store = RedisStore(client, retention=20, fence_token=token(2))
+            agg = AggregateId("counted", "g")
+            await store.append(agg, 0, events(1, 2), checkpoint='{"sum":3}')
+            await store.append(agg, 2, events(3))
+            await store.load(agg)  # (the first may load the script)
+            watcher = redis_py.Redis.from_url(url)
+
+            def sent_until_done() -> list[str]:
+                with watcher.monitor() as monitor:
+                    ready.set()
+                    sent = []
+                    for command in monitor.listen():
+                        if command["command"] == "ECHO done":
+                            return sent
+                        if command["client_type"] != "lua":  # (what scripts call, shown apart)
+                            sent.append(command["command"].split()[0].upper())
+                return sent
+
+            ready = threading.Event()
+            async with trio.open_nursery() as nursery:
+                seen: list[list[str]] = []
+
+                async def watch() -> None:
+                    seen.append(await trio.to_thread.run_sync(sent_until_done))
+
+                nursery.start_soon(watch)
+                await trio.to_thread.run_sync(ready.wait)
+                await trio.sleep(0.1)  # (MONITOR is on once its OK came back)
+                loaded = await store.load(agg)
+                await client.echo("done")
+            watcher.close()
+    assert loaded.revision == 3
+    assert seen == [["EVALSHA"]]
