@@ -95,9 +95,8 @@ class Creation:
         # A rebuild counts too: the version a client reports is no proof that Redis lost
         # anything, so a made-up one must not create streams past the quotas.
         counted = quota
-        async with self.quota_gate.counting(counted):
-            if counted is not None and (actor.state is None or actor.state.deleted):
-                await self.quota_gate.admit_stream(counted, stream_prefix, count)
+        new = actor.state is None or actor.state.deleted
+        async with self.quota_gate.admitted(counted, stream_prefix, count, new):
             topology = await self.effects.topology()
             command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology)
             if lost:

@@ -2,8 +2,10 @@
 
 A stream created for a caller with a quota (`rsc.events.quotas.Quota`) counts against its
 `streams` quota and the deployment's, and its shard count against `shards_per_stream`; a group
-against `groups_per_stream`. Stream creations that count are one at a time (`counting`), so a
-check and the creation it admits are not interleaved with another's.
+against `groups_per_stream`. Stream creations that count run side by side (`admitted`): each
+check counts the streams Redis records and the creations admitted but not recorded yet, so no
+quota is ever exceeded; checks are one at a time (a lock held for one Redis read, never across
+a creation).
 
 Imports `rsc.events` and the effects port (the counts are in Redis).
 """
@@ -27,21 +29,37 @@ class QuotaGate:
 
     def __init__(self, effects: Effects) -> None:
         self.effects = effects
-        #: Stream creations that count against quotas (`counting`).
-        self._creating_stream = trio.Lock()
+        #: Checks one at a time (each held for one Redis read): two must not pass on one count.
+        self._checking = trio.Lock()
+        #: Creations admitted and not finished (stream, owner), one entry per admission.
+        self._admitted: list[tuple[str, str]] = []
 
     @contextlib.asynccontextmanager
-    async def counting(self, quota: Quota | None) -> AsyncIterator[None]:
-        """Stream creations that count against quotas, one at a time: a check and the creation
-        it admits are not interleaved with another's, so no quota is ever exceeded. Raises
-        nothing of its own."""
-        if quota is None:
+    async def admitted(
+        self, quota: Quota | None, stream_prefix: str, count: int, new: bool
+    ) -> AsyncIterator[None]:
+        """The block creates `stream_prefix` (`count` shards) for `quota`'s caller, if the quota
+        allows it (`new`: the stream is missing, so it would count; else nothing is checked).
+
+        Until the block ends, the creation counts for every other check as a stream of the
+        caller and of the deployment, unless Redis already records it (each check reads the
+        counts and which admitted streams are recorded in one round trip), so creations run
+        side by side without passing a quota together. The block
+        records what it created (`created`) before it ends. Raises `QuotaExceeded` (the block
+        does not run), `StoreError` (counting in Redis)."""
+        if quota is None or not new:
             yield
             return
-        async with self._creating_stream:
+        entry = (stream_prefix, quota.owner)
+        async with self._checking:
+            await self._admit_stream(quota, stream_prefix, count)
+            self._admitted.append(entry)
+        try:
             yield
+        finally:
+            self._admitted.remove(entry)
 
-    async def admit_stream(self, quota: Quota, stream_prefix: str, count: int) -> None:
+    async def _admit_stream(self, quota: Quota, stream_prefix: str, count: int) -> None:
         """Refuse a stream (of `count` shards) that `quota`'s caller may not create.
 
         Raises `QuotaExceeded`, `StoreError` (counting the streams in Redis)."""
@@ -53,14 +71,15 @@ class QuotaGate:
                 quotas.SHARDS_PER_STREAM,
                 limits.shards_per_stream,
             )
-        if await self.effects.stream_count() >= quota.total_streams:
+        total, created = await self.effects.stream_counts(quota.owner, self._admitted)
+        if total >= quota.total_streams:
             raise QuotaExceeded(
                 f"the deployment has {quota.total_streams} streams, as many as its quota "
                 f"{quotas.STREAMS} allows; delete one or raise quota_streams",
                 quotas.STREAMS,
                 quota.total_streams,
             )
-        if await self.effects.created_count(quota.owner) >= limits.streams:
+        if created >= limits.streams:
             raise QuotaExceeded(
                 f"{quota.owner!r} created {limits.streams} stream(s) that still exist, as many as "
                 f"its quota {quotas.STREAMS} allows; delete one, or give it a higher quota",

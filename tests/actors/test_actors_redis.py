@@ -179,6 +179,22 @@ async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) ->
         assert nodes == {None}
 
 
+async def test_stream_counts_count_pending_creations_once(redis: RedisClient, prefix: str) -> None:
+    """The quota check's read: streams registered and created by an owner, plus the creations
+    under way that Redis does not record yet (the registry's set and the creators' are in
+    different slots on a cluster: one pipeline, no transaction)."""
+    effects = RedisEffects(redis, keys=KeySpace(f"{prefix}:"))
+    await effects.register_stream("done")
+    await effects.record_created("ann", "done")
+    await effects.register_stream("half")  # registered, its creator not recorded yet
+    assert await effects.stream_counts("ann", []) == (2, 1)
+    pending = [("done", "ann"), ("half", "ann"), ("new", "ann"), ("other", "bob"), ("new", "bob")]
+    # total: done, half and the two not registered (new, other); ann: done, half and new
+    assert await effects.stream_counts("ann", pending) == (4, 3)
+    assert await effects.stream_counts("bob", pending) == (4, 2)
+    assert await effects.stream_counts("carl", pending) == (4, 0)
+
+
 async def test_pruning_deletes_only_departed_consumers_with_nothing_pending(
     redis: RedisClient, checker: redis_py.Redis, prefix: str
 ) -> None:

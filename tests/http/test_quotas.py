@@ -154,6 +154,52 @@ async def test_the_deployment_s_quotas_hold_for_the_admin_and_refusals_are_audit
         assert sum(1 for r in records if r["status"] == 429) >= 3, records
 
 
+async def test_creations_side_by_side_never_pass_a_quota_together(
+    standalone_url: str, sync_redis: redis.Redis
+) -> None:
+    """Stream creations run side by side (a batch naming new streams, admin PUTs and single
+    heartbeats at once); each counts the others still under way, so exactly the quota's worth
+    is created and every other is refused, for a caller's quota and the deployment's."""
+    namespace = f"q{uuid.uuid4().hex[:8]}:"
+    config = settings_for(standalone_url, namespace, anonymous_quota_streams=7, quota_streams=12)
+    answers: dict[str, str] = {}  # stream: "created" or the error code
+    async with serve_on(config) as http:
+
+        async def batch(tag: str) -> None:
+            body = {"heartbeats": [hb(f"{tag}{n}", "m", 0) for n in range(6)]}
+            items = (await http.post("/v1/heartbeats", json=body)).json()["responses"]
+            for n, item in enumerate(items):
+                answers[f"{tag}{n}"] = item.get("error", "created")
+
+        def outcome(answer: httpx.Response) -> str:
+            return "created" if answer.status_code == 200 else str(answer.json()["error"])
+
+        async def single(name: str) -> None:
+            answers[name] = outcome(await http.post("/v1/heartbeat", json=hb(name, "m", 0)))
+
+        async def put(name: str) -> None:
+            put = await http.put(f"/v1/admin/streams/{name}", json={"shardCount": 2}, auth=ADMIN)
+            answers[name] = outcome(put)
+
+        async with trio.open_nursery() as nursery:
+            for tag in ("b", "c"):
+                nursery.start_soon(batch, tag)
+            for n in range(4):
+                nursery.start_soon(single, f"s{n}")
+            for n in range(8):
+                nursery.start_soon(put, f"a{n}")
+        listed = {s["streamPrefix"] for s in (await http.get("/v1/streams")).json()["streams"]}
+    assert len(answers) == 24
+    created = {name for name, said in answers.items() if said == "created"}
+    assert set(answers.values()) == {"created", "QUOTA_EXCEEDED"}, str(sorted(answers.items()))
+    # 12 in all (the deployment's quota), at most 7 of them anonymous; nothing else exists
+    assert created == listed
+    assert len(created) == 12, answers
+    assert len([name for name in created if not name.startswith("a")]) <= 7
+    registered = sync_redis.smembers(f"{namespace}rsc:v1:streams")
+    assert {r.decode() if isinstance(r, bytes) else r for r in registered} == listed
+
+
 def test_a_join_past_the_group_s_quota_is_refused_and_nothing_changes() -> None:
     kit = Group.create()
     joined = kit.hb("a", 0)

@@ -7,6 +7,7 @@ prefix -> owner), the last two written together or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 from rsc.actors.effects.pipelines import RedisEffectsBase, guard
@@ -26,14 +27,12 @@ class StreamCatalog(Protocol):
         outside an active term, `StoreUnavailable` when Redis does not answer."""
         ...
 
-    async def stream_count(self) -> int:
-        """How many streams exist (the registry's set). Raises `StoreUnavailable` when Redis
+    async def stream_counts(self, owner: str, pending: Collection[tuple[str, str]]) -> tuple[int, int]:
+        """How many streams exist (the registry's set), and how many of them `owner` created
+        (its `streams` quota's use), each with the `pending` creations (stream, its creator)
+        that it does not record yet (none is missed; one recorded during the read may count
+        twice). Raises `StoreUnavailable` when Redis
         does not answer."""
-        ...
-
-    async def created_count(self, owner: str) -> int:
-        """How many existing streams `owner` created (its `streams` quota's use). Raises
-        `StoreUnavailable` when Redis does not answer."""
         ...
 
     async def record_created(self, owner: str, stream_prefix: str) -> None:
@@ -64,15 +63,25 @@ class RedisStreamCatalog(RedisEffectsBase):
                 await self.redis.srem(self.keys.created(owner), [stream_prefix])
                 await self.redis.hdel(self.keys.creators, [stream_prefix])
 
-    async def stream_count(self) -> int:
-        """See `StreamCatalog.stream_count`."""
+    async def stream_counts(self, owner: str, pending: Collection[tuple[str, str]]) -> tuple[int, int]:
+        """See `StreamCatalog.stream_counts`."""
+        names = sorted({name for name, _ in pending})
+        mine = sorted({name for name, creator in pending if creator == owner})
         with redis_errors("counting streams"):
-            return int(await self.redis.scard(self.keys.streams))
-
-    async def created_count(self, owner: str) -> int:
-        """See `StreamCatalog.created_count`."""
-        with redis_errors("counting a stream quota"):
-            return int(await self.redis.scard(self.keys.created(owner)))
+            # One round trip (no transaction: the registry's set and the creator's are in
+            # different slots). Each admitted stream is looked up before its set is counted:
+            # one recorded in between counts twice for a moment (never not at all).
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.sismember(self.keys.streams, name)
+                for name in mine:
+                    pipe.sismember(self.keys.created(owner), name)
+                pipe.scard(self.keys.streams)
+                pipe.scard(self.keys.created(owner))
+            *known, total, created = list(pipe.results or (0, 0))
+        unregistered = sum(1 for found in known[: len(names)] if not found)
+        unrecorded = sum(1 for found in known[len(names) :] if not found)
+        return int(total) + unregistered, int(created) + unrecorded
 
     async def record_created(self, owner: str, stream_prefix: str) -> None:
         """See `StreamCatalog.record_created`."""

@@ -7,7 +7,7 @@ dead letters) are empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from rsc.actors.effects.inspection import ShardStats
 from rsc.actors.effects.shard_keys import shard_key_pattern
@@ -44,11 +44,11 @@ class MemoryEffects:
         if owner is not None:
             self.created[owner].discard(stream_prefix)
 
-    async def stream_count(self) -> int:
-        return len(self.registered)
-
-    async def created_count(self, owner: str) -> int:
-        return len(self.created.get(owner, ()))
+    async def stream_counts(self, owner: str, pending: Collection[tuple[str, str]]) -> tuple[int, int]:
+        mine = self.created.get(owner, set())
+        unregistered = len({name for name, _ in pending} - self.registered)
+        unrecorded = len({name for name, creator in pending if creator == owner} - mine)
+        return len(self.registered) + unregistered, len(mine) + unrecorded
 
     async def record_created(self, owner: str, stream_prefix: str) -> None:
         self.created.setdefault(owner, set()).add(stream_prefix)
