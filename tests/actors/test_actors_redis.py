@@ -179,6 +179,24 @@ async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) ->
         assert nodes == {None}
 
 
+async def test_pipelined_scripts_survive_a_script_flush(redis: RedisClient, prefix: str) -> None:
+    """Effects pipeline their scripts as EVALSHA without asking Redis first whether it holds
+    them; after Redis lost its scripts (a restart, a failover, SCRIPT FLUSH) the NOSCRIPT
+    answer loads them and the calls go again."""
+    effects = RedisEffects(redis)
+    keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(4)]
+    await effects.ensure_streams(keys)
+    await effects.ensure_consumer_groups(keys, "billing", "0")
+    tokens = {key: OwnerToken("m1", "inc-1", 1) for key in keys}
+    await effects.set_owners("billing", tokens)
+    await redis.script_flush()
+    await effects.ensure_consumer_groups(keys, "audit", "0")
+    await effects.set_owners("billing", {key: OwnerToken("m2", "inc-1", 2) for key in keys})
+    assert set((await effects.owners("billing", keys)).values()) == {OwnerToken("m2", "inc-1", 2)}
+    evidence = await effects.drain_evidence(keys)  # a read, the same way
+    assert set(evidence) == set(keys)
+
+
 async def test_stream_counts_count_pending_creations_once(redis: RedisClient, prefix: str) -> None:
     """The quota check's read: streams registered and created by an owner, plus the creations
     under way that Redis does not record yet (the registry's set and the creators' are in

@@ -72,15 +72,17 @@ class RedisStreamCatalog(RedisEffectsBase):
             # different slots). Each admitted stream is looked up before its set is counted:
             # one recorded in between counts twice for a moment (never not at all).
             async with self.redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.sismember(self.keys.streams, name)
-                for name in mine:
-                    pipe.sismember(self.keys.created(owner), name)
+                if names:  # (SMISMEMBER: Redis 6.2, as XAUTOCLAIM)
+                    pipe.smismember(self.keys.streams, names)
+                if mine:
+                    pipe.smismember(self.keys.created(owner), mine)
                 pipe.scard(self.keys.streams)
                 pipe.scard(self.keys.created(owner))
             *known, total, created = list(pipe.results or (0, 0))
-        unregistered = sum(1 for found in known[: len(names)] if not found)
-        unrecorded = sum(1 for found in known[len(names) :] if not found)
+        registered = known.pop(0) if names else ()
+        recorded = known.pop(0) if mine else ()
+        unregistered = sum(1 for found in registered if not found)
+        unrecorded = sum(1 for found in recorded if not found)
         return int(total) + unregistered, int(created) + unrecorded
 
     async def record_created(self, owner: str, stream_prefix: str) -> None:

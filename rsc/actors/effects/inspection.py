@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import attrs
 import coredis
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
+from rsc.actors.effects.pipelines import RedisEffectsBase, ScriptCall, chunks
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, redis_errors
@@ -137,11 +137,9 @@ class RedisInspection(RedisEffectsBase):
         """See `Inspection.drain_evidence`."""
         out: dict[str, DrainEvidence] = {}
         for chunk in chunks(shard_keys):
-            with redis_errors("reading drain evidence"):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for key in chunk:
-                        self._drain_evidence(keys=[key, seal_key(key)], client=pipe)
-            for key, (sealed, last, groups) in zip(chunk, pipe.results or (), strict=True):
+            calls: list[ScriptCall] = [(self._drain_evidence, [key, seal_key(key)], []) for key in chunk]
+            read = await self._scripts(calls, reading="reading drain evidence")
+            for key, (sealed, last, groups) in zip(chunk, read, strict=True):
                 found = (GroupDrain(str(g[0]), int(g[1]), bool(int(g[2]))) for g in groups)
                 out[key] = evidence(bool(int(sealed)), str(last or ""), found)
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from rsc.actors.effects.pipelines import RedisEffectsBase
+from rsc.actors.effects.pipelines import RedisEffectsBase, ScriptCall
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
 from rsc.actors.store_connection import RedisClient
 from rsc.events import codec
@@ -69,18 +69,26 @@ class RedisOwnerTokens(RedisEffectsBase):
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         """See `OwnerTokens.set_owners`."""
         fence = self._token_arg()
-        async with self._pipeline() as pipe:
-            for key, token in tokens.items():
-                args = [OWNER_FENCE_FIELD, fence, group, token_text(token)]
-                self._set_owner(keys=[owner_key(key)], args=args, client=pipe)
+        await self._scripts(
+            [
+                (self._set_owner, [owner_key(key)], [OWNER_FENCE_FIELD, fence, group, token_text(token)])
+                for key, token in tokens.items()
+            ]
+        )
 
     async def clear_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         """See `OwnerTokens.clear_owners`."""
         fence = self._token_arg()
-        async with self._pipeline() as pipe:
-            for key, token in tokens.items():
-                args = [OWNER_FENCE_FIELD, fence, group, token.member_id, token.incarnation]
-                self._clear_owner(keys=[owner_key(key)], args=args, client=pipe)
+        await self._scripts(
+            [
+                (
+                    self._clear_owner,
+                    [owner_key(key)],
+                    [OWNER_FENCE_FIELD, fence, group, t.member_id, t.incarnation],
+                )
+                for key, t in tokens.items()
+            ]
+        )
 
     async def owners(self, group: str, shard_keys: Iterable[str]) -> dict[str, OwnerToken]:
         """See `OwnerTokens.owners` (read in a term only: `TermFenced` outside one)."""
@@ -95,11 +103,11 @@ class RedisOwnerTokens(RedisEffectsBase):
     ) -> None:
         """See `OwnerTokens.sync_owners`."""
         fence = self._token_arg()
-        async with self._pipeline() as pipe:
-            for key in sorted(set(shard_keys) | set(tokens)):
-                if key in tokens:
-                    args = [OWNER_FENCE_FIELD, fence, group, token_text(tokens[key])]
-                    self._set_owner(keys=[owner_key(key)], args=args, client=pipe)
-                else:
-                    args = [OWNER_FENCE_FIELD, fence, group]
-                    self._delete_owner(keys=[owner_key(key)], args=args, client=pipe)
+        calls: list[ScriptCall] = []
+        for key in sorted(set(shard_keys) | set(tokens)):
+            if key in tokens:
+                args = [OWNER_FENCE_FIELD, fence, group, token_text(tokens[key])]
+                calls.append((self._set_owner, [owner_key(key)], args))
+            else:
+                calls.append((self._delete_owner, [owner_key(key)], [OWNER_FENCE_FIELD, fence, group]))
+        await self._scripts(calls)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import coredis
@@ -19,10 +19,13 @@ import coredis
 from rsc.actors.errors import TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, redis_errors
-from rsc.connect import error_code
+from rsc.connect import error_code, redis_leaf
 
 #: Commands per pipeline when creating many shard keys or consumer groups.
 CHUNK = 512
+#: One script call of a pipeline (`RedisEffectsBase._scripts`): a script registered with the
+#: client (`register_script`), its keys, its arguments.
+ScriptCall = tuple[Any, Sequence[str], Sequence[Any]]
 
 
 class RedisEffectsBase:
@@ -57,6 +60,41 @@ class RedisEffectsBase:
         Raises what `_refusals` raises."""
         async with self._refusals(), self.redis.pipeline(transaction=False) as pipe:
             yield pipe
+
+    async def _scripts(self, calls: Sequence[ScriptCall], reading: str | None = None) -> list[Any]:
+        """`calls` in one pipeline (one round trip per node), their answers in order; writes
+        (in a term only), or reads of what `reading` names (in or out of a term).
+
+        Each is sent as `EVALSHA` without asking first whether Redis holds the script (coredis
+        asks, with `SCRIPT EXISTS`, before every pipeline that holds a script: a round trip
+        more each time). Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its
+        scripts were flushed) are the scripts loaded and the calls sent again, which every
+        script sent this way allows: each is idempotent. Raises what `_refusals` raises (a
+        read: `StoreUnavailable` when Redis does not answer, coredis' `ResponseError`)."""
+        for attempt in range(2):
+            try:
+                async with self._guarded(reading), self.redis.pipeline(transaction=False) as pipe:
+                    for script, keys, args in calls:
+                        pipe.evalsha(script.sha, keys=keys, args=args)
+                return list(pipe.results or ())
+            except Exception as exc:
+                if attempt or not isinstance(redis_leaf(exc), coredis.exceptions.NoScriptError):
+                    raise
+            async with self._guarded(reading):
+                for loaded in {id(call[0]): call[0] for call in calls}.values():
+                    await self.redis.script_load(loaded.script)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def _guarded(self, reading: str | None) -> AsyncIterator[None]:
+        """`_refusals` for writes; for a read of what `reading` names, `StoreUnavailable` when
+        Redis does not answer."""
+        if reading is None:
+            async with self._refusals():
+                yield
+        else:
+            with redis_errors(reading):
+                yield
 
     @contextlib.asynccontextmanager
     async def _refusals(self) -> AsyncIterator[None]:

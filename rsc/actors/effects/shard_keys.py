@@ -104,14 +104,12 @@ class RedisShardKeys(RedisEffectsBase):
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         """See `ShardKeys.ensure_streams`."""
         keys = list(shard_keys)
-        if len(keys) == 1:  # alone: a script in a pipeline costs a round trip more (SCRIPT EXISTS)
+        if len(keys) == 1:  # alone: no pipeline
             async with self._refusals():
                 await self._ensure_stream(keys=keys)
             return
         for chunk in chunks(keys):
-            async with self._pipeline() as pipe:
-                for key in chunk:
-                    self._ensure_stream(keys=[key], client=pipe)
+            await self._scripts([(self._ensure_stream, [key], []) for key in chunk])
 
     async def seal(self, shard_keys: Iterable[str], version: int) -> None:
         """See `ShardKeys.seal`."""
@@ -152,21 +150,17 @@ class RedisShardKeys(RedisEffectsBase):
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
         """See `ShardKeys.ensure_consumer_groups`."""
         keys = list(shard_keys)
-        if len(keys) == 1:  # alone: no SCRIPT EXISTS first, as in `ensure_streams`
+        if len(keys) == 1:  # alone: no pipeline, as in `ensure_streams`
             async with self._refusals():
                 await self._ensure_group(keys=keys, args=[group, start_id])
             return
         for chunk in chunks(keys):
-            async with self._pipeline() as pipe:
-                for key in chunk:
-                    self._ensure_group(keys=[key], args=[group, start_id], client=pipe)
+            await self._scripts([(self._ensure_group, [key], [group, start_id]) for key in chunk])
 
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:
         """See `ShardKeys.destroy_consumer_groups`."""
         for chunk in chunks(shard_keys):
-            async with self._pipeline() as pipe:
-                for key in chunk:
-                    self._destroy_group(keys=[key, owner_key(key)], args=[group], client=pipe)
+            await self._scripts([(self._destroy_group, [key, owner_key(key)], [group]) for key in chunk])
 
     async def prune_consumers(self, shard_keys: Iterable[str], group: str, live: Iterable[str]) -> int:
         """See `ShardKeys.prune_consumers`."""
@@ -175,18 +169,13 @@ class RedisShardKeys(RedisEffectsBase):
         keep = set(live)
         departed: dict[str, list[str]] = {}
         for chunk in chunks(shard_keys):
-            with redis_errors("listing idle consumers"):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for key in chunk:
-                        self._idle(keys=[key], args=[group], client=pipe)
-            for key, names in zip(chunk, pipe.results or (), strict=True):
+            listed = [(self._idle, [key], [group]) for key in chunk]
+            idle = await self._scripts(listed, reading="listing idle consumers")
+            for key, names in zip(chunk, idle, strict=True):
                 if gone := sorted({str(n) for n in names} - keep):
                     departed[key] = gone
         pruned = 0
         for chunk in chunks(departed):
-            with redis_errors("pruning departed consumers"):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for key in chunk:
-                        self._prune(keys=[key], args=[group, *departed[key]], client=pipe)
-            pruned += sum(int(n) for n in pipe.results or ())
+            done = await self._scripts([(self._prune, [key], [group, *departed[key]]) for key in chunk])
+            pruned += sum(int(n) for n in done)
         return pruned
