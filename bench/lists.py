@@ -5,10 +5,14 @@ Starts a private redis-server and the coordinator (`python -m rsc serve`), creat
 with `PUT /v1/admin/streams/{prefix}` from `--connections` connections at once, and after
 each step of `--step` streams times `GET /v1/streams` (the whole list, no `limit`) and one
 page of 100 from the middle (`limit=100` with a cursor). Linear means: the whole list's time
-per stream stays flat as the count grows, and a page's time does not grow at all. Prints a
-table and writes bench/results/lists.json.
+per stream stays flat as the count grows, and a page's time does not grow at all. Then it
+creates `--heartbeat-streams` more the way members do (issue 30's figure): first heartbeats
+naming new streams, in batches of 100 (`POST /v1/heartbeats`, each item a new member of a new
+stream's group: the stream, its group and the join), from `--heartbeat-connections`
+connections. Prints a table and writes bench/results/lists.json.
 
     python bench/lists.py [--streams 10000] [--step 2500] [--connections 8]
+                          [--heartbeat-streams 3000] [--heartbeat-connections 4]
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.heartbeat import process
+from bench.heartbeat import heartbeat, process
 from tests import redis_servers
 
 RESULTS = Path(__file__).parent / "results" / "lists.json"
@@ -50,6 +54,30 @@ async def create(url: str, names: list[str], connections: int) -> float:
         for _ in range(connections):
             nursery.start_soon(worker)
     return len(names) / (time.perf_counter() - started)
+
+
+async def create_by_heartbeats(url: str, names: list[str], connections: int) -> tuple[float, float]:
+    """Create `names` by first heartbeats, 100 to a batch; streams per second, slowest batch (s)."""
+    todo = iter([names[i : i + 100] for i in range(0, len(names), 100)])
+    slowest = 0.0
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        nonlocal slowest
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            for chunk in todo:
+                sent = time.perf_counter()
+                body = {"heartbeats": [heartbeat(f"10.7.0.1/{name}/0", 0, name) for name in chunk]}
+                answer = await client.post("/v1/heartbeats", json=body)
+                answer.raise_for_status()
+                refused = [item for item in answer.json()["responses"] if "error" in item]
+                assert not refused, refused[:3]
+                slowest = max(slowest, time.perf_counter() - sent)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(connections):
+            nursery.start_soon(worker)
+    return len(names) / (time.perf_counter() - started), slowest
 
 
 async def timed_get(client: httpx.AsyncClient, path: str, repeat: int = 3) -> tuple[float, Any]:
@@ -86,6 +114,18 @@ async def drive(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
                 }
             )
             print(rows[-1], flush=True)
+    if args.heartbeat_streams:
+        names = [f"hb-{i:06}" for i in range(args.heartbeat_streams)]
+        rate, slowest = await create_by_heartbeats(url, names, args.heartbeat_connections)
+        rows.append(
+            {
+                "streams": made + len(names),
+                "byHeartbeats": len(names),
+                "createdPerSecond": round(rate),
+                "slowestBatchS": round(slowest, 2),
+            }
+        )
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -101,6 +141,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=10_000)
     parser.add_argument("--step", type=int, default=2_500)
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--heartbeat-streams", type=int, default=3_000)
+    parser.add_argument("--heartbeat-connections", type=int, default=4)
     args = parser.parse_args()
     port = redis_servers.free_port()
     url = f"http://127.0.0.1:{port}"
@@ -109,6 +151,7 @@ def main() -> None:
             "RSC_REDIS_URL": redis_url,
             "RSC_ADMIN_PASSWORD": AUTH[1],
             "RSC_RATE_LIMIT_ADMIN_WRITES_PER_S": "0",
+            "RSC_RATE_LIMIT_PARTY_PER_INTERVAL": "0",
             "RSC_LOG_LEVEL": "warning",
         }
         cmd = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
@@ -119,18 +162,27 @@ def main() -> None:
     )
     print("\n" + header)
     print("-" * len(header))
-    for r in rows:
+    listed = [r for r in rows if "byHeartbeats" not in r]
+    for r in listed:
         print(
             f"{r['streams']:>8} {r['createdPerSecond']:>10} {r['wholeListMs']:>14} "
             f"{r['wholeListUsPerStream']:>10} {r['pageOf100Ms']:>12}"
         )
-    last = rows[-1]
+    last = listed[-1]
     print(
-        f"\ncreation {last['createdPerSecond']}/s (goal >= {CREATION_GOAL_PER_S:g}/s); a page of 100 at "
-        f"{last['streams']:,} streams {last['pageOf100Ms']} ms (goal < {PAGE_GOAL_MS:g} ms); the whole list "
-        f"{last['wholeListUsPerStream']} us per stream at {last['streams']:,} vs "
-        f"{rows[0]['wholeListUsPerStream']} at {rows[0]['streams']:,} (linear: flat)"
+        f"\ncreation by admin PUT {last['createdPerSecond']}/s (goal >= {CREATION_GOAL_PER_S:g}/s); "
+        f"a page of 100 at {last['streams']:,} streams {last['pageOf100Ms']} ms "
+        f"(goal < {PAGE_GOAL_MS:g} ms); the whole list {last['wholeListUsPerStream']} us per stream "
+        f"at {last['streams']:,} vs "
+        f"{listed[0]['wholeListUsPerStream']} at {listed[0]['streams']:,} (linear: flat)"
     )
+    for r in rows:
+        if "byHeartbeats" in r:
+            print(
+                f"creation by first heartbeats (batches of 100, {args.heartbeat_connections} connections): "
+                f"{r['createdPerSecond']}/s over {r['byHeartbeats']:,} streams, slowest batch "
+                f"{r['slowestBatchS']} s (goal >= {CREATION_GOAL_PER_S:g}/s)"
+            )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {"benchmark": "lists", "python": platform.python_version(), "args": vars(args), "rows": rows}
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
