@@ -95,8 +95,11 @@ class Creation:
         # A rebuild counts too: the version a client reports is no proof that Redis lost
         # anything, so a made-up one must not create streams past the quotas.
         counted = quota
-        new = actor.state is None or actor.state.deleted
-        async with self.quota_gate.admitted(counted, stream_prefix, count, new):
+
+        def missing() -> bool:
+            return actor.state is None or actor.state.deleted
+
+        async with self.quota_gate.admitted(counted, stream_prefix, count, missing):
             topology = await self.effects.topology()
             command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology)
             if lost:

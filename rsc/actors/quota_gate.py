@@ -13,7 +13,7 @@ Imports `rsc.events` and the effects port (the counts are in Redis).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -33,31 +33,50 @@ class QuotaGate:
         self._checking = trio.Lock()
         #: Creations admitted and not finished (stream, owner), one entry per admission.
         self._admitted: list[tuple[str, str]] = []
+        #: The stream each admitted creation creates, set once it finished (one at a time each).
+        self._creating: dict[str, trio.Event] = {}
 
     @contextlib.asynccontextmanager
     async def admitted(
-        self, quota: Quota | None, stream_prefix: str, count: int, new: bool
+        self, quota: Quota | None, stream_prefix: str, count: int, missing: Callable[[], bool]
     ) -> AsyncIterator[None]:
         """The block creates `stream_prefix` (`count` shards) for `quota`'s caller, if the quota
-        allows it (`new`: the stream is missing, so it would count; else nothing is checked).
+        allows it. `missing` says whether the stream is missing (so that creating it counts);
+        it is asked once no other creation of the same stream is under way (a second one waits
+        for the first: it finds the stream, and counts nothing, or checks afresh if the first
+        failed).
 
         Until the block ends, the creation counts for every other check as a stream of the
         caller and of the deployment, unless Redis already records it (each check reads the
         counts and which admitted streams are recorded in one round trip), so creations run
-        side by side without passing a quota together. The block
-        records what it created (`created`) before it ends. Raises `QuotaExceeded` (the block
-        does not run), `StoreError` (counting in Redis)."""
-        if quota is None or not new:
+        side by side without passing a quota together. The block records what it created
+        (`created`) before it ends. Raises `QuotaExceeded` (the block does not run),
+        `StoreError` (counting in Redis)."""
+        if quota is None:
             yield
             return
         entry = (stream_prefix, quota.owner)
-        async with self._checking:
-            await self._admit_stream(quota, stream_prefix, count)
-            self._admitted.append(entry)
+        done: trio.Event | None = None
+        while done is None:
+            async with self._checking:
+                first = self._creating.get(stream_prefix)
+                if first is None:
+                    if not missing():
+                        break  # it exists: nothing to count
+                    await self._admit_stream(quota, stream_prefix, count)
+                    done = self._creating[stream_prefix] = trio.Event()
+                    self._admitted.append(entry)
+            if first is not None:
+                await first.wait()
+        if done is None:
+            yield
+            return
         try:
             yield
         finally:
             self._admitted.remove(entry)
+            del self._creating[stream_prefix]
+            done.set()
 
     async def _admit_stream(self, quota: Quota, stream_prefix: str, count: int) -> None:
         """Refuse a stream (of `count` shards) that `quota`'s caller may not create.

@@ -138,7 +138,7 @@ class RedisInspection(RedisEffectsBase):
         out: dict[str, DrainEvidence] = {}
         for chunk in chunks(shard_keys):
             calls: list[ScriptCall] = [(self._drain_evidence, [key, seal_key(key)], []) for key in chunk]
-            read = await self._scripts(calls, reading="reading drain evidence")
+            read = await self._scripts(calls, unfenced="reading drain evidence")
             for key, (sealed, last, groups) in zip(chunk, read, strict=True):
                 found = (GroupDrain(str(g[0]), int(g[1]), bool(int(g[2]))) for g in groups)
                 out[key] = evidence(bool(int(sealed)), str(last or ""), found)

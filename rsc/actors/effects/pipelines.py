@@ -16,7 +16,7 @@ from typing import Any
 
 import coredis
 
-from rsc.actors.errors import TermFenced
+from rsc.actors.errors import StoreUnavailable, TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, redis_errors
 from rsc.connect import error_code, redis_leaf
@@ -61,39 +61,43 @@ class RedisEffectsBase:
         async with self._refusals(), self.redis.pipeline(transaction=False) as pipe:
             yield pipe
 
-    async def _scripts(self, calls: Sequence[ScriptCall], reading: str | None = None) -> list[Any]:
-        """`calls` in one pipeline (one round trip per node), their answers in order; writes
-        (in a term only), or reads of what `reading` names (in or out of a term).
+    async def _scripts(self, calls: Sequence[ScriptCall], unfenced: str | None = None) -> list[Any]:
+        """`calls` in one pipeline (one round trip per node), their answers in order; in a
+        term only, or, `unfenced` (what they do, for errors), in or out of one.
 
         Each is sent as `EVALSHA` without asking first whether Redis holds the script (coredis
         asks, with `SCRIPT EXISTS`, before every pipeline that holds a script: a round trip
         more each time). Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its
         scripts were flushed) are the scripts loaded and the calls sent again, which every
-        script sent this way allows: each is idempotent. Raises what `_refusals` raises (a
-        read: `StoreUnavailable` when Redis does not answer, coredis' `ResponseError`)."""
+        script sent this way allows: each is idempotent. Raises what `_refusals` raises
+        (unfenced: `StoreUnavailable` when Redis does not answer, coredis' `ResponseError`)."""
         for attempt in range(2):
             try:
-                async with self._guarded(reading), self.redis.pipeline(transaction=False) as pipe:
+                async with self._guarded(unfenced), self.redis.pipeline(transaction=False) as pipe:
                     for script, keys, args in calls:
                         pipe.evalsha(script.sha, keys=keys, args=args)
                 return list(pipe.results or ())
             except Exception as exc:
                 if attempt or not isinstance(redis_leaf(exc), coredis.exceptions.NoScriptError):
                     raise
-            async with self._guarded(reading):
+            async with self._guarded(unfenced):
                 for loaded in {id(call[0]): call[0] for call in calls}.values():
-                    await self.redis.script_load(loaded.script)
+                    try:
+                        await self.redis.script_load(loaded.script)
+                    except coredis.exceptions.ClusterResponseError as exc:
+                        # Sent to every node of a cluster: one that did not answer fails it.
+                        raise StoreUnavailable(f"loading a script: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     @contextlib.asynccontextmanager
-    async def _guarded(self, reading: str | None) -> AsyncIterator[None]:
-        """`_refusals` for writes; for a read of what `reading` names, `StoreUnavailable` when
-        Redis does not answer."""
-        if reading is None:
+    async def _guarded(self, unfenced: str | None) -> AsyncIterator[None]:
+        """`_refusals`; or, `unfenced` (what the block does), `StoreUnavailable` when Redis
+        does not answer."""
+        if unfenced is None:
             async with self._refusals():
                 yield
         else:
-            with redis_errors(reading):
+            with redis_errors(unfenced):
                 yield
 
     @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ from typing import Protocol
 import attrs
 from coredis.tokens import PureToken
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
+from rsc.actors.effects.pipelines import RedisEffectsBase, ScriptCall, chunks
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
 from rsc.actors.store_connection import RedisClient, redis_errors
 from rsc.events.wire import dead_letter_key, seal_key
@@ -170,12 +170,13 @@ class RedisShardKeys(RedisEffectsBase):
         departed: dict[str, list[str]] = {}
         for chunk in chunks(shard_keys):
             listed = [(self._idle, [key], [group]) for key in chunk]
-            idle = await self._scripts(listed, reading="listing idle consumers")
+            idle = await self._scripts(listed, unfenced="listing idle consumers")
             for key, names in zip(chunk, idle, strict=True):
                 if gone := sorted({str(n) for n in names} - keep):
                     departed[key] = gone
         pruned = 0
         for chunk in chunks(departed):
-            done = await self._scripts([(self._prune, [key], [group, *departed[key]]) for key in chunk])
+            prunes: list[ScriptCall] = [(self._prune, [key], [group, *departed[key]]) for key in chunk]
+            done = await self._scripts(prunes, unfenced="pruning departed consumers")
             pruned += sum(int(n) for n in done)
         return pruned
