@@ -16,13 +16,14 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rsc.events.assignor import assign, minimal_moves, moves
 
 SIZES = [(1_000, 10_000), (10_000, 100_000)]
-RESULTS = Path(__file__).parent / "results" / "assignor.json"
+from bench._results import results_path  # noqa: E402
+
+RESULTS = results_path("assignor.json")
 GOAL_MS = 25.0  # each computation at 10,000 members x 100,000 shards
 
 

@@ -41,6 +41,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._results import results_path
 from bench.heartbeat import buckets_in, process, server_p99
 from rsc.events import codec
 from rsc.events.member_machine import MemberMachine, MemberSettings
@@ -49,7 +50,7 @@ from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatResponse
 from tests import redis_servers
 
-RESULTS = Path(__file__).parent / "results" / "churn.json"
+RESULTS = results_path("churn.json")
 CLIENT = ClientInfo("rsc-bench-churn", "1", MAX_FEATURE_LEVEL)
 STREAM, GROUP = "churn", "churn"
 GOAL_P99_MS, FLOOR_P99_MS = 50.0, 200.0

@@ -32,7 +32,9 @@ import heartbeat as bench  # the wrk driver and helpers of bench/heartbeat.py
 from tests import redis_servers
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "compare_heartbeat.json"
+from bench._results import results_path  # noqa: E402
+
+RESULTS = results_path("compare_heartbeat.json")
 
 
 @contextlib.contextmanager

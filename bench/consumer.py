@@ -57,7 +57,9 @@ from bench._rounds import order, ratios, run_rounds, throughput
 from tests import redis_servers
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "consumer.json"
+from bench._results import results_path  # noqa: E402
+
+RESULTS = results_path("consumer.json")
 FS_VENV = HERE / ".faststream-venv"
 SHARDS = 16
 STREAM = "bench"

@@ -46,9 +46,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._results import results_path
 from tests import redis_servers
 
-RESULTS = Path(__file__).parent / "results" / "heartbeat.json"
+RESULTS = results_path("heartbeat.json")
 TOKEN = "bench-member-token-0123456789"
 RAW_APP = """
 import json

@@ -61,7 +61,9 @@ from rsc.client.sync import SyncCoordinator, SyncProducer
 from tests import redis_servers
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "latency.json"
+from bench._results import results_path  # noqa: E402
+
+RESULTS = results_path("latency.json")
 SHARDS = 8
 RSC, FASTSTREAM = "rsc-worker", "faststream"
 LETTERS = {RSC: "W", FASTSTREAM: "F"}

@@ -31,10 +31,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._results import results_path
 from bench.heartbeat import heartbeat, process
 from tests import redis_servers
 
-RESULTS = Path(__file__).parent / "results" / "lists.json"
+RESULTS = results_path("lists.json")
 AUTH = ("admin", "bench-admin-password")
 CREATION_GOAL_PER_S, PAGE_GOAL_MS = 500.0, 100.0
 

@@ -33,6 +33,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._results import results_path
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
 from rsc.actors.effects.redis_effects import RedisEffects
@@ -43,7 +44,7 @@ from rsc.events.commands import Heartbeat
 from rsc.events.model import Member, Timing
 from tests import redis_servers
 
-RESULTS = Path(__file__).parent / "results" / "persistence.json"
+RESULTS = results_path("persistence.json")
 TIMING = Timing(heartbeat_interval_ms=3_000, lease_ttl_ms=60_000, revoke_timeout_ms=60_000)
 
 

@@ -52,7 +52,9 @@ from rsc.events.routing import bucket_of, key_hash
 from tests import redis_servers
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "producer.json"
+from bench._results import results_path  # noqa: E402
+
+RESULTS = results_path("producer.json")
 SHARDS = 16
 STREAM = "bench"
 BODY = "x" * 90

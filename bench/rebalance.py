@@ -100,8 +100,10 @@ from rsc.client.sync import SyncCoordinator, SyncProducer
 from tests import redis_servers
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "rebalance.json"
-ROLLING_RESULTS = HERE / "results" / "rebalance-rolling.json"
+from bench._results import results_path  # noqa: E402
+
+RESULTS = results_path("rebalance.json")
+ROLLING_RESULTS = results_path("rebalance-rolling.json")
 MODES = ("push", "interval", "eager")
 GROUP = "bench"
 VIEW_EVERY_S = 0.05

@@ -42,10 +42,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._results import results_path
 from bench.churn import cpu_seconds, percentile
 from tests import redis_servers
 
-RESULTS = Path(__file__).parent / "results" / "scale.json"
+RESULTS = results_path("scale.json")
 LOG = RESULTS.with_name("scale-coordinators.log")
 GROUP = "scale"
 
