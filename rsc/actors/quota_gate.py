@@ -3,9 +3,9 @@
 A stream created for a caller with a quota (`rsc.events.quotas.Quota`) counts against its
 `streams` quota and the deployment's, and its shard count against `shards_per_stream`; a group
 against `groups_per_stream`. Stream creations that count run side by side (`admitted`): each
-check counts the streams Redis records and the creations admitted but not recorded yet, so no
-quota is ever exceeded; checks are one at a time (a lock held for one Redis read, never across
-a creation).
+check counts the streams Redis records and the creations admitted but not recorded yet, so
+creations under way never pass a quota together; checks are one at a time (a lock held for one
+Redis read, never across a creation), and two creations of one stream are one after the other.
 
 Imports `rsc.events` and the effects port (the counts are in Redis).
 """

@@ -90,16 +90,13 @@ class RedisStore:
             raise _fenced(aggregate, int(result[1]), token)
         if result[0] == "absent":
             return Loaded(0, None, None, ())
-        flat = result[1]
-        snapshot = {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return self._loaded(aggregate, snapshot, [_lua_entry(raw) for raw in result[2]])
+        return self._loaded(aggregate, _pairs(result[1]), [_lua_entry(raw) for raw in result[2]])
 
     async def _read_loaded(self, aggregate: AggregateId) -> Loaded:
         with redis_errors(f"loading {aggregate}"):
             snapshot = await self.redis.hgetall(self.keys.snapshot(aggregate))
             if "revision" not in snapshot:
                 return Loaded(0, None, None, ())
-            check_schema(aggregate, int(snapshot.get("schemaVersion", 0)))
             start = "(" + snapshot["stateId"] if "state" in snapshot else "-"
             tail = await self.redis.xrange(self.keys.journal(aggregate), start, "+")
         return self._loaded(aggregate, snapshot, [_entry(raw) for raw in tail])
@@ -201,8 +198,12 @@ def _entry(raw: Any) -> JournalEntry:
 
 def _lua_entry(raw: Any) -> JournalEntry:
     """A journal entry as a script answers `XRANGE`: `[id, [field, value, ...]]`."""
-    flat = raw[1]
-    return _journal_entry(str(raw[0]), {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)})
+    return _journal_entry(str(raw[0]), _pairs(raw[1]))
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    """`[field, value, ...]` (a hash or an entry as a script answers it) as a dict."""
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def _journal_entry(identifier: str, fields: Any) -> JournalEntry:

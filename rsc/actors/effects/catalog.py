@@ -31,8 +31,7 @@ class StreamCatalog(Protocol):
         """How many streams exist (the registry's set), and how many of them `owner` created
         (its `streams` quota's use), each with the `pending` creations (stream, its creator)
         that it does not record yet (none is missed; one recorded during the read may count
-        twice). Raises `StoreUnavailable` when Redis
-        does not answer."""
+        twice). Raises `StoreUnavailable` when Redis does not answer."""
         ...
 
     async def record_created(self, owner: str, stream_prefix: str) -> None:
