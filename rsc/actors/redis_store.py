@@ -31,9 +31,10 @@ from rsc.actors.errors import ConcurrencyConflict, TermFenced, UnsupportedSchema
 from rsc.actors.features import Features, FeatureSource
 from rsc.actors.keys import DEFAULT_KEYS, AggregateId, KeySpace
 from rsc.actors.store import CHECKPOINT, Appended, FenceToken, JournalEntry, Loaded, level_of_events
-from rsc.actors.store_connection import redis_errors
+from rsc.actors.store_connection import Scripts, redis_errors
 from rsc.events.versions import EVENT_VERSIONS, MAX_JOURNAL_SCHEMA, current_event_version, level_of_schema
 from rsc.lua import script
+from rsc.resp import Multiplexed
 
 #: Told of a fence above this coordinator's token (the highest fence); True when the term's
 #: token was moved above it (the lease is ours: Redis lost the token counter), so trying again
@@ -42,7 +43,8 @@ FenceFloor = Callable[[int], Awaitable[bool]]
 
 
 class RedisStore:
-    """The `Store` port on Redis (standalone or cluster) through coredis."""
+    """The `Store` port on Redis (standalone or cluster) through coredis, its scripts on the
+    lean connection `lean` where there is one (`rsc.actors.store_connection.open_lean`)."""
 
     def __init__(
         self,
@@ -51,8 +53,11 @@ class RedisStore:
         fence_token: FenceToken | None = None,
         features: FeatureSource | None = None,
         keys: KeySpace = DEFAULT_KEYS,
+        lean: Multiplexed | None = None,
     ) -> None:
         self.redis = redis
+        #: How the scripts are sent: on `lean`, the lean connection, where there is one.
+        self.scripts = Scripts(redis, lean)
         self.keys = keys
         self.retention = retention
         #: The current token of this coordinator's term (None: an unfenced reader, as `rsc journal`).
@@ -85,7 +90,7 @@ class RedisStore:
         Raises `TermFenced` if its fence is higher already, `UnsupportedSchema`, `StoreError`."""
         keys = [self.keys.snapshot(aggregate), self.keys.journal(aggregate)]
         with redis_errors(f"loading {aggregate}"):
-            result = await self._load(keys=keys, args=[token])
+            result = await self.scripts.one(self._load, keys, [token])
         if result[0] == "fenced":
             raise _fenced(aggregate, int(result[1]), token)
         if result[0] == "absent":
@@ -135,7 +140,7 @@ class RedisStore:
         args.append(checkpoint or "")
         keys = [self.keys.snapshot(aggregate), self.keys.journal(aggregate), self.keys.checkpoints(aggregate)]
         with redis_errors(f"appending to {aggregate}"):
-            result = await self._append(keys=keys, args=args)
+            result = await self.scripts.one(self._append, keys, args)
         if result[0] == "fenced":
             fenced = _fenced(aggregate, int(result[1]), token)
             if await self._fenced_again(fenced):
@@ -158,7 +163,7 @@ class RedisStore:
         keys = [self.keys.snapshot(aggregate), self.keys.journal(aggregate), self.keys.checkpoints(aggregate)]
         args = [expected_revision, revision, schema, token, state, reason]
         with redis_errors(f"restoring {aggregate}"):
-            result = await self._restore(keys=keys, args=args)
+            result = await self.scripts.one(self._restore, keys, args)
         if result[0] == "fenced":
             fenced = _fenced(aggregate, int(result[1]), token)
             if await self._fenced_again(fenced):

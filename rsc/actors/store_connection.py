@@ -1,15 +1,32 @@
-"""The coordinator's Redis connection: `rsc.connect.open_redis`, failures as `StoreUnavailable`."""
+"""The coordinator's Redis connection: `rsc.connect.open_redis`, failures as `StoreUnavailable`;
+and the lean connection its hot paths use beside it (`open_lean`, `Scripts`)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import coredis
 
 from rsc import connect
 from rsc.actors.errors import StoreUnavailable
 from rsc.connect import DEFAULT_REDIS_URL, RedisClient, is_unavailable, redis_leaf
+from rsc.resp import Command, Endpoint, Multiplexed
 
-__all__ = ["DEFAULT_REDIS_URL", "RedisClient", "open_redis", "redis_errors"]
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "RedisClient",
+    "ScriptCall",
+    "Scripts",
+    "open_lean",
+    "open_redis",
+    "redis_errors",
+]
+
+#: One script call: a script registered with the coredis client (`register_script`: its `sha`
+#: and `script`), its keys, its arguments.
+ScriptCall = tuple[Any, Sequence[str], Sequence[Any]]
 
 
 @contextlib.contextmanager
@@ -48,3 +65,88 @@ async def open_redis(
         except connect.RedisUnreachable as exc:
             raise StoreUnavailable(str(exc)) from exc
         yield client
+
+
+@contextlib.asynccontextmanager
+async def open_lean(redis: RedisClient) -> AsyncIterator[Multiplexed | None]:
+    """A multiplexed lean connection (`rsc.resp.Multiplexed`) to the Redis `redis` talks to,
+    with its settings; None where there cannot be one (a cluster, a Sentinel: see
+    `rsc.resp.Endpoint.of`), and then coredis does everything."""
+    endpoint = Endpoint.of(redis)
+    if endpoint is None:
+        yield None
+        return
+    async with Multiplexed.open(endpoint) as lean:
+        yield lean
+
+
+class Scripts:
+    """Runs registered scripts in one round trip (per node): on the lean connection when there
+    is one, else in a coredis pipeline. The coordinator's store and effects call their scripts
+    through it."""
+
+    def __init__(self, redis: RedisClient, lean: Multiplexed | None = None) -> None:
+        self.redis = redis
+        self.lean = lean
+
+    async def run(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """The replies of `calls`, in order. Raises the first error reply (the coredis class
+        of its code; `ResponseError` with the code in its text for the others), what Redis
+        being unavailable raises (coredis' `ConnectionError`, `TimeoutError`...), and
+        `StoreUnavailable` when a cluster node did not take a script.
+
+        Each is sent as `EVALSHA` without asking first whether Redis holds the script (coredis
+        asks, with `SCRIPT EXISTS`, before every pipeline that holds a script: a round trip
+        more each time). Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its
+        scripts were flushed) are the scripts loaded and every call sent again: each script
+        sent this way must be idempotent."""
+        if self.lean is not None:
+            return await self._run_lean(self.lean, calls)
+        if len(calls) == 1:  # alone: no pipeline (coredis' script call loads it on NOSCRIPT)
+            script, keys, args = calls[0]
+            return [await script(keys=keys, args=args)]
+        for attempt in range(2):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for script, keys, args in calls:
+                        pipe.evalsha(script.sha, keys=keys, args=args)
+                return list(pipe.results or ())
+            except Exception as exc:
+                if attempt or not isinstance(redis_leaf(exc), coredis.exceptions.NoScriptError):
+                    raise
+            for loaded in _distinct(calls):
+                try:
+                    await self.redis.script_load(loaded.script)
+                except coredis.exceptions.ClusterResponseError as exc:
+                    # Sent to every node of a cluster: one that did not answer fails it.
+                    raise StoreUnavailable(f"loading a script: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def one(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """The reply of one script call; raises as `run`."""
+        return (await self.run([(script, keys, args)]))[0]
+
+    @staticmethod
+    async def _run_lean(lean: Multiplexed, calls: Sequence[ScriptCall]) -> list[Any]:
+        commands: list[Command] = [
+            ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
+        ]
+        replies = await lean.call(commands)
+        if any(isinstance(r, coredis.exceptions.NoScriptError) for r in replies):
+            loads: list[Command] = [("SCRIPT", "LOAD", s.script) for s in _distinct(calls)]
+            raise_first(await lean.call(loads))
+            replies = await lean.call(commands)
+        return raise_first(replies)
+
+
+def raise_first(replies: list[Any]) -> list[Any]:
+    """`replies`; raises the first of them that is an error reply."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def _distinct(calls: Sequence[ScriptCall]) -> list[Any]:
+    """The scripts `calls` run, each once."""
+    return list({id(call[0]): call[0] for call in calls}.values())

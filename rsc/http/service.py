@@ -31,7 +31,7 @@ from rsc.actors.keys import KeySpace
 from rsc.actors.leadership import Leadership, RedisLease
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.registry import Registry, RegistrySettings, open_registry
-from rsc.actors.store_connection import open_redis
+from rsc.actors.store_connection import open_lean, open_redis
 from rsc.config import ConfigError, Settings
 from rsc.connect import RedisRefused
 from rsc.events import auth
@@ -108,7 +108,7 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
     }
     REDIS_OUTAGE.reset()
     keys = KeySpace(settings.key_prefix)
-    async with open_redis(settings.redis_url, **timeouts) as redis:
+    async with open_redis(settings.redis_url, **timeouts) as redis, open_lean(redis) as lean:
         leadership = Leadership(
             RedisLease(
                 redis,
@@ -121,8 +121,8 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
         )
         features = Features(redis, settings.initial_feature_level, term=lambda: leadership.terms, keys=keys)
         await check_feature_level(features)
-        store = RedisStore(redis, fence_token=leadership.token, features=features, keys=keys)
-        effects = RedisEffects(redis, fence_token=leadership.token, keys=keys)
+        store = RedisStore(redis, fence_token=leadership.token, features=features, keys=keys, lean=lean)
+        effects = RedisEffects(redis, fence_token=leadership.token, keys=keys, lean=lean)
         store.on_fenced = effects.on_fenced = leadership.advance
         actors = registry_settings(settings)
         try:

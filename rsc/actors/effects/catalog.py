@@ -8,10 +8,11 @@ prefix -> owner), the last two written together or not at all.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Protocol
+from typing import Any, Protocol
 
 from rsc.actors.effects.pipelines import RedisEffectsBase, guard
 from rsc.actors.store_connection import redis_errors
+from rsc.resp import Command
 
 
 class StreamCatalog(Protocol):
@@ -50,6 +51,9 @@ class RedisStreamCatalog(RedisEffectsBase):
     async def register_stream(self, stream_prefix: str) -> None:
         """See `StreamCatalog.register_stream`."""
         self._in_term()
+        if self.lean is not None:
+            await self._lean_call("registering a stream", [("SADD", self.keys.streams, stream_prefix)])
+            return
         await guard(self.redis.sadd(self.keys.streams, [stream_prefix]))
 
     async def unregister_stream(self, stream_prefix: str) -> None:
@@ -66,10 +70,24 @@ class RedisStreamCatalog(RedisEffectsBase):
         """See `StreamCatalog.stream_counts`."""
         names = sorted({name for name, _ in pending})
         mine = sorted({name for name, creator in pending if creator == owner})
+        # One round trip (no transaction: the registry's set and the creator's are in different
+        # slots). Each admitted stream is looked up before its set is counted: one recorded in
+        # between counts twice for a moment (never not at all).
+        if self.lean is not None:
+            commands: list[Command] = [("SMISMEMBER", self.keys.streams, *names)] if names else []
+            commands += [("SMISMEMBER", self.keys.created(owner), *mine)] if mine else []
+            commands += [("SCARD", self.keys.streams), ("SCARD", self.keys.created(owner))]
+            *known, total, created = await self._lean_call("counting streams", commands)
+        else:
+            *known, total, created = await self._coredis_counts(owner, names, mine)
+        registered = known.pop(0) if names else ()
+        recorded = known.pop(0) if mine else ()
+        unregistered = sum(1 for found in registered if not found)
+        unrecorded = sum(1 for found in recorded if not found)
+        return int(total) + unregistered, int(created) + unrecorded
+
+    async def _coredis_counts(self, owner: str, names: list[str], mine: list[str]) -> list[Any]:
         with redis_errors("counting streams"):
-            # One round trip (no transaction: the registry's set and the creator's are in
-            # different slots). Each admitted stream is looked up before its set is counted:
-            # one recorded in between counts twice for a moment (never not at all).
             async with self.redis.pipeline(transaction=False) as pipe:
                 if names:  # (SMISMEMBER: Redis 6.2, as XAUTOCLAIM)
                     pipe.smismember(self.keys.streams, names)
@@ -77,18 +95,18 @@ class RedisStreamCatalog(RedisEffectsBase):
                     pipe.smismember(self.keys.created(owner), mine)
                 pipe.scard(self.keys.streams)
                 pipe.scard(self.keys.created(owner))
-            *known, total, created = list(pipe.results or (0, 0))
-        registered = known.pop(0) if names else ()
-        recorded = known.pop(0) if mine else ()
-        unregistered = sum(1 for found in registered if not found)
-        unrecorded = sum(1 for found in recorded if not found)
-        return int(total) + unregistered, int(created) + unrecorded
+        return list(pipe.results or (0, 0))
 
     async def record_created(self, owner: str, stream_prefix: str) -> None:
         """See `StreamCatalog.record_created`."""
         self._in_term()
+        # One slot ({coordinator}): both or neither.
+        if self.lean is not None:
+            created = ("SADD", self.keys.created(owner), stream_prefix)
+            creator = ("HSET", self.keys.creators, stream_prefix, owner)
+            await self._lean_call("recording a stream quota", [("MULTI",), created, creator, ("EXEC",)])
+            return
         with redis_errors("recording a stream quota"):
-            # One slot ({coordinator}): both or neither.
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.sadd(self.keys.created(owner), [stream_prefix])
                 pipe.hset(self.keys.creators, {stream_prefix: owner})

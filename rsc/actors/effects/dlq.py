@@ -15,6 +15,7 @@ from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, redis_errors
 from rsc.events.wire import dead_letter_key
 from rsc.lua import script
+from rsc.resp import Multiplexed
 
 
 class DeadLetters(Protocol):
@@ -43,9 +44,13 @@ class RedisDeadLetters(RedisEffectsBase):
     """`DeadLetters` on Redis."""
 
     def __init__(
-        self, redis: RedisClient, fence_token: Callable[[], int] | None = None, keys: KeySpace = DEFAULT_KEYS
+        self,
+        redis: RedisClient,
+        fence_token: Callable[[], int] | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
+        lean: Multiplexed | None = None,
     ) -> None:
-        super().__init__(redis, fence_token, keys)
+        super().__init__(redis, fence_token, keys, lean)
         self._replay = redis.register_script(script("coordinator/replay_dead_letters"))
 
     async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:

@@ -13,15 +13,16 @@ from typing import Any, Protocol
 import attrs
 import coredis
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, ScriptCall, chunks
+from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, redis_errors
+from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
 from rsc.connect import error_code
 from rsc.events.drain import DrainEvidence, GroupDrain, evidence
 from rsc.events.slots import Primary, Topology
 from rsc.events.wire import seal_key
 from rsc.lua import script
+from rsc.resp import Multiplexed
 
 
 @attrs.frozen
@@ -71,9 +72,13 @@ class RedisInspection(RedisEffectsBase):
     """`Inspection` on Redis: pipelined per node, 512 keys per round trip."""
 
     def __init__(
-        self, redis: RedisClient, fence_token: Callable[[], int] | None = None, keys: KeySpace = DEFAULT_KEYS
+        self,
+        redis: RedisClient,
+        fence_token: Callable[[], int] | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
+        lean: Multiplexed | None = None,
     ) -> None:
-        super().__init__(redis, fence_token, keys)
+        super().__init__(redis, fence_token, keys, lean)
         self._drain_evidence = redis.register_script(script("coordinator/drain_evidence"))
 
     async def ping(self) -> bool:

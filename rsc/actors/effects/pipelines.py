@@ -1,4 +1,5 @@
-"""What every Redis effect shares: the client, the term check, fenced pipelines, key chunks.
+"""What every Redis effect shares: the client (and the lean connection beside it), the term
+check, fenced pipelines, key chunks.
 
 Given the coordinator's fence-token provider, an effect writes only while this process holds
 an active term (`TermFenced` otherwise), so an actor of a deposed coordinator resumed after a
@@ -16,16 +17,14 @@ from typing import Any
 
 import coredis
 
-from rsc.actors.errors import StoreUnavailable, TermFenced
+from rsc.actors.errors import TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, redis_errors
-from rsc.connect import error_code, redis_leaf
+from rsc.actors.store_connection import RedisClient, ScriptCall, Scripts, raise_first, redis_errors
+from rsc.connect import error_code
+from rsc.resp import Command, Multiplexed
 
 #: Commands per pipeline when creating many shard keys or consumer groups.
 CHUNK = 512
-#: One script call of a pipeline (`RedisEffectsBase._scripts`): a script registered with the
-#: client (`register_script`), its keys, its arguments.
-ScriptCall = tuple[Any, Sequence[str], Sequence[Any]]
 
 
 class RedisEffectsBase:
@@ -33,9 +32,17 @@ class RedisEffectsBase:
     own slot), pipelined per node."""
 
     def __init__(
-        self, redis: RedisClient, fence_token: Callable[[], int] | None = None, keys: KeySpace = DEFAULT_KEYS
+        self,
+        redis: RedisClient,
+        fence_token: Callable[[], int] | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
+        lean: Multiplexed | None = None,
     ) -> None:
         self.redis = redis
+        #: The lean connection the hot commands take where there is one (`open_lean`), else None.
+        self.lean = lean
+        #: How the effects' scripts are sent (`Scripts`: on `lean` where there is one).
+        self.scripts = Scripts(redis, lean)
         #: Where the keys are (the namespace new shard keys get, through `topology`).
         self.keys = keys
         #: Raises `TermFenced` when this coordinator holds no active term (None: always write).
@@ -62,32 +69,19 @@ class RedisEffectsBase:
             yield pipe
 
     async def _scripts(self, calls: Sequence[ScriptCall], unfenced: str | None = None) -> list[Any]:
-        """`calls` in one pipeline (one round trip per node), their answers in order; in a
-        term only, or, `unfenced` (what they do, for errors), in or out of one.
+        """`calls` in one round trip (per node, `Scripts.run`), their answers in order; in a
+        term only, or, `unfenced` (what they do, for errors), in or out of one. Raises what
+        `_refusals` raises (unfenced: `StoreUnavailable` when Redis does not answer, coredis'
+        `ResponseError`)."""
+        async with self._guarded(unfenced):
+            return await self.scripts.run(calls)
 
-        Each is sent as `EVALSHA` without asking first whether Redis holds the script (coredis
-        asks, with `SCRIPT EXISTS`, before every pipeline that holds a script: a round trip
-        more each time). Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its
-        scripts were flushed) are the scripts loaded and the calls sent again, which every
-        script sent this way allows: each is idempotent. Raises what `_refusals` raises
-        (unfenced: `StoreUnavailable` when Redis does not answer, coredis' `ResponseError`)."""
-        for attempt in range(2):
-            try:
-                async with self._guarded(unfenced), self.redis.pipeline(transaction=False) as pipe:
-                    for script, keys, args in calls:
-                        pipe.evalsha(script.sha, keys=keys, args=args)
-                return list(pipe.results or ())
-            except Exception as exc:
-                if attempt or not isinstance(redis_leaf(exc), coredis.exceptions.NoScriptError):
-                    raise
-            async with self._guarded(unfenced):
-                for loaded in {id(call[0]): call[0] for call in calls}.values():
-                    try:
-                        await self.redis.script_load(loaded.script)
-                    except coredis.exceptions.ClusterResponseError as exc:
-                        # Sent to every node of a cluster: one that did not answer fails it.
-                        raise StoreUnavailable(f"loading a script: {exc}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def _lean_call(self, context: str, commands: Sequence[Command]) -> list[Any]:
+        """`commands` on the lean connection (there must be one), their replies in order.
+        Raises the first error reply, `StoreUnavailable` when Redis does not answer."""
+        assert self.lean is not None
+        with redis_errors(context):
+            return raise_first(await self.lean.call(commands))
 
     @contextlib.asynccontextmanager
     async def _guarded(self, unfenced: str | None) -> AsyncIterator[None]:

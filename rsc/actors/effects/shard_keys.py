@@ -15,11 +15,12 @@ from typing import Protocol
 import attrs
 from coredis.tokens import PureToken
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, ScriptCall, chunks
+from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
-from rsc.actors.store_connection import RedisClient, redis_errors
+from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
 from rsc.events.wire import dead_letter_key, seal_key
 from rsc.lua import script
+from rsc.resp import Multiplexed
 
 
 class ShardKeys(Protocol):
@@ -92,9 +93,13 @@ class RedisShardKeys(RedisEffectsBase):
     """`ShardKeys` on Redis: one script or command per key, pipelined in chunks per node."""
 
     def __init__(
-        self, redis: RedisClient, fence_token: Callable[[], int] | None = None, keys: KeySpace = DEFAULT_KEYS
+        self,
+        redis: RedisClient,
+        fence_token: Callable[[], int] | None = None,
+        keys: KeySpace = DEFAULT_KEYS,
+        lean: Multiplexed | None = None,
     ) -> None:
-        super().__init__(redis, fence_token, keys)
+        super().__init__(redis, fence_token, keys, lean)
         self._ensure_stream = redis.register_script(script("coordinator/ensure_stream"))
         self._ensure_group = redis.register_script(script("coordinator/ensure_group"))
         self._destroy_group = redis.register_script(script("coordinator/destroy_group"))
@@ -103,12 +108,7 @@ class RedisShardKeys(RedisEffectsBase):
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         """See `ShardKeys.ensure_streams`."""
-        keys = list(shard_keys)
-        if len(keys) == 1:  # alone: no pipeline
-            async with self._refusals():
-                await self._ensure_stream(keys=keys)
-            return
-        for chunk in chunks(keys):
+        for chunk in chunks(shard_keys):
             await self._scripts([(self._ensure_stream, [key], []) for key in chunk])
 
     async def seal(self, shard_keys: Iterable[str], version: int) -> None:
@@ -149,12 +149,7 @@ class RedisShardKeys(RedisEffectsBase):
 
     async def ensure_consumer_groups(self, shard_keys: Iterable[str], group: str, start_id: str) -> None:
         """See `ShardKeys.ensure_consumer_groups`."""
-        keys = list(shard_keys)
-        if len(keys) == 1:  # alone: no pipeline, as in `ensure_streams`
-            async with self._refusals():
-                await self._ensure_group(keys=keys, args=[group, start_id])
-            return
-        for chunk in chunks(keys):
+        for chunk in chunks(shard_keys):
             await self._scripts([(self._ensure_group, [key], [group, start_id]) for key in chunk])
 
     async def destroy_consumer_groups(self, shard_keys: Iterable[str], group: str) -> None:

@@ -1,0 +1,344 @@
+"""Lean RESP connections to a standalone Redis over trio: hiredis packs commands and parses
+replies, and nothing else stands between a caller and the socket.
+
+Why not coredis for these: coredis costs 0.15-0.25 ms of CPU around every command under trio
+(its pool's deadlines, its retry wrapper, its telemetry; measured in docs/performance.md), about
+half of what the coordinator spends creating a stream, against some 20 us here. Two users:
+
+* `Connection`, one connection used by one task at a time: the trio producer's append scripts
+  (`rsc.client.append_writer`), written as soon as each is packed.
+* `Multiplexed`, one connection shared by every task of the coordinator for its own commands
+  (journal appends and loads, the effects' scripts, the stream catalog): each caller's
+  commands are written as they come, the commands of several callers in one write while
+  another write is under way, and the replies are matched to the callers in order (as
+  StackExchange.Redis, ioredis or redis-rs' multiplexed connection do). Never for blocking
+  commands: they would hold up everyone's replies.
+
+Both connect as coredis does, from a `coredis.Redis` client's own settings (`Endpoint.of`):
+TCP (TLS with its `ssl_context`), its username and password, its database, its connect and
+command (`stream_timeout`) timeouts. Where that is not possible (a cluster, a Sentinel's
+primary, a Unix socket, a credential provider, no hiredis) `Endpoint.of` answers None and the
+caller keeps coredis. Failures leave as the coredis exceptions the rest of rsc classifies
+(`rsc.connect.is_unavailable`): `ConnectionError` when Redis could not be reached or stopped
+answering, `TimeoutError` when a reply did not come within the command timeout (the
+connection is then closed: a connection is never reused half read), and an error reply as the
+coredis class for its code (`NoScriptError`, `ReadOnlyError`, `ResponseError`...).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+import coredis
+import trio
+from coredis.connection import TCPLocation
+from coredis.parser import Parser
+from coredis.pool import ConnectionPool
+
+hiredis: Any  # (its stubs type `pack_command` as taking one argument)
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency; a build without it still runs
+    hiredis = None
+
+__all__ = ["Command", "Connection", "Endpoint", "Multiplexed", "refusal"]
+
+#: How much a read asks the socket for at once.
+_READ_SIZE = 256 * 1024
+#: One command: its name and arguments.
+Command = Sequence[str | bytes | int | float]
+_PARSER = Parser()
+
+
+@attrs.frozen
+class Endpoint:
+    """Where and how to connect, as the coredis client connects."""
+
+    host: str
+    port: int
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout: float | None = None
+    command_timeout: float | None = None
+
+    @classmethod
+    def of(cls, client: Any) -> Endpoint | None:
+        """The endpoint of a standalone `coredis.Redis` on TCP with plain credentials, else None."""
+        if hiredis is None or type(client) is not coredis.Redis:
+            return None
+        pool = client.connection_pool
+        if type(pool) is not ConnectionPool:  # a Sentinel's pool follows the primary: coredis does
+            return None
+        location = getattr(pool, "location", None)
+        settings = getattr(pool, "connection_kwargs", None)
+        if not isinstance(location, TCPLocation) or not isinstance(settings, dict):
+            return None
+        if settings.get("credential_provider") is not None or settings.get("noreply"):
+            return None
+        return cls(
+            host=location.host,
+            port=location.port,
+            db=settings.get("db") or 0,
+            username=settings.get("username"),
+            password=settings.get("password"),
+            ssl_context=settings.get("ssl_context"),
+            connect_timeout=settings.get("connect_timeout"),
+            command_timeout=settings.get("stream_timeout"),
+        )
+
+
+def deadline(timeout: float | None) -> float:
+    """The trio deadline `timeout` seconds from now (none: never)."""
+    return math.inf if timeout is None else trio.current_time() + timeout
+
+
+def refusal(reply: Any) -> Any:
+    """A reply as coredis gives it: an error reply (hiredis' `ReplyError`) as the coredis
+    exception for its code, anything else as it is."""
+    if isinstance(reply, hiredis.ReplyError):
+        return _PARSER.parse_error(str(reply))
+    return reply
+
+
+def pack(commands: Sequence[Command]) -> bytes:
+    """`commands` in RESP, as Redis reads them."""
+    return b"".join(hiredis.pack_command(tuple(command)) for command in commands)
+
+
+class Connection:
+    """One connection: commands written as packed, replies read in order (RESP2, or RESP3
+    with `resp3`, as coredis speaks)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.reader = hiredis.Reader(encoding="utf-8")
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint, *, resp3: bool = False) -> Connection:
+        """Connect and run the handshake within the connect timeout. Raises `ConnectionError`
+        (nothing answered in time, or the connection failed), the coredis class of a refusal
+        of the handshake (`AuthenticationFailureError`, `ResponseError`)."""
+        with trio.move_on_at(deadline(endpoint.connect_timeout)):
+            try:
+                stream: trio.abc.Stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+            except OSError as exc:
+                raise coredis.exceptions.ConnectionError(
+                    f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}"
+                ) from exc
+            try:
+                if endpoint.ssl_context is not None:
+                    stream = trio.SSLStream(stream, endpoint.ssl_context, server_hostname=endpoint.host)
+                    await stream.do_handshake()
+                connection = cls(stream)
+                await connection.handshake(endpoint, resp3=resp3)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            return connection
+        raise coredis.exceptions.ConnectionError(f"connecting to {endpoint.host}:{endpoint.port} timed out")
+
+    async def handshake(self, endpoint: Endpoint, *, resp3: bool = False) -> None:
+        """`AUTH` (or `HELLO 3 AUTH`) and `SELECT` as the client's settings ask; a refusal
+        raises its coredis class."""
+        commands: list[tuple[str | int, ...]] = []
+        credentials: tuple[str, ...] = ()
+        if endpoint.password is not None:
+            credentials = (endpoint.username or "default", endpoint.password)
+        if resp3:
+            commands.append(("HELLO", 3, *(("AUTH", *credentials) if credentials else ())))
+        elif credentials:
+            commands.append(("AUTH", *(credentials if endpoint.username else credentials[1:])))
+        if endpoint.db:
+            commands.append(("SELECT", endpoint.db))
+        if not commands:
+            return
+        await self.send(pack(commands))
+        replies = await self.replies(len(commands), endpoint.command_timeout)
+        refused = [reply for reply in replies if isinstance(reply, Exception)]
+        if refused:  # (its code kept in the text, as `rsc.connect.error_code` reads it)
+            raise coredis.exceptions.ResponseError(str(refused[0]))
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise coredis.exceptions.ConnectionError(f"connection lost while sending: {exc}") from exc
+
+    async def receive(self) -> None:
+        """Read what Redis sent next into the reader. Raises `ConnectionError`."""
+        try:
+            data = await self.stream.receive_some(_READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise coredis.exceptions.ConnectionError(f"connection lost while reading: {exc}") from exc
+        if not data:
+            raise coredis.exceptions.ConnectionError("connection closed by Redis")
+        try:
+            self.reader.feed(data)
+        except hiredis.ProtocolError as exc:  # pragma: no cover - Redis speaks RESP
+            raise coredis.exceptions.ConnectionError(f"unreadable reply: {exc}") from exc
+
+    async def replies(self, count: int, timeout: float | None) -> list[Any]:
+        """The next `count` replies as hiredis parses them (an error reply as its `ReplyError`,
+        not raised: `refusal` makes it coredis')."""
+        out: list[Any] = []
+        if not count:
+            return out
+        gets = self.reader.gets
+        with trio.move_on_at(deadline(timeout)) as scope:
+            while True:
+                reply = gets()
+                while reply is not False:
+                    out.append(reply)
+                    if len(out) == count:
+                        return out
+                    reply = gets()
+                await self.receive()
+        assert scope.cancelled_caught
+        raise TimeoutError(f"no reply within {timeout} s")
+
+
+class _Waiting:
+    """One caller's commands in flight: how many replies it waits for, and what came."""
+
+    __slots__ = ("count", "done", "error", "replies")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.replies: list[Any] = []
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class _Line:
+    """One open connection of a `Multiplexed`, its callers in the order their commands went."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.waiting: collections.deque[_Waiting] = collections.deque()
+        self.outbox: list[bytes] = []
+        self.writing = False
+        #: Why this connection is no longer used (None while it is).
+        self.broken: BaseException | None = None
+
+
+class Multiplexed:
+    """One connection shared by many tasks (see the module doc); `Multiplexed.open(endpoint)`.
+
+    A connection that fails or does not answer in time is closed, every caller waiting on it
+    fails (`ConnectionError`, `TimeoutError`), and the next call opens a new one. A caller
+    cancelled while it waits leaves its commands to run; their replies are read and dropped,
+    so the callers after it still get theirs."""
+
+    def __init__(self, endpoint: Endpoint, nursery: trio.Nursery) -> None:
+        self.endpoint = endpoint
+        self._nursery = nursery
+        self._line: _Line | None = None
+        self._opening = trio.Lock()
+        self._closed = False
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, endpoint: Endpoint) -> AsyncIterator[Multiplexed]:
+        """A multiplexed connection to `endpoint`, opened at the first call, closed on exit."""
+        async with trio.open_nursery() as nursery:
+            multiplexed = cls(endpoint, nursery)
+            try:
+                yield multiplexed
+            finally:
+                multiplexed._closed = True
+                if multiplexed._line is not None:
+                    multiplexed._break(multiplexed._line, coredis.exceptions.ConnectionError("closed"))
+                nursery.cancel_scope.cancel()
+
+    async def call(self, commands: Sequence[Command]) -> list[Any]:
+        """Run `commands` in order, one round trip; their replies in order, an error reply as
+        its coredis exception (not raised). Raises `ConnectionError`, `TimeoutError`, or the
+        refusal of the connection's handshake."""
+        data = pack(commands)
+        line = await self._open_line()
+        waiting = _Waiting(len(commands))
+        line.waiting.append(waiting)  # (in the order of the bytes: nothing awaited in between)
+        line.outbox.append(data)
+        if not line.writing:
+            await self._write(line)
+        with trio.move_on_at(deadline(self.endpoint.command_timeout)):
+            await waiting.done.wait()
+        if not waiting.done.is_set():
+            self._break(line, TimeoutError(f"no reply from Redis within {self.endpoint.command_timeout} s"))
+        if waiting.error is not None:  # (a fresh one for each caller: they share the cause)
+            raise type(waiting.error)(*waiting.error.args)
+        return waiting.replies
+
+    async def _open_line(self) -> _Line:
+        line = self._line
+        if line is not None and line.broken is None:
+            return line
+        if self._closed:
+            raise coredis.exceptions.ConnectionError("the connection was closed")
+        async with self._opening:
+            line = self._line
+            if line is None or line.broken is not None:
+                line = _Line(await Connection.open(self.endpoint, resp3=True))
+                self._line = line
+                self._nursery.start_soon(self._read, line)
+            return line
+
+    async def _write(self, line: _Line) -> None:
+        """Write what the line's callers queued, until nothing is left (callers arriving
+        meanwhile add theirs). Shielded, so that a cancelled caller never leaves half a
+        command written; bounded by the command timeout."""
+        line.writing = True
+        until = deadline(self.endpoint.command_timeout)
+        try:
+            with trio.CancelScope(shield=True), trio.move_on_at(until) as scope:
+                while line.outbox and line.broken is None:
+                    data = b"".join(line.outbox)
+                    line.outbox.clear()
+                    await line.connection.send(data)
+            if scope.cancelled_caught:
+                self._break(line, TimeoutError("writing to Redis timed out"))
+        except coredis.exceptions.ConnectionError as exc:
+            self._break(line, exc)
+        finally:
+            line.writing = False
+
+    async def _read(self, line: _Line) -> None:
+        """The line's replies, to its callers in order, until it breaks."""
+        connection = line.connection
+        gets = connection.reader.gets
+        try:
+            while line.broken is None:
+                reply = gets()
+                while reply is not False:
+                    if not line.waiting:  # pragma: no cover - Redis answers what it is asked
+                        self._break(line, coredis.exceptions.ConnectionError("a reply nobody asked for"))
+                        return
+                    waiting = line.waiting[0]
+                    waiting.replies.append(refusal(reply))
+                    if len(waiting.replies) == waiting.count:
+                        line.waiting.popleft()
+                        waiting.done.set()
+                    reply = gets()
+                await connection.receive()
+        except coredis.exceptions.ConnectionError as exc:
+            self._break(line, exc)
+
+    def _break(self, line: _Line, why: BaseException) -> None:
+        """Stop using `line`: fail its callers with `why`, and close it."""
+        if line.broken is not None:
+            return
+        line.broken = why
+        while line.waiting:
+            waiting = line.waiting.popleft()
+            waiting.error = why
+            waiting.done.set()
+        line.outbox.clear()
+        self._nursery.start_soon(trio.aclose_forcefully, line.connection.stream)
