@@ -14,7 +14,8 @@ from redis.cluster import RedisCluster
 
 from rsc import journal
 from rsc.actors.redis_store import RedisStore
-from rsc.actors.store_connection import RedisClient, open_redis
+from rsc.actors.store_connection import RedisClient, open_lean, open_redis
+from rsc.resp import Multiplexed
 from tests import redis_servers
 
 #: The tiers, one folder each (docs/development.md says which to run when); each test is
@@ -111,6 +112,15 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 async def redis(redis_url: str) -> AsyncIterator[RedisClient]:
     async with open_redis(redis_url) as client:
         yield client
+
+
+@pytest.fixture
+async def lean(redis: RedisClient) -> AsyncIterator[Multiplexed | None]:
+    """The coordinator's lean connection beside `redis` (`open_lean`): one on standalone Redis,
+    None on the cluster (coredis does everything there). Tests that pass it to `RedisStore` and
+    `RedisEffects` run both ways: lean on standalone, coredis on the cluster."""
+    async with open_lean(redis) as connection:
+        yield connection
 
 
 @pytest.fixture

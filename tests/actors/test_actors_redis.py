@@ -29,14 +29,17 @@ from rsc.events.drain import DrainEvidence, GroupDrain, drained
 from rsc.events.model import HeartbeatStatus, Timing
 from rsc.events.wire import OwnerToken, seal_key
 from rsc.http.metrics import Metrics
+from rsc.resp import Multiplexed
 from tests.actorkit import SETTINGS, Member, registry_on
 
 LONG = attrs.evolve(SETTINGS, timing=Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=60_000))
 
 
 @pytest.fixture
-async def registry(redis: RedisClient) -> AsyncIterator[Registry]:
-    async with registry_on(RedisStore(redis, retention=100_000), RedisEffects(redis), LONG) as reg:
+async def registry(redis: RedisClient, lean: Multiplexed | None) -> AsyncIterator[Registry]:
+    async with registry_on(
+        RedisStore(redis, lean=lean, retention=100_000), RedisEffects(redis, lean=lean), LONG
+    ) as reg:
         yield reg
 
 
@@ -94,10 +97,10 @@ async def test_owner_tokens_follow_the_assignment_and_recovery_repairs(
 
 
 async def test_crash_at_random_points_loses_nothing_replied(
-    registry: Registry, redis: RedisClient, checker: redis_py.Redis, prefix: str
+    registry: Registry, redis: RedisClient, lean: Multiplexed | None, checker: redis_py.Redis, prefix: str
 ) -> None:
-    store = RedisStore(redis)
-    aggregate = GroupAggregate(AggregateId(prefix, "billing"), RedisEffects(redis))
+    store = RedisStore(redis, lean=lean)
+    aggregate = GroupAggregate(AggregateId(prefix, "billing"), RedisEffects(redis, lean=lean))
     rng = random.Random(11)
     replied: list[str] = []
 
@@ -162,8 +165,10 @@ def test_event_json_is_stable() -> None:
     assert a == aggregate_json(ShardsInstalled("m", frozenset({2, 3, 1})))
 
 
-async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) -> None:
-    effects = RedisEffects(redis)
+async def test_shard_stats_and_primary_nodes(
+    redis: RedisClient, lean: Multiplexed | None, prefix: str
+) -> None:
+    effects = RedisEffects(redis, lean=lean)
     keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(12)]
     await effects.ensure_consumer_groups(keys, "billing", "0")
     await redis.xadd(keys[0], {"n": "1"})
@@ -179,11 +184,13 @@ async def test_shard_stats_and_primary_nodes(redis: RedisClient, prefix: str) ->
         assert nodes == {None}
 
 
-async def test_pipelined_scripts_survive_a_script_flush(redis: RedisClient, prefix: str) -> None:
+async def test_pipelined_scripts_survive_a_script_flush(
+    redis: RedisClient, lean: Multiplexed | None, prefix: str
+) -> None:
     """Effects pipeline their scripts as EVALSHA without asking Redis first whether it holds
     them; after Redis lost its scripts (a restart, a failover, SCRIPT FLUSH) the NOSCRIPT
     answer loads them and the calls go again."""
-    effects = RedisEffects(redis)
+    effects = RedisEffects(redis, lean=lean)
     keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(4)]
     await effects.ensure_streams(keys)
     await effects.ensure_consumer_groups(keys, "billing", "0")
@@ -197,11 +204,13 @@ async def test_pipelined_scripts_survive_a_script_flush(redis: RedisClient, pref
     assert set(evidence) == set(keys)
 
 
-async def test_stream_counts_count_pending_creations_once(redis: RedisClient, prefix: str) -> None:
+async def test_stream_counts_count_pending_creations_once(
+    redis: RedisClient, lean: Multiplexed | None, prefix: str
+) -> None:
     """The quota check's read: streams registered and created by an owner, plus the creations
     under way that Redis does not record yet (the registry's set and the creators' are in
     different slots on a cluster: one pipeline, no transaction)."""
-    effects = RedisEffects(redis, keys=KeySpace(f"{prefix}:"))
+    effects = RedisEffects(redis, lean=lean, keys=KeySpace(f"{prefix}:"))
     await effects.register_stream("done")
     await effects.record_created("ann", "done")
     await effects.register_stream("half")  # registered, its creator not recorded yet
@@ -214,11 +223,11 @@ async def test_stream_counts_count_pending_creations_once(redis: RedisClient, pr
 
 
 async def test_pruning_deletes_only_departed_consumers_with_nothing_pending(
-    redis: RedisClient, checker: redis_py.Redis, prefix: str
+    redis: RedisClient, lean: Multiplexed | None, checker: redis_py.Redis, prefix: str
 ) -> None:
     """Live members' consumers stay, a departed one with entries pending stays until they are
     claimed, a departed idle one goes; a missing key or group is skipped, not an error."""
-    effects = RedisEffects(redis)
+    effects = RedisEffects(redis, lean=lean)
     keys = [f"{prefix}:{{{prefix}:{i}}}" for i in range(6)]
     await effects.ensure_consumer_groups(keys[:4], "billing", "0")
     await effects.ensure_consumer_groups([keys[4]], "audit", "0")  # no billing group there
@@ -240,12 +249,12 @@ async def test_pruning_deletes_only_departed_consumers_with_nothing_pending(
 
 
 async def test_drain_evidence_holds_only_with_nothing_pending_or_undelivered(
-    redis: RedisClient, prefix: str
+    redis: RedisClient, lean: Multiplexed | None, prefix: str
 ) -> None:
     """Read on the key's own node: an empty or missing key is drained; an entry not yet read, or
     one read and not acknowledged (even after XDEL emptied the key), is not; a key that holds
     entries must have each of the stream's groups; the seal is seen."""
-    effects = RedisEffects(redis)
+    effects = RedisEffects(redis, lean=lean)
     key = f"{prefix}:{{{prefix}:0}}"
     missing = f"{prefix}:{{{prefix}:1}}"
     await effects.ensure_consumer_groups([key], "billing", "0")
@@ -280,9 +289,9 @@ async def test_drain_evidence_holds_only_with_nothing_pending_or_undelivered(
 
 
 async def test_the_topology_reads_the_same_from_cluster_shards_and_cluster_slots(
-    redis: RedisClient, checker: redis_py.Redis
+    redis: RedisClient, lean: Multiplexed | None, checker: redis_py.Redis
 ) -> None:
-    topology = await RedisEffects(redis).topology()
+    topology = await RedisEffects(redis, lean=lean).topology()
     if not isinstance(redis, coredis.RedisCluster):
         assert topology is None
         return
@@ -303,8 +312,8 @@ async def test_the_topology_reads_the_same_from_cluster_shards_and_cluster_slots
 class FailingStore(RedisStore):
     """A `RedisStore` whose next append fails once armed: refused, or applied with its reply lost."""
 
-    def __init__(self, redis: RedisClient) -> None:
-        super().__init__(redis)
+    def __init__(self, redis: RedisClient, lean: Multiplexed | None) -> None:
+        super().__init__(redis, lean=lean)
         self.fail_next: str | None = None
 
     async def append(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -319,7 +328,7 @@ class FailingStore(RedisStore):
 
 @pytest.mark.parametrize("failure", ["refused", "reply lost"])
 async def test_a_failed_write_does_not_fence_live_members(
-    redis: RedisClient, prefix: str, failure: str
+    redis: RedisClient, lean: Multiplexed | None, prefix: str, failure: str
 ) -> None:
     """After a write fails, the actor reloads; every member keeps a lease it can renew.
 
@@ -329,8 +338,10 @@ async def test_a_failed_write_does_not_fence_live_members(
     member whose join was written although its reply was lost (`c`).
     """
     timing = Timing(heartbeat_interval_ms=200, lease_ttl_ms=2_000, revoke_timeout_ms=10_000)
-    store = FailingStore(redis)
-    async with registry_on(store, RedisEffects(redis), attrs.evolve(SETTINGS, timing=timing)) as registry:
+    store = FailingStore(redis, lean)
+    async with registry_on(
+        store, RedisEffects(redis, lean=lean), attrs.evolve(SETTINGS, timing=timing)
+    ) as registry:
         a = Member(registry, prefix, "billing", "a")
         b = Member(registry, prefix, "billing", "b")
         started = trio.current_time()
@@ -348,10 +359,12 @@ async def test_a_failed_write_does_not_fence_live_members(
         assert (await a.heartbeat()).status is not HeartbeatStatus.FENCED
 
 
-async def test_metrics_go_on_sampling_a_stream_whose_actors_stopped(redis: RedisClient, prefix: str) -> None:
+async def test_metrics_go_on_sampling_a_stream_whose_actors_stopped(
+    redis: RedisClient, lean: Multiplexed | None, prefix: str
+) -> None:
     """Every worker gone and the actors stopped for being idle: the stream's lag series stay
     (sampled from the last layout seen), and sampling starts no actor."""
-    async with registry_on(RedisStore(redis), RedisEffects(redis), LONG) as registry:
+    async with registry_on(RedisStore(redis, lean=lean), RedisEffects(redis, lean=lean), LONG) as registry:
         stream = await registry.stream(prefix, create=True, shard_count=2)
         await registry.group(prefix, "billing")
         key = stream.state.layout.shards[0].key
@@ -368,7 +381,7 @@ async def test_metrics_go_on_sampling_a_stream_whose_actors_stopped(redis: Redis
 
 
 async def test_a_standby_that_takes_over_looks_at_streams_made_while_it_waited(
-    redis: RedisClient, prefix: str
+    redis: RedisClient, lean: Multiplexed | None, prefix: str
 ) -> None:
     """A standby's drain watcher sees every load fenced. Streams the active coordinator
     created and scaled in meanwhile, with no member or producer left to start an actor for
@@ -384,12 +397,14 @@ async def test_a_standby_that_takes_over_looks_at_streams_made_while_it_waited(
 
     quick = attrs.evolve(LONG, drain_check_s=0.2)
     keys = KeySpace(f"{prefix}-ns:")  # a deployment of its own: only its streams are looked at
-    store = RedisStore(redis, fence_token=term, keys=keys)
-    effects = RedisEffects(redis, fence_token=term, keys=keys)
+    store = RedisStore(redis, lean=lean, fence_token=term, keys=keys)
+    effects = RedisEffects(redis, lean=lean, fence_token=term, keys=keys)
     async with registry_on(store, effects, quick) as standby:
         metrics = Metrics(standby)
         await trio.sleep(0.5)  # rounds of the standby's drain watcher: every load fenced
-        async with registry_on(RedisStore(redis, keys=keys), RedisEffects(redis, keys=keys), LONG) as first:
+        async with registry_on(
+            RedisStore(redis, lean=lean, keys=keys), RedisEffects(redis, lean=lean, keys=keys), LONG
+        ) as first:
             stream = await first.stream(prefix, create=True, shard_count=2)
             await first.group(prefix, "billing")
             key = stream.state.layout.shards[0].key

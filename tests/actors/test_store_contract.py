@@ -1,7 +1,9 @@
-"""The contract of the `Store` port, run on MemoryStore, standalone Redis and a cluster."""
+"""The contract of the `Store` port, run on MemoryStore, standalone Redis (through coredis, and
+through the lean connection) and a cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -13,31 +15,43 @@ from rsc.actors.errors import ConcurrencyConflict, TermFenced
 from rsc.actors.keys import AggregateId
 from rsc.actors.redis_store import RedisStore
 from rsc.actors.store import FenceToken, MemoryStore, Store
-from rsc.actors.store_connection import open_redis
+from rsc.actors.store_connection import RedisClient, open_lean, open_redis
+from rsc.resp import Multiplexed
 from tests import redis_servers
 
 #: Makes another writer on the same data, with its own fence-token provider.
 Writers = Callable[[FenceToken | None], Store]
 
 
-@pytest.fixture(params=["memory", "standalone", "cluster"])
+#: Where the contract runs: in memory; on standalone Redis through coredis, and through the
+#: coordinator's lean connection (`open_lean`, as it runs there); on the cluster.
+WHERE = ["memory", "standalone", "lean", "cluster"]
+
+
+@contextlib.asynccontextmanager
+async def redis_of(request: pytest.FixtureRequest) -> AsyncIterator[tuple[RedisClient, Multiplexed | None]]:
+    """The coredis client, and the lean connection for "lean", of the test's parameter."""
+    url = request.getfixturevalue("standalone_url" if request.param == "lean" else f"{request.param}_url")
+    async with open_redis(url) as client, open_lean(client) as lean:
+        yield client, lean if request.param == "lean" else None
+
+
+@pytest.fixture(params=WHERE)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore(retention=20)
         return
-    url = request.getfixturevalue(f"{request.param}_url")
-    async with open_redis(url) as client:
-        yield RedisStore(client, retention=20)
+    async with redis_of(request) as (client, lean):
+        yield RedisStore(client, retention=20, lean=lean)
 
 
-@pytest.fixture(params=["memory", "standalone", "cluster"])
+@pytest.fixture(params=WHERE)
 async def writers(request: pytest.FixtureRequest) -> AsyncIterator[Writers]:
     if request.param == "memory":
         yield MemoryStore(retention=20).fenced_by
         return
-    url = request.getfixturevalue(f"{request.param}_url")
-    async with open_redis(url) as client:
-        yield lambda fence_token: RedisStore(client, retention=20, fence_token=fence_token)
+    async with redis_of(request) as (client, lean):
+        yield lambda fence_token: RedisStore(client, retention=20, fence_token=fence_token, lean=lean)
 
 
 def token(value: int) -> FenceToken:

@@ -146,9 +146,9 @@ async def test_a_producer_that_does_not_run_leaves_no_connection_open(
     """Heartbeating by hand (no `run`): each publish's connection is closed when it ends, so
     nothing is left for the garbage collector; while `run` runs, one is kept, and closed after."""
     async with open_redis(standalone_url) as r, Coordinator(base_url) as coordinator:
-        before = client_addresses(standalone_url)
         producer = Producer(coordinator, r, prefix, "no-run")
         await producer.heartbeat()
+        before = client_addresses(standalone_url)  # (the coordinator's, once it made the stream)
         assert await producer.publish_many([({"n": "1"}, "k"), ({"n": "2"}, "j")])
         assert producer._writer is not None
         assert producer._writer._idle == []
