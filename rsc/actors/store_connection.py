@@ -20,6 +20,7 @@ __all__ = [
     "ScriptCall",
     "Scripts",
     "open_lean",
+    "raise_first",
     "open_redis",
     "redis_errors",
 ]

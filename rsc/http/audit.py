@@ -16,8 +16,9 @@ import attrs
 from coredis.tokens import PureToken
 
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, redis_errors
+from rsc.actors.store_connection import RedisClient, raise_first, redis_errors
 from rsc.events import codec
+from rsc.resp import Multiplexed
 
 AUDIT_KEY = DEFAULT_KEYS.audit
 log = logging.getLogger("rsc.audit")
@@ -66,18 +67,31 @@ class AuditFilter:
 class AuditLog:
     """Audit records in a Redis stream capped at `max_records` (approximately), newest first."""
 
-    def __init__(self, redis: RedisClient, max_records: int = 100_000, keys: KeySpace = DEFAULT_KEYS) -> None:
+    def __init__(
+        self,
+        redis: RedisClient,
+        max_records: int = 100_000,
+        keys: KeySpace = DEFAULT_KEYS,
+        lean: Multiplexed | None = None,
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.max_records = max_records
+        #: The coordinator's lean connection, where there is one: records are written on it.
+        self.lean = lean
 
     async def record(self, entry: AuditRecord) -> None:
         data = codec.wire.unstructure(entry)
-        log.info(json.dumps({"audit": data}, separators=(",", ":")))
+        text = json.dumps(data, separators=(",", ":"))
+        log.info('{"audit":%s}', text)
         with redis_errors("writing the audit log"):
+            if self.lean is not None:
+                trim = ("MAXLEN", "~", self.max_records)
+                raise_first(await self.lean.call([("XADD", self.keys.audit, *trim, "*", "record", text)]))
+                return
             await self.redis.xadd(
                 self.keys.audit,
-                {"record": json.dumps(data, separators=(",", ":"))},
+                {"record": text},
                 trim_strategy=PureToken.MAXLEN,
                 threshold=self.max_records,
                 trim_operator=PureToken.APPROXIMATELY,

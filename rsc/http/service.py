@@ -132,7 +132,7 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
                     watch = watch_dataset(redis, keys, leadership, features, registry)
                     terms.start_soon(watch.run)
                     await terms.start(leadership.run, registry.stop_all)
-                    yield registry, AuditLog(redis, keys=keys), leadership
+                    yield registry, AuditLog(redis, keys=keys, lean=lean), leadership
                 terms.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
