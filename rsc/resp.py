@@ -124,15 +124,15 @@ class Connection:
     @classmethod
     async def open(cls, endpoint: Endpoint, *, resp3: bool = False) -> Connection:
         """Connect and run the handshake within the connect timeout. Raises `ConnectionError`
-        (nothing answered in time, or the connection failed), the coredis class of a refusal
-        of the handshake (`AuthenticationFailureError`, `ResponseError`)."""
+        (nothing answered in time, the connection failed, or Redis turned it away: too many
+        clients), the coredis class of a refusal of the handshake
+        (`AuthenticationFailureError`, `ResponseError`)."""
+        where = f"{endpoint.host}:{endpoint.port}"
         with trio.move_on_at(deadline(endpoint.connect_timeout)):
             try:
                 stream: trio.abc.Stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
             except OSError as exc:
-                raise coredis.exceptions.ConnectionError(
-                    f"cannot connect to {endpoint.host}:{endpoint.port}: {exc}"
-                ) from exc
+                raise coredis.exceptions.ConnectionError(f"cannot connect to {where}: {_why(exc)}") from exc
             try:
                 if endpoint.ssl_context is not None:
                     stream = trio.SSLStream(stream, endpoint.ssl_context, server_hostname=endpoint.host)
@@ -143,11 +143,11 @@ class Connection:
                 await trio.aclose_forcefully(stream)
                 raise
             return connection
-        raise coredis.exceptions.ConnectionError(f"connecting to {endpoint.host}:{endpoint.port} timed out")
+        raise coredis.exceptions.ConnectionError(f"connecting to {where} timed out")
 
     async def handshake(self, endpoint: Endpoint, *, resp3: bool = False) -> None:
         """`AUTH` (or `HELLO 3 AUTH`) and `SELECT` as the client's settings ask; a refusal
-        raises its coredis class."""
+        raises its coredis class (`ConnectionError` for "max number of clients reached")."""
         commands: list[tuple[str | int, ...]] = []
         credentials: tuple[str, ...] = ()
         if endpoint.password is not None:
@@ -161,10 +161,14 @@ class Connection:
         if not commands:
             return
         await self.send(pack(commands))
-        replies = await self.replies(len(commands), endpoint.command_timeout)
-        refused = [reply for reply in replies if isinstance(reply, Exception)]
-        if refused:  # (its code kept in the text, as `rsc.connect.error_code` reads it)
-            raise coredis.exceptions.ResponseError(str(refused[0]))
+        for reply in await self.replies(len(commands), endpoint.command_timeout):
+            refused = refusal(reply)
+            if isinstance(refused, coredis.exceptions.ConnectionError):  # (too many clients)
+                raise refused
+            if isinstance(
+                reply, Exception
+            ):  # (its code kept in the text, as `rsc.connect.error_code` reads it)
+                raise coredis.exceptions.ResponseError(str(reply))
 
     async def send(self, data: bytes) -> None:
         try:
@@ -180,29 +184,47 @@ class Connection:
             raise coredis.exceptions.ConnectionError(f"connection lost while reading: {exc}") from exc
         if not data:
             raise coredis.exceptions.ConnectionError("connection closed by Redis")
+        self.reader.feed(data)
+
+    def next_reply(self, *, raw: bool = False) -> Any:
+        """The next whole reply read (False while there is none yet), an error reply as the
+        coredis exception for its code (as hiredis' `ReplyError` with `raw`), a reply that is
+        not UTF-8 as a `ResponseError` (not raised: the reader has passed it, and the
+        connection stays in step). Raises `ConnectionError` when what Redis sent is not RESP:
+        nothing after it can be trusted."""
         try:
-            self.reader.feed(data)
-        except hiredis.ProtocolError as exc:  # pragma: no cover - Redis speaks RESP
-            raise coredis.exceptions.ConnectionError(f"unreadable reply: {exc}") from exc
+            reply = self.reader.gets()
+        except UnicodeDecodeError as exc:
+            return coredis.exceptions.ResponseError(f"a reply that is not UTF-8 text: {exc}")
+        except hiredis.ProtocolError as exc:
+            raise coredis.exceptions.ConnectionError(f"an unreadable reply: {exc}") from exc
+        return reply if raw else refusal(reply)
 
     async def replies(self, count: int, timeout: float | None) -> list[Any]:
         """The next `count` replies as hiredis parses them (an error reply as its `ReplyError`,
-        not raised: `refusal` makes it coredis')."""
+        not raised: `refusal` makes it coredis'); see `next_reply`."""
         out: list[Any] = []
         if not count:
             return out
-        gets = self.reader.gets
         with trio.move_on_at(deadline(timeout)) as scope:
             while True:
-                reply = gets()
+                reply = self.next_reply(raw=True)
                 while reply is not False:
                     out.append(reply)
                     if len(out) == count:
                         return out
-                    reply = gets()
+                    reply = self.next_reply(raw=True)
                 await self.receive()
         assert scope.cancelled_caught
         raise TimeoutError(f"no reply within {timeout} s")
+
+
+def _why(exc: OSError) -> str:
+    """What failed in a connection attempt: trio's "all attempts to connect ... failed" says
+    what the first attempt met (`Connection refused`)."""
+    causes = getattr(exc.__cause__, "exceptions", ())
+    first = causes[0] if causes else exc
+    return getattr(first, "strerror", None) or str(first)
 
 
 class _Waiting:
@@ -223,8 +245,10 @@ class _Line:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self.waiting: collections.deque[_Waiting] = collections.deque()
+        #: What the callers queued and the writer has not sent yet.
         self.outbox: list[bytes] = []
-        self.writing = False
+        #: Set when there is something to send (or the line broke): wakes the writer.
+        self.wake = trio.Event()
         #: Why this connection is no longer used (None while it is).
         self.broken: BaseException | None = None
 
@@ -232,16 +256,24 @@ class _Line:
 class Multiplexed:
     """One connection shared by many tasks (see the module doc); `Multiplexed.open(endpoint)`.
 
-    A connection that fails or does not answer in time is closed, every caller waiting on it
-    fails (`ConnectionError`, `TimeoutError`), and the next call opens a new one. A caller
-    cancelled while it waits leaves its commands to run; their replies are read and dropped,
-    so the callers after it still get theirs."""
+    Per connection, one writer task sends what the callers queued (all that queued meanwhile
+    in one write), and one reader task hands the replies to the callers in order. A connection
+    that fails, sends what is not RESP, or does not answer in time is closed, every caller
+    waiting on it fails (`ConnectionError`, `TimeoutError`), and the next call opens a new
+    one; callers that queued behind an attempt to connect that failed fail with it rather
+    than try again each in turn. A `READONLY` reply (the address now leads to a replica, as
+    behind a virtual IP after a failover) closes the connection too, after it reached its
+    caller. A caller cancelled while it waits leaves its commands to run (they may already be
+    on their way): their replies are read and dropped, so the callers after it get theirs."""
 
     def __init__(self, endpoint: Endpoint, nursery: trio.Nursery) -> None:
         self.endpoint = endpoint
         self._nursery = nursery
         self._line: _Line | None = None
         self._opening = trio.Lock()
+        #: Attempts to connect so far, and why the last one failed (None: it did not).
+        self._attempts = 0
+        self._failure: BaseException | None = None
         self._closed = False
 
     @classmethod
@@ -262,74 +294,91 @@ class Multiplexed:
         """Run `commands` in order, one round trip; their replies in order, an error reply as
         its coredis exception (not raised). Raises `ConnectionError`, `TimeoutError`, or the
         refusal of the connection's handshake."""
+        if not commands:
+            return []
         data = pack(commands)
         line = await self._open_line()
         waiting = _Waiting(len(commands))
         line.waiting.append(waiting)  # (in the order of the bytes: nothing awaited in between)
         line.outbox.append(data)
-        if not line.writing:
-            await self._write(line)
+        line.wake.set()
         with trio.move_on_at(deadline(self.endpoint.command_timeout)):
             await waiting.done.wait()
         if not waiting.done.is_set():
             self._break(line, TimeoutError(f"no reply from Redis within {self.endpoint.command_timeout} s"))
         if waiting.error is not None:  # (a fresh one for each caller: they share the cause)
-            raise type(waiting.error)(*waiting.error.args)
+            raise _fresh(waiting.error)
+        if any(isinstance(reply, coredis.exceptions.ReadOnlyError) for reply in waiting.replies):
+            self._break(line, coredis.exceptions.ConnectionError("Redis at this address is now a replica"))
         return waiting.replies
 
     async def _open_line(self) -> _Line:
         line = self._line
         if line is not None and line.broken is None:
             return line
-        if self._closed:
-            raise coredis.exceptions.ConnectionError("the connection was closed")
+        attempts = self._attempts
         async with self._opening:
+            if self._closed:
+                raise coredis.exceptions.ConnectionError("the connection was closed")
             line = self._line
-            if line is None or line.broken is not None:
-                line = _Line(await Connection.open(self.endpoint, resp3=True))
-                self._line = line
-                self._nursery.start_soon(self._read, line)
+            if line is not None and line.broken is None:
+                return line
+            if self._attempts != attempts and self._failure is not None:
+                raise _fresh(self._failure)  # (an attempt made while this caller waited failed)
+            self._attempts += 1
+            try:
+                connection = await Connection.open(self.endpoint, resp3=True)
+            except Exception as exc:
+                self._failure = exc
+                raise
+            self._failure = None
+            if self._closed:  # (closed while connecting)
+                await trio.aclose_forcefully(connection.stream)
+                raise coredis.exceptions.ConnectionError("the connection was closed")
+            line = self._line = _Line(connection)
+            self._nursery.start_soon(self._read, line)
+            self._nursery.start_soon(self._write, line)
             return line
 
     async def _write(self, line: _Line) -> None:
-        """Write what the line's callers queued, until nothing is left (callers arriving
-        meanwhile add theirs). Shielded, so that a cancelled caller never leaves half a
-        command written; bounded by the command timeout."""
-        line.writing = True
-        until = deadline(self.endpoint.command_timeout)
+        """Send what the line's callers queued, as they queue it, until the line breaks. Each
+        write is bounded by the command timeout."""
+        connection = line.connection
         try:
-            with trio.CancelScope(shield=True), trio.move_on_at(until) as scope:
-                while line.outbox and line.broken is None:
-                    data = b"".join(line.outbox)
-                    line.outbox.clear()
-                    await line.connection.send(data)
-            if scope.cancelled_caught:
+            while line.broken is None:
+                if not line.outbox:
+                    line.wake = trio.Event()
+                    await line.wake.wait()
+                    continue
+                data = b"".join(line.outbox)
+                line.outbox.clear()
+                with trio.move_on_at(deadline(self.endpoint.command_timeout)):
+                    await connection.send(data)
+                    continue
                 self._break(line, TimeoutError("writing to Redis timed out"))
-        except coredis.exceptions.ConnectionError as exc:
-            self._break(line, exc)
-        finally:
-            line.writing = False
+        except Exception as exc:
+            self._break(line, _lost(exc))
 
     async def _read(self, line: _Line) -> None:
         """The line's replies, to its callers in order, until it breaks."""
         connection = line.connection
-        gets = connection.reader.gets
+        waiting = line.waiting
         try:
             while line.broken is None:
-                reply = gets()
+                reply = connection.next_reply()
                 while reply is not False:
-                    if not line.waiting:  # pragma: no cover - Redis answers what it is asked
+                    if not waiting:  # pragma: no cover - Redis answers what it is asked
                         self._break(line, coredis.exceptions.ConnectionError("a reply nobody asked for"))
                         return
-                    waiting = line.waiting[0]
-                    waiting.replies.append(refusal(reply))
-                    if len(waiting.replies) == waiting.count:
-                        line.waiting.popleft()
-                        waiting.done.set()
-                    reply = gets()
+                    first = waiting[0]
+                    first.replies.append(reply)
+                    if len(first.replies) == first.count:
+                        waiting.popleft()
+                        first.done.set()
+                    reply = connection.next_reply()
                 await connection.receive()
-        except coredis.exceptions.ConnectionError as exc:
-            self._break(line, exc)
+        except Exception as exc:
+            self._break(line, _lost(exc))
 
     def _break(self, line: _Line, why: BaseException) -> None:
         """Stop using `line`: fail its callers with `why`, and close it."""
@@ -341,4 +390,28 @@ class Multiplexed:
             waiting.error = why
             waiting.done.set()
         line.outbox.clear()
-        self._nursery.start_soon(trio.aclose_forcefully, line.connection.stream)
+        line.wake.set()
+        if not self._nursery.cancel_scope.cancel_called:
+            self._nursery.start_soon(trio.aclose_forcefully, line.connection.stream)
+
+
+def _lost(exc: Exception) -> Exception:
+    """Why a line broke, as its callers see it: a coredis `ConnectionError` (or the
+    `TimeoutError`) as it is, anything else (a bug, a reply hiredis cannot read) as a
+    `ConnectionError` that says what it was."""
+    if isinstance(exc, coredis.exceptions.ConnectionError | TimeoutError):
+        return exc
+    lost = coredis.exceptions.ConnectionError(f"connection dropped after {type(exc).__name__}: {exc}")
+    lost.__cause__ = exc
+    return lost
+
+
+def _fresh(exc: BaseException) -> BaseException:
+    """A new exception like `exc`, for one more caller (each raise gets its own traceback),
+    caused by `exc`."""
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:  # pragma: no cover - an exception class that cannot be built from its args
+        return exc
+    copy.__cause__ = exc.__cause__
+    return copy

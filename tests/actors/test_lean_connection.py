@@ -6,6 +6,7 @@ classes the coordinator classifies (by code)."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 
 import coredis
@@ -165,3 +166,152 @@ async def test_a_call_after_the_connection_closed_is_refused(standalone_url: str
             await lean.call([("PING",)])
         with pytest.raises(coredis.exceptions.ConnectionError):
             await lean.call([("PING",)])
+
+
+async def test_sustained_load_longer_than_the_command_timeout_is_no_outage() -> None:
+    """Callers that keep the writer busy for several command timeouts in a row: each write is
+    bounded, not the stream of them, so a healthy connection is never broken by its load."""
+    with redis_servers.standalone() as url:
+        async with open_redis(url, command_timeout_s=0.3) as client, open_lean(client) as lean:
+            assert lean is not None
+            failures: list[BaseException] = []
+            calls = 0
+
+            async def loop(until: float) -> None:
+                nonlocal calls
+                while trio.current_time() < until:
+                    try:
+                        await lean.call([("PING",)])
+                        calls += 1
+                    except Exception as exc:
+                        failures.append(exc)
+
+            until = trio.current_time() + 1.0  # (three command timeouts)
+            async with trio.open_nursery() as nursery:
+                for _ in range(2000):
+                    nursery.start_soon(loop, until)
+            assert failures == []
+            assert calls > 2000
+            assert connections(url) == 2  # the coredis client's, and the one lean connection
+
+
+class FakeRedis:
+    """A listener that speaks just enough RESP to be one Redis in a test: it answers each
+    command read, on whichever connection, with the next of `answers` (bytes sent as they
+    are; None, or none left: say nothing), and counts the connections it accepted."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers = iter(answers)
+        self.accepted = 0
+        self.port = 0
+
+    async def serve(self, nursery: trio.Nursery) -> None:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, self._one, 0, host="127.0.0.1"))
+        self.port = listeners[0].socket.getsockname()[1]
+
+    async def _one(self, stream: trio.SocketStream) -> None:
+        self.accepted += 1
+        async with stream:
+            async for _ in stream:  # (each test command arrives in one read)
+                answer = next(self.answers, None)
+                if answer is not None:
+                    await stream.send_all(answer)
+
+    def endpoint(self, timeout: float = 0.3) -> Endpoint:
+        return Endpoint("127.0.0.1", self.port, connect_timeout=timeout, command_timeout=timeout)
+
+
+async def test_callers_queued_behind_a_failed_attempt_to_connect_fail_with_it() -> None:
+    """A Redis that accepts the connection and never answers its handshake: the callers that
+    waited for that one attempt fail with it, rather than each try again in turn (which made
+    the last of ten wait ten connect timeouts)."""
+    fake = FakeRedis([None])
+    async with trio.open_nursery() as nursery:
+        await fake.serve(nursery)
+        async with Multiplexed.open(fake.endpoint()) as lean:
+            failures: list[BaseException] = []
+
+            async def one() -> None:
+                try:
+                    await lean.call([("PING",)])
+                except coredis.exceptions.ConnectionError as exc:
+                    failures.append(exc)
+
+            async with trio.open_nursery() as callers:
+                for _ in range(10):
+                    callers.start_soon(one)
+            assert len(failures) == 10
+            assert all("timed out" in str(f) for f in failures)
+            assert fake.accepted == 1
+            with pytest.raises(coredis.exceptions.ConnectionError):  # a later call tries again
+                await lean.call([("PING",)])
+            assert fake.accepted == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refused_handshake_too_many_clients_is_an_outage() -> None:
+    fake = FakeRedis([b"-ERR max number of clients reached\r\n"])
+    async with trio.open_nursery() as nursery:
+        await fake.serve(nursery)
+        async with Multiplexed.open(fake.endpoint()) as lean:
+            with pytest.raises(StoreUnavailable, match="max number of clients"), redis_errors("a test call"):
+                await lean.call([("PING",)])
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reply_that_is_not_resp_breaks_the_connection_not_the_coordinator() -> None:
+    """hiredis cannot read it: the caller fails as an outage (nothing after it can be trusted),
+    the reader task ends cleanly (the nursery it runs in, the coordinator's, goes on), and the
+    next call connects afresh."""
+    fake = FakeRedis([b"+OK\r\n", b"!not resp\r\n", b"+OK\r\n", b"+PONG\r\n"])
+    async with trio.open_nursery() as nursery:
+        await fake.serve(nursery)
+        async with Multiplexed.open(fake.endpoint()) as lean:
+            with pytest.raises(StoreUnavailable, match="unreadable reply"), redis_errors("a test call"):
+                await lean.call([("PING",)])
+            assert await lean.call([("PING",)]) == ["PONG"]
+            assert fake.accepted == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_readonly_reply_reaches_its_caller_then_the_next_call_reconnects() -> None:
+    """Behind an address that moved to the new primary after a failover, the old connection
+    leads to a replica: it is closed once it said so, and the next call finds the primary."""
+    readonly = b"-READONLY You can't write against a read only replica.\r\n"
+    fake = FakeRedis([b"+OK\r\n", readonly, b"+OK\r\n", b":1\r\n"])
+    async with trio.open_nursery() as nursery:
+        await fake.serve(nursery)
+        async with Multiplexed.open(fake.endpoint()) as lean:
+            (reply,) = await lean.call([("INCR", "k")])
+            assert isinstance(reply, coredis.exceptions.ReadOnlyError)
+            assert await lean.call([("INCR", "k")]) == [1]
+            assert fake.accepted == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_value_that_is_not_utf8_is_an_error_reply_and_the_connection_stays(
+    standalone_url: str, prefix: str
+) -> None:
+    with redis.Redis.from_url(standalone_url) as r:
+        r.set(f"{prefix}:bytes", b"\xff\xfe")
+    async with open_redis(standalone_url) as client, open_lean(client) as lean:
+        assert lean is not None
+        await lean.call([("CLIENT", "SETNAME", "lean-utf8")])
+        before = connections(standalone_url)
+        odd, fine, listed = await lean.call(
+            [("GET", f"{prefix}:bytes"), ("PING",), ("MGET", f"{prefix}:bytes", f"{prefix}:none")]
+        )
+        assert isinstance(odd, coredis.exceptions.ResponseError)
+        assert "not UTF-8" in str(odd)
+        assert fine == "PONG"
+        assert isinstance(listed, coredis.exceptions.ResponseError)
+        assert await lean.call([("CLIENT", "GETNAME")]) == ["lean-utf8"]  # the same connection
+        assert connections(standalone_url) == before
+
+
+async def test_an_empty_call_answers_nothing_and_keeps_the_connection_in_step(standalone_url: str) -> None:
+    async with open_redis(standalone_url) as client, open_lean(client) as lean:
+        assert lean is not None
+        assert await lean.call([]) == []
+        assert await Scripts(client, lean).run([]) == []
+        assert await lean.call([("ECHO", "after")]) == ["after"]

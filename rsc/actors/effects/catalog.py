@@ -11,8 +11,8 @@ from collections.abc import Collection
 from typing import Any, Protocol
 
 from rsc.actors.effects.pipelines import RedisEffectsBase, guard
-from rsc.actors.store_connection import redis_errors
-from rsc.resp import Command
+from rsc.actors.store_connection import raise_first, redis_errors
+from rsc.resp import Command, refusal
 
 
 class StreamCatalog(Protocol):
@@ -104,7 +104,9 @@ class RedisStreamCatalog(RedisEffectsBase):
         if self.lean is not None:
             created = ("SADD", self.keys.created(owner), stream_prefix)
             creator = ("HSET", self.keys.creators, stream_prefix, owner)
-            await self._lean_call("recording a stream quota", [("MULTI",), created, creator, ("EXEC",)])
+            with redis_errors("recording a stream quota"):
+                replies = raise_first(await self.lean.call([("MULTI",), created, creator, ("EXEC",)]))
+                raise_first([refusal(reply) for reply in replies[-1] or ()])  # (refused inside EXEC)
             return
         with redis_errors("recording a stream quota"):
             async with self.redis.pipeline(transaction=True) as pipe:
