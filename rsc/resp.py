@@ -286,8 +286,12 @@ class Multiplexed:
                 yield multiplexed
             finally:
                 multiplexed._closed = True
-                if multiplexed._line is not None:
-                    multiplexed._break(multiplexed._line, coredis.exceptions.ConnectionError("closed"))
+                line = multiplexed._line
+                if line is not None:
+                    multiplexed._break(line, coredis.exceptions.ConnectionError("closed"))
+                    # (here, not only in `_break`: when the owner was cancelled, the nursery
+                    # is too and starts nothing; this closes even under cancellation)
+                    await trio.aclose_forcefully(line.connection.stream)
                 nursery.cancel_scope.cancel()
 
     async def call(self, commands: Sequence[Command]) -> list[Any]:

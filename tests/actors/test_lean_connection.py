@@ -315,3 +315,18 @@ async def test_an_empty_call_answers_nothing_and_keeps_the_connection_in_step(st
         assert await lean.call([]) == []
         assert await Scripts(client, lean).run([]) == []
         assert await lean.call([("ECHO", "after")]) == ["after"]
+
+
+async def test_an_owner_cancelled_while_the_connection_is_open_closes_it(standalone_url: str) -> None:
+    """A coordinator stopped by cancellation (its scope cancelled, as a test or a supervisor
+    does) leaves no socket open behind it."""
+    async with open_redis(standalone_url) as client:
+        with trio.CancelScope() as scope:
+            async with open_lean(client) as lean:
+                assert lean is not None
+                assert await lean.call([("PING",)]) == ["PONG"]
+                line = lean._line
+                assert line is not None
+                scope.cancel()
+                await trio.sleep_forever()
+        assert line.connection.stream.socket.fileno() == -1
