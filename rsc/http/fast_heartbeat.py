@@ -25,7 +25,6 @@ Any other method or path goes to Quart unchanged (so `GET /v1/heartbeat` is stil
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ from rsc.http import exchange
 from rsc.http.answers import ErrorAnswer, error_answer, http_error_answer
 from rsc.http.authenticate import Gate
 from rsc.http.heartbeat_routes import HeartbeatAnswers
-from rsc.http.json_io import parse_json
+from rsc.http.json_io import dump_json, parse_json
 from rsc.http.standby import standby_answer
 
 #: ASGI's scope, receive and send (hypercorn's typed dicts, read as plain mappings here).
@@ -140,7 +139,7 @@ class HeartbeatFastPath:
         elif refused is not None:
             await _send_error(send, current, refused)
         elif answer is not _GONE:
-            await _send(send, current, 200, json.dumps(answer, separators=(",", ":")).encode(), ())
+            await _send(send, current, 200, dump_json(answer), ())
 
     async def _work(
         self, receive: Receive, length: bytes | None, path: str, answer_of: AnswerOf
@@ -193,7 +192,7 @@ class HeartbeatFastPath:
 
 
 async def _send_error(send: Send, current: exchange.Exchange, answer: ErrorAnswer) -> None:
-    body = json.dumps(answer.body(), separators=(",", ":")).encode()
+    body = dump_json(answer.body())
     headers = tuple(
         (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers
     )

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
+import orjson
 from quart import Response, request
 
 from rsc.events import codec
@@ -41,7 +42,23 @@ def parse_json(data: bytes | str) -> Any:
     """`data` as JSON.
 
     Raises `ApiError` (400) if it is not JSON, nests deeper than `MAX_JSON_DEPTH` or holds a
-    lone surrogate."""
+    lone surrogate.
+
+    UTF-8 bytes are parsed by orjson first, in C; whatever it refuses (not JSON, a lone
+    surrogate, a byte order mark, another encoding, nesting past its own limit) goes the
+    standard library's way below, which says why, or accepts what orjson would not (UTF-16,
+    a BOM). A body with a run of 19 digits or more goes that way at once: orjson reads an
+    integer past 64 bits as a float, the standard library as the integer it is."""
+    if isinstance(data, bytes) and _NINETEEN_ZEROS not in data.translate(_DIGITS_AS_ZERO):
+        try:
+            value = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass  # (the standard library's way says why)
+        else:  # (orjson refuses lone surrogates, NaN and Infinity: the same values as below)
+            brackets = data.count(b"[") + data.count(b"{")
+            if brackets > MAX_JSON_DEPTH and nests_deeper(value, MAX_JSON_DEPTH):
+                raise _too_deep()
+            return value
     try:
         # Strict decoding (json.loads would let encoded surrogates through): not text, not JSON.
         text = data if isinstance(data, str) else data.decode(json.detect_encoding(data))
@@ -62,13 +79,30 @@ def parse_json(data: bytes | str) -> Any:
                 400, "MALFORMED_JSON", "a string holds a lone surrogate (\\ud800-\\udfff), which is not text"
             )
     if too_deep:
-        raise ApiError(
-            400,
-            "JSON_TOO_DEEP",
-            f"the body nests deeper than {MAX_JSON_DEPTH} levels",
-            {"limit": MAX_JSON_DEPTH},
-        )
+        raise _too_deep()
     return value
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        400, "JSON_TOO_DEEP", f"the body nests deeper than {MAX_JSON_DEPTH} levels", {"limit": MAX_JSON_DEPTH}
+    )
+
+
+#: Every digit as a zero, then 19 zeros in a row: 19 digits in a row, maybe an integer past 64
+#: bits (see `parse_json`). Ten times faster than a regular expression on a 25 KB batch.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_ZEROS = b"0" * 19
+
+
+def dump_json(value: Any) -> bytes:
+    """`value` (dicts, lists and scalars) as compact JSON, by orjson in C (non-ASCII text as
+    UTF-8); what orjson cannot write (an integer past 64 bits, a lone surrogate) by the
+    standard library, as before. Raises `TypeError` for a value that is not JSON."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # (orjson.JSONEncodeError is one)
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 #: A JSON escape of a surrogate; only bodies with one need the full check below.
@@ -201,4 +235,4 @@ def json_response(value: Any, plain: bool = False) -> Response:
 
     Raises what the wire converter raises for a value that is no wire type (a bug)."""
     data = value if plain else codec.wire.unstructure(value)
-    return Response(json.dumps(data, separators=(",", ":")), content_type="application/json")
+    return Response(dump_json(data), content_type="application/json")
