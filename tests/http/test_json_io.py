@@ -6,9 +6,12 @@ where it cannot, with one outcome either way; answers written by orjson where it
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +123,13 @@ def test_what_orjson_cannot_write_is_written_as_before() -> None:
     assert dump_json({"n": 2**70}) == b'{"n":1180591620717411303424}'
     assert json.loads(dump_json({"s": "\ud800"})) == {"s": "\ud800"}
     assert dump_json({"a": [1, 2.5, None, True, "é"]}) == '{"a":[1,2.5,null,true,"é"]}'.encode()
+
+
+def test_what_the_standard_library_refused_to_write_is_still_refused() -> None:
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    for value in (Point(1), datetime.datetime(2026, 12, 5), datetime.date(2026, 12, 5)):
+        with pytest.raises(TypeError):
+            dump_json({"v": value})
