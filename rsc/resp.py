@@ -165,9 +165,7 @@ class Connection:
             refused = refusal(reply)
             if isinstance(refused, coredis.exceptions.ConnectionError):  # (too many clients)
                 raise refused
-            if isinstance(
-                reply, Exception
-            ):  # (its code kept in the text, as `rsc.connect.error_code` reads it)
+            if isinstance(reply, Exception):  # (its code in the text: `rsc.connect.error_code`)
                 raise coredis.exceptions.ResponseError(str(reply))
 
     async def send(self, data: bytes) -> None:
