@@ -40,9 +40,13 @@ class CreateGroup:
     now_ms: int = 0
 
 
-@attrs.frozen
+@attrs.define(unsafe_hash=True)
 class Heartbeat:
     """One member's heartbeat (PROTOCOL section 3), stamped with arrival time.
+
+    Made for every heartbeat, so a plain attrs class (as the wire types are, `rsc.events.wire`):
+    a frozen one's constructor costs three times as much. Nothing changes one once made (a
+    changed copy is `attrs.evolve`'s).
 
     `member_epoch` is 0 to join, -1 to leave, else the epoch the member last
     received. `owned` is what it reads now; `revoked` acknowledges revokes.

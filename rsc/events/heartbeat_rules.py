@@ -101,12 +101,24 @@ def member_key(caller: Credential | None, body: HeartbeatRequest) -> str:
 
     Raises `InvalidCommand` for a name or id that is not well formed (checked first: a key is
     bounded and unambiguous)."""
+    return keyed_by(caller, member_key_suffix(body))
+
+
+def member_key_suffix(body: HeartbeatRequest) -> str:
+    """`member_key` without the caller's part (its stream, group, member id and incarnation),
+    which depends on the body alone (`keyed_by` puts the caller's in front). Raises
+    `InvalidCommand` as `member_key` does."""
     check_name(body.stream_prefix, "streamPrefix")
     check_name(body.consumer_group, "consumerGroup")
     check_id(body.member_id, "memberId")
     check_id(body.incarnation, "incarnation")
-    owner = caller.name if caller is not None else quotas.ANONYMOUS
-    return "\n".join((owner, body.stream_prefix, body.consumer_group, body.member_id, body.incarnation))
+    return "\n".join((body.stream_prefix, body.consumer_group, body.member_id, body.incarnation))
+
+
+def keyed_by(caller: Credential | None, suffix: str) -> str:
+    """A party's rate-limit key: the credential that speaks for it (or `quotas.ANONYMOUS`)
+    before its own `suffix`. Raises nothing."""
+    return (caller.name if caller is not None else quotas.ANONYMOUS) + "\n" + suffix
 
 
 def producer_key(caller: Credential | None, body: ProducerHeartbeatRequest) -> str:
@@ -115,8 +127,7 @@ def producer_key(caller: Credential | None, body: ProducerHeartbeatRequest) -> s
     Raises `InvalidCommand` for a stream prefix or producer id that is not well formed."""
     check_name(body.stream_prefix, "streamPrefix")
     check_id(body.producer_id, "producerId")
-    owner = caller.name if caller is not None else quotas.ANONYMOUS
-    return "\n".join((owner, body.stream_prefix, body.producer_id))
+    return keyed_by(caller, body.stream_prefix + "\n" + body.producer_id)
 
 
 def answered_in(response: R, requested: int, level: int) -> R:

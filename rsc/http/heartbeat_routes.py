@@ -19,15 +19,18 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
+from rsc.actors.actor import Reply
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.connect import first_leaf
 from rsc.events import heartbeat_rules, longpoll
-from rsc.events.auth import Action
+from rsc.events.auth import Action, Credential
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError, http_status
+from rsc.events.events import GroupEvent, HeartbeatRejected
 from rsc.events.group import validate_heartbeat
+from rsc.events.group_state import GroupState
 from rsc.events.heartbeat_rules import answered_json
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
@@ -38,6 +41,7 @@ from rsc.http.held_answers import RegistryHold
 from rsc.http.json_io import error_body, json_body, json_response, structure
 from rsc.http.metrics import Metrics, refusal_details
 from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
+from rsc.http.steady_heartbeats import Remembered, SteadyHeartbeats
 
 
 @attrs.frozen
@@ -110,6 +114,8 @@ class HeartbeatAnswers:
         self.holds = holds
         self.auto_groups = settings.auto_create_groups
         self.max_batch_items = settings.max_batch_items
+        #: Each member's last item of a batch, parsed and answered (`rsc.http.steady_heartbeats`).
+        self.steady = SteadyHeartbeats()
         #: The `rsc_heartbeat_seconds{endpoint}` series of each.
         self.single_seconds = single_seconds
         self.batch_seconds = batch_seconds
@@ -160,6 +166,7 @@ class HeartbeatAnswers:
                 self.holds,
                 self.quota_of,
                 self.rates,
+                self.steady,
             )
         if held:  # long polls: the answer goes once every held item has its own
             level = self.registry.known_feature_level()
@@ -188,17 +195,39 @@ def _check_batch(batch: HeartbeatBatch, max_batch_items: int) -> None:
 
 
 def _batch_item(
-    raw: Any, gate: Gate, allowed: set[str], now_ms: int, max_members: int
-) -> tuple[HeartbeatRequest, Heartbeat]:
-    """One item of a batch, parsed, authorized (once per stream) and checked; a join carries
-    the caller's `members_per_group` quota."""
-    body = structure(raw, HeartbeatRequest)
+    raw: Any,
+    gate: Gate,
+    allowed: set[str],
+    now_ms: int,
+    max_members: int,
+    steady: SteadyHeartbeats,
+    caller: Credential | None,
+    rates: RateLimits,
+) -> tuple[HeartbeatRequest, Heartbeat, Remembered | None]:
+    """One item of a batch, parsed, authorized (once per stream), checked and rate limited (its
+    member's own limit); a join carries the caller's `members_per_group` quota. An item its
+    member sent last time too is not parsed or checked again (`SteadyHeartbeats`); what was
+    remembered of it comes back (None: nothing)."""
+    slot, text, known = steady.parsed(raw)
+    if known is not None:
+        body, suffix = known.body, known.key_suffix
+    else:
+        body = structure(raw, HeartbeatRequest)
+        suffix = ""
     if body.stream_prefix not in allowed:
         gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
         allowed.add(body.stream_prefix)
     command = body.to_command(now_ms)
-    validate_heartbeat(command, ids=False)
-    return body, heartbeat_rules.with_join_quota(command, max_members)
+    if known is None:
+        validate_heartbeat(command, ids=False)
+        command = heartbeat_rules.with_join_quota(command, max_members)
+        if heartbeat_rules.limited(body):
+            suffix = heartbeat_rules.member_key_suffix(body)
+        if slot is not None:
+            known = steady.remember(slot, text, body, suffix)
+    if heartbeat_rules.limited(body):  # each member its own limit
+        rates.check(PARTY, heartbeat_rules.keyed_by(caller, suffix))
+    return body, command, known
 
 
 async def _answer_batch(
@@ -210,10 +239,13 @@ async def _answer_batch(
     holds: RegistryHold,
     quota_of: QuotaTable,
     rates: RateLimits,
+    steady: SteadyHeartbeats,
 ) -> tuple[list[Any], dict[int, _Hold]]:
     """Answer every item; the items of one group go to its actor together, in order.
 
-    Items that ask for a long poll and are worth holding come back apart (`holds.hold`)."""
+    Items that ask for a long poll and are worth holding come back apart (`holds.hold`). An
+    item its member sent last time too, answered from the very state it was answered from
+    then, gets the same answer (`SteadyHeartbeats`)."""
     _check_batch(batch, max_batch_items)
     results: list[Any] = [None] * len(batch.heartbeats)
     now_ms = registry.clock.now_ms()
@@ -225,21 +257,22 @@ async def _answer_batch(
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
     bodies: dict[int, HeartbeatRequest] = {}
     allowed: set[str] = set()  # the streams already authorized in this batch
+    remembered: dict[int, Remembered] = {}
     for index, raw in enumerate(batch.heartbeats):
         try:
-            body, command = _batch_item(raw, gate, allowed, now_ms, quota.limits.members_per_group)
-            if heartbeat_rules.limited(body):  # each member its own limit
-                rates.check(PARTY, heartbeat_rules.member_key(caller, body))
+            body, command, known = _batch_item(
+                raw, gate, allowed, now_ms, quota.limits.members_per_group, steady, caller, rates
+            )
         except ApiError as error:  # a refused caller (`Refused`) too
             results[index] = error_body(error.code, error.message, error.details, error.status)
             continue
         except CoordinationError as error:
-            results[index] = error_body(
-                error.code, error.message, refusal_details(error), http_status(error.code)
-            )
+            results[index] = _refused(error)
             continue
         by_group.setdefault((body.stream_prefix, body.consumer_group), []).append((index, command))
         bodies[index] = body
+        if known is not None and not body.wait_ms:  # (a long poll's answer is never kept)
+            remembered[index] = known
     held: dict[int, _Hold] = {}
 
     async def one_group(key: tuple[str, str], items: list[tuple[int, Heartbeat]]) -> None:
@@ -259,16 +292,16 @@ async def _answer_batch(
             )
         except CoordinationError as error:
             for index, _ in items:
-                results[index] = error_body(
-                    error.code, error.message, refusal_details(error), http_status(error.code)
-                )
+                results[index] = _refused(error)
             return
         level = registry.known_feature_level()
         for (index, command), reply in zip(items, replies, strict=True):
             if isinstance(reply, CoordinationError):
-                results[index] = error_body(
-                    reply.code, reply.message, refusal_details(reply), http_status(reply.code)
-                )
+                results[index] = _refused(reply)
+                continue
+            known = remembered.get(index)
+            if known is not None and not any(type(e) is HeartbeatRejected for e in reply.events):
+                results[index] = _steady_answer(steady, known, reply, command, level)
                 continue
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):
@@ -277,6 +310,28 @@ async def _answer_batch(
 
     await _each_group(by_group, one_group)
     return results, held
+
+
+def _refused(error: CoordinationError) -> dict[str, Any]:
+    """An item's JSON error for a refusal of its group."""
+    return error_body(error.code, error.message, refusal_details(error), http_status(error.code))
+
+
+def _steady_answer(
+    steady: SteadyHeartbeats,
+    known: Remembered,
+    reply: Reply[GroupState, GroupEvent],
+    command: Heartbeat,
+    level: int,
+) -> dict[str, Any]:
+    """The answer to a remembered item that was not refused: as last time if the group's state
+    is the very same object (and the level too), else rendered and kept."""
+    answer = steady.answer(known, reply.state, level)
+    if answer is None:
+        response = respond(reply.state, command, reply.events)
+        answer = answered_json(response, known.body.protocol_version, level)
+        steady.keep_answer(known, reply.state, level, answer)
+    return answer
 
 
 async def _each_group(

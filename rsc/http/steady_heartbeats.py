@@ -1,0 +1,113 @@
+"""Steady heartbeats parsed and answered once: the batch path's memo of each member's last item.
+
+A fleet at rest sends the same heartbeat over and over: a member that owns its shards and has
+nothing to report repeats its epoch, metadata version and owned shards byte for byte, and its
+group's state does not change (a lease renewal is not a state change). For such an item the
+batch path (`rsc.http.heartbeat_routes`) would parse, check and render exactly what it did a
+heartbeat ago. `SteadyHeartbeats` keeps, per member, what that cost the last time:
+
+* the item's JSON as orjson writes it (an exact form: `1`, `1.0` and `true` differ), the
+  parsed request, and its rate-limit key without the caller's name
+  (`heartbeat_rules.member_key_suffix`) — all of it a pure function of the item, so an
+  identical item reuses them (`parsed`); only an item that passed every check of the body is
+  remembered (`remember`), and only a member already in its group (epoch above 0): a join
+  carries its caller's quota, a leave is never repeated;
+* the answer rendered for it (plain JSON, which nothing changes once made) with the group
+  state and feature level it was rendered from. `rsc.events.respond` reads nothing of the
+  command but its member id, epoch and metadata version, which the item fixes, so the same
+  item against the very same state object (a weak reference: a state that changed is gone)
+  at the same level is answered the same (`answer`, `keep_answer`). A refused heartbeat or a
+  long poll is never answered from here.
+
+What is never skipped: authorization (once per stream per batch, as before), the caller's and
+the member's rate limits, the quota, the decision itself (the lease renewal goes to the
+group's actor as always). The memo holds one entry per member (the last item it sent, about a
+kilobyte with its answer) and at most `limit` entries: past that it starts afresh, so members
+that left do not pile up.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import orjson
+
+from rsc.events.wire import HeartbeatRequest
+
+#: Members remembered before the memo starts afresh (about a kilobyte each).
+DEFAULT_LIMIT = 1 << 17
+
+
+class Remembered:
+    """One member's last item: its JSON, the request parsed from it and its rate-limit key's
+    suffix; and the answer last rendered for it, from which state, at which level."""
+
+    __slots__ = ("answer", "body", "key_suffix", "level", "state", "text")
+
+    def __init__(self, text: bytes, body: HeartbeatRequest, key_suffix: str) -> None:
+        self.text = text
+        self.body = body
+        self.key_suffix = key_suffix
+        self.answer: dict[str, Any] | None = None
+        self.state: weakref.ref[Any] | None = None
+        self.level = 0
+
+
+#: Where a member's item is remembered: its stream prefix, group and member id.
+Slot = tuple[str, str, str]
+
+
+class SteadyHeartbeats:
+    """The memo (see the module)."""
+
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self._items: dict[Slot, Remembered] = {}
+        #: Items found unchanged and answers reused (for tests and benchmarks).
+        self.parse_hits = 0
+        self.answer_hits = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def parsed(self, raw: dict[str, Any]) -> tuple[Slot | None, bytes, Remembered | None]:
+        """Where `raw` (one item of a batch, a JSON object) would be remembered, its exact JSON,
+        and what was remembered for it if the member's last item was the same. `(None, b"",
+        None)` for an item without string names or that orjson cannot write: never remembered.
+        Raises nothing."""
+        stream, group, member = raw.get("streamPrefix"), raw.get("consumerGroup"), raw.get("memberId")
+        if type(stream) is not str or type(group) is not str or type(member) is not str:
+            return None, b"", None
+        try:
+            text = orjson.dumps(raw)
+        except TypeError:  # (an integer past 64 bits: parsed the long way each time)
+            return None, b"", None
+        slot = (stream, group, member)
+        known = self._items.get(slot)
+        if known is not None and known.text == text:
+            self.parse_hits += 1
+            return slot, text, known
+        return slot, text, None
+
+    def remember(self, slot: Slot, text: bytes, body: HeartbeatRequest, key_suffix: str) -> Remembered | None:
+        """Remember the item `text` of a member already in its group, parsed as `body`, every
+        check of the body passed; None (nothing remembered) for a join or a leave."""
+        if body.member_epoch <= 0:
+            return None
+        if len(self._items) >= self.limit and slot not in self._items:
+            self._items.clear()
+        known = self._items[slot] = Remembered(text, body, key_suffix)
+        return known
+
+    def answer(self, known: Remembered, state: Any, level: int) -> dict[str, Any] | None:
+        """The answer rendered for `known`'s item from this very `state` at `level`, if any."""
+        ref = known.state
+        if known.answer is None or ref is None or known.level != level or ref() is not state:
+            return None
+        self.answer_hits += 1
+        return known.answer
+
+    def keep_answer(self, known: Remembered, state: Any, level: int, answer: dict[str, Any]) -> None:
+        """Keep `answer` (plain JSON), rendered for `known`'s item from `state` at `level`."""
+        known.answer, known.state, known.level = answer, weakref.ref(state), level
