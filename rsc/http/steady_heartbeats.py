@@ -61,8 +61,9 @@ Slot = tuple[str, str, str]
 class SteadyHeartbeats:
     """The memo (see the module)."""
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
-        self.limit = limit
+    def __init__(self, limit: int | None = None) -> None:
+        #: At most this many members remembered (0: none, nothing is remembered).
+        self.limit = DEFAULT_LIMIT if limit is None else limit
         self._items: dict[Slot, Remembered] = {}
         #: Items found unchanged and answers reused (for tests and benchmarks).
         self.parse_hits = 0
@@ -93,10 +94,10 @@ class SteadyHeartbeats:
     def remember(self, slot: Slot, text: bytes, body: HeartbeatRequest, key_suffix: str) -> Remembered | None:
         """Remember the item `text` of a member already in its group, parsed as `body`, every
         check of the body passed; None (nothing remembered) for a join or a leave."""
-        if body.member_epoch <= 0:
+        if body.member_epoch <= 0 or self.limit <= 0:
             return None
         if len(self._items) >= self.limit and slot not in self._items:
-            self._items.clear()
+            self._items.clear()  # (members that left do not pile up)
         known = self._items[slot] = Remembered(text, body, key_suffix)
         return known
 
