@@ -38,7 +38,7 @@ from rsc.http.authenticate import Gate
 from rsc.http.callers import QuotaTable, caller_key
 from rsc.http.errors import ApiError
 from rsc.http.held_answers import RegistryHold
-from rsc.http.json_io import error_body, json_body, json_response, structure
+from rsc.http.json_io import EncodedJSON, error_body, json_body, json_response, structure
 from rsc.http.metrics import Metrics, refusal_details
 from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
 from rsc.http.steady_heartbeats import Remembered, SteadyHeartbeats
@@ -323,14 +323,14 @@ def _steady_answer(
     reply: Reply[GroupState, GroupEvent],
     command: Heartbeat,
     level: int,
-) -> dict[str, Any]:
+) -> EncodedJSON:
     """The answer to a remembered item that was not refused: as last time if the group's state
     is the very same object (and the level too), else rendered and kept."""
     answer = steady.answer(known, reply.state, level)
     if answer is None:
         response = respond(reply.state, command, reply.events)
-        answer = answered_json(response, known.body.protocol_version, level)
-        steady.keep_answer(known, reply.state, level, answer)
+        answered = answered_json(response, known.body.protocol_version, level)
+        answer = steady.keep_answer(known, reply.state, level, answered)
     return answer
 
 

@@ -12,7 +12,7 @@ heartbeat ago. `SteadyHeartbeats` keeps, per member, what that cost the last tim
   identical item reuses them (`parsed`); only an item that passed every check of the body is
   remembered (`remember`), and only a member already in its group (epoch above 0): a join
   carries its caller's quota, a leave is never repeated;
-* the answer rendered for it (plain JSON, which nothing changes once made) with the group
+* the answer rendered for it (as its JSON, `rsc.http.json_io.EncodedJSON`) with the group
   state and feature level it was rendered from. `rsc.events.respond` reads nothing of the
   command but its member id, epoch and metadata version, which the item fixes, so the same
   item against the very same state object (a weak reference: a state that changed is gone)
@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from rsc.events.wire import HeartbeatRequest
+from rsc.http.json_io import EncodedJSON, dump_json
 
 #: Members remembered before the memo starts afresh (about a kilobyte each).
 DEFAULT_LIMIT = 1 << 17
@@ -49,7 +50,7 @@ class Remembered:
         self.text = text
         self.body = body
         self.key_suffix = key_suffix
-        self.answer: dict[str, Any] | None = None
+        self.answer: EncodedJSON | None = None
         self.state: weakref.ref[Any] | None = None
         self.level = 0
 
@@ -98,10 +99,11 @@ class SteadyHeartbeats:
             return None
         if len(self._items) >= self.limit and slot not in self._items:
             self._items.clear()  # (members that left do not pile up)
-        known = self._items[slot] = Remembered(text, body, key_suffix)
+        # (a copy: orjson's own bytes keep the whole buffer it wrote them in, 4 KB)
+        known = self._items[slot] = Remembered(bytes(memoryview(text)), body, key_suffix)
         return known
 
-    def answer(self, known: Remembered, state: Any, level: int) -> dict[str, Any] | None:
+    def answer(self, known: Remembered, state: Any, level: int) -> EncodedJSON | None:
         """The answer rendered for `known`'s item from this very `state` at `level`, if any."""
         ref = known.state
         if known.answer is None or ref is None or known.level != level or ref() is not state:
@@ -109,6 +111,9 @@ class SteadyHeartbeats:
         self.answer_hits += 1
         return known.answer
 
-    def keep_answer(self, known: Remembered, state: Any, level: int, answer: dict[str, Any]) -> None:
-        """Keep `answer` (plain JSON), rendered for `known`'s item from `state` at `level`."""
-        known.answer, known.state, known.level = answer, weakref.ref(state), level
+    def keep_answer(self, known: Remembered, state: Any, level: int, answer: Any) -> EncodedJSON:
+        """Keep `answer` (plain JSON), rendered for `known`'s item from `state` at `level`, as its
+        JSON; that JSON."""
+        encoded = EncodedJSON(bytes(memoryview(dump_json(answer))))  # (a copy: see `remember`)
+        known.answer, known.state, known.level = encoded, weakref.ref(state), level
+        return encoded

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rsc.http.errors import ApiError
-from rsc.http.json_io import MAX_JSON_DEPTH, dump_json, parse_json
+from rsc.http.json_io import MAX_JSON_DEPTH, EncodedJSON, dump_json, parse_json
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -133,3 +133,20 @@ def test_what_the_standard_library_refused_to_write_is_still_refused() -> None:
     for value in (Point(1), datetime.datetime(2026, 12, 5), datetime.date(2026, 12, 5)):
         with pytest.raises(TypeError):
             dump_json({"v": value})
+
+
+@SETTINGS
+@given(st.lists(json_values, max_size=4), st.booleans())
+def test_json_already_written_goes_in_as_it_is_by_either_way(values: list[Any], big: bool) -> None:
+    # (an integer past 64 bits elsewhere in the answer sends it the standard library's way)
+    encoded = [EncodedJSON(dump_json(v)) for v in values]
+    answer = {"responses": encoded, "n": 2**70 if big else 1}
+    assert json.loads(dump_json(answer)) == {"responses": values, "n": 2**70 if big else 1}
+    for refused in (object(), b"bytes are not JSON"):
+        with pytest.raises(TypeError):
+            dump_json({"responses": [*encoded, refused], "n": 2**70 if big else 1})
+
+
+def test_json_already_written_takes_orjsons_way() -> None:
+    # (the standard library would write the é as \u00e9: the answer went orjson's way)
+    assert dump_json([EncodedJSON(b'{"a":[1]}'), "é"]) == '[{"a":[1]},"é"]'.encode()

@@ -6,6 +6,7 @@ its member sent before; and the memo's own rules, on their own."""
 from __future__ import annotations
 
 import gc
+import json
 from typing import Any, ClassVar
 
 import attrs
@@ -213,8 +214,8 @@ def test_an_answer_is_reused_only_for_the_very_same_state_and_level() -> None:
     assert known is not None
     state, other = _State(), _State()
     assert memo.answer(known, state, 5) is None
-    answer = {"status": "OK"}
-    memo.keep_answer(known, state, 5, answer)
+    answer = memo.keep_answer(known, state, 5, {"status": "OK", "memberEpoch": 3})
+    assert json.loads(answer.text) == {"status": "OK", "memberEpoch": 3}
     assert memo.answer(known, state, 5) is answer
     assert memo.answer(known, other, 5) is None
     assert memo.answer(known, state, 4) is None
