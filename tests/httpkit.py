@@ -13,6 +13,7 @@ import httpx
 import trio
 
 from rsc.config import Settings
+from rsc.events.auth import Credential, credential
 from rsc.http.service import serve
 
 #: Leases long enough that a loaded machine never fences a test's member by accident.
@@ -44,6 +45,15 @@ async def _until_active(http: httpx.AsyncClient, timeout_s: float = 15.0) -> Non
     with trio.move_on_after(timeout_s):
         while (await http.get("/readyz")).status_code != 200:
             await trio.sleep(0.05)
+
+
+def workers_and_others(prefix: str, token: str, other: str) -> tuple[Credential, Credential]:
+    """Two member credentials: `workers` (`token`) may use and create the streams of `prefix`,
+    `others` (`other`) only streams named `elsewhere-*`."""
+    return (
+        credential("workers", ["member"], token=token, streams=[f"{prefix}*"], create=True),
+        credential("others", ["member"], token=other, streams=["elsewhere-*"]),
+    )
 
 
 def hb(prefix: str, member: str, epoch: int, **extra: Any) -> dict[str, Any]:

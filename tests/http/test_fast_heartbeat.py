@@ -21,7 +21,7 @@ from rsc.events.auth import credential
 from rsc.http import fast_heartbeat
 from rsc.http.service import serve
 from tests import redis_servers
-from tests.httpkit import FAST, hb, serve_on
+from tests.httpkit import FAST, hb, serve_on, workers_and_others
 
 TOKEN = "fast-member-token-0123456789"
 OTHER = "fast-other-token-0123456789"
@@ -76,14 +76,10 @@ def _body(value: Any) -> dict[str, Any]:
 
 
 async def test_answers_agree_on_every_kind_of_request(standalone_url: str, prefix: str) -> None:
-    credentials = (
-        credential("workers", ["member"], token=TOKEN, streams=[f"{prefix}*"], create=True),
-        credential("others", ["member"], token=OTHER, streams=["elsewhere-*"]),
-    )
     settings = attrs.evolve(
         FAST,
         redis_url=standalone_url,
-        credentials=credentials,
+        credentials=workers_and_others(prefix, TOKEN, OTHER),
         max_body_bytes=4096,
         quota_members_per_group=2,
         max_batch_items=4,

@@ -13,11 +13,10 @@ import attrs
 import httpx
 import pytest
 
-from rsc.events.auth import credential
 from rsc.events.wire import HeartbeatRequest
 from rsc.http import heartbeat_routes, steady_heartbeats
 from rsc.http.steady_heartbeats import SteadyHeartbeats
-from tests.httpkit import FAST, beat, hb, serve_on
+from tests.httpkit import FAST, beat, hb, serve_on, workers_and_others
 
 TOKEN = "steady-member-token-0123456789"
 OTHER = "steady-other-token-0123456789"
@@ -119,14 +118,10 @@ async def test_the_memo_changes_no_answer(
 async def test_a_remembered_item_is_still_authorized_and_rate_limited(
     standalone_url: str, prefix: str
 ) -> None:
-    credentials = (
-        credential("workers", ["member"], token=TOKEN, streams=[f"{prefix}*"], create=True),
-        credential("others", ["member"], token=OTHER, streams=["elsewhere-*"]),
-    )
     settings = attrs.evolve(
         FAST,
         redis_url=standalone_url,
-        credentials=credentials,
+        credentials=workers_and_others(prefix, TOKEN, OTHER),
         rate_limit_party_per_interval=1,
         rate_limit_party_burst=4,
         rate_limit_heartbeats_per_s=0,
