@@ -41,7 +41,7 @@ from rsc.http.held_answers import RegistryHold
 from rsc.http.json_io import EncodedJSON, error_body, json_body, json_response, structure
 from rsc.http.metrics import Metrics, refusal_details
 from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
-from rsc.http.steady_heartbeats import Remembered, SteadyHeartbeats
+from rsc.http.steady_heartbeats import Remembered, Slot, SteadyHeartbeats
 
 
 @attrs.frozen
@@ -52,6 +52,8 @@ class HeartbeatBatch:
 
 #: A batch item worth holding: its request, command, first answer and the group's change version.
 _Hold = tuple[HeartbeatRequest, Heartbeat, HeartbeatResponse, int]
+#: An item to remember once its group accepted it: its slot, its JSON, its rate-limit key's suffix.
+_Unremembered = tuple[Slot, bytes, str]
 
 
 def add_heartbeat_routes(
@@ -203,11 +205,12 @@ def _batch_item(
     steady: SteadyHeartbeats,
     caller: Credential | None,
     rates: RateLimits,
-) -> tuple[HeartbeatRequest, Heartbeat, Remembered | None]:
+) -> tuple[HeartbeatRequest, Heartbeat, Remembered | _Unremembered | None]:
     """One item of a batch, parsed, authorized (once per stream), checked and rate limited (its
     member's own limit); a join carries the caller's `members_per_group` quota. An item its
-    member sent last time too is not parsed or checked again (`SteadyHeartbeats`); what was
-    remembered of it comes back (None: nothing)."""
+    member sent last time too is not parsed or checked again (`SteadyHeartbeats`): what was
+    remembered of it comes back; else what to remember once its group accepted it (None:
+    nothing to remember)."""
     slot, text, known = steady.parsed(raw)
     if known is not None:
         body, suffix = known.body, known.key_suffix
@@ -218,16 +221,17 @@ def _batch_item(
         gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
         allowed.add(body.stream_prefix)
     command = body.to_command(now_ms)
+    later: _Unremembered | None = None
     if known is None:
         validate_heartbeat(command, ids=False)
         command = heartbeat_rules.with_join_quota(command, max_members)
         if heartbeat_rules.limited(body):
             suffix = heartbeat_rules.member_key_suffix(body)
-        if slot is not None:
-            known = steady.remember(slot, text, body, suffix)
+        if slot is not None and body.member_epoch > 0:
+            later = (slot, text, suffix)
     if heartbeat_rules.limited(body):  # each member its own limit
         rates.check(PARTY, heartbeat_rules.keyed_by(caller, suffix))
-    return body, command, known
+    return body, command, known if known is not None else later
 
 
 async def _answer_batch(
@@ -257,7 +261,7 @@ async def _answer_batch(
     by_group: dict[tuple[str, str], list[tuple[int, Heartbeat]]] = {}
     bodies: dict[int, HeartbeatRequest] = {}
     allowed: set[str] = set()  # the streams already authorized in this batch
-    remembered: dict[int, Remembered] = {}
+    remembered: dict[int, Remembered | _Unremembered] = {}
     for index, raw in enumerate(batch.heartbeats):
         try:
             body, command, known = _batch_item(
@@ -301,8 +305,11 @@ async def _answer_batch(
                 continue
             known = remembered.get(index)
             if known is not None and not any(type(e) is HeartbeatRejected for e in reply.events):
-                results[index] = _steady_answer(steady, known, reply, command, level)
-                continue
+                if not isinstance(known, Remembered):  # accepted: remembered from now on
+                    known = steady.remember(*known, bodies[index])
+                if known is not None:
+                    results[index] = _steady_answer(steady, known, reply, command, level)
+                    continue
             response = respond(reply.state, command, reply.events)
             if longpoll.should_hold(bodies[index], response):
                 held[index] = (bodies[index], command, response, version)

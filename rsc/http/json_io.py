@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 import typing
 from typing import Any, TypeVar
@@ -162,8 +163,17 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent, refused if it is past what a double holds
+    (`1e400` would read as infinity, which no JSON answer can carry; orjson refuses it too)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is too large (past what a double holds)")
+    return value
+
+
 #: One decoder for every body (`json.loads` with an option builds a new one per call).
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
 def nests_deeper(value: Any, limit: int) -> bool:

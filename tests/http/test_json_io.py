@@ -150,3 +150,13 @@ def test_json_already_written_goes_in_as_it_is_by_either_way(values: list[Any], 
 def test_json_already_written_takes_orjsons_way() -> None:
     # (the standard library would write the é as \u00e9: the answer went orjson's way)
     assert dump_json([EncodedJSON(b'{"a":[1]}'), "é"]) == '[{"a":[1]},"é"]'.encode()
+
+
+def test_a_number_past_what_a_double_holds_is_refused_by_either_way() -> None:
+    # (the standard library read 1e400 as infinity, which no JSON answer can carry, and which a
+    # steady heartbeat's memo would have written as null)
+    for body in (b'{"lag": 1e400}', '{"lag": -1e400}', b'{"n": 1234567890123456789012, "lag": 1e400}'):
+        with pytest.raises(ApiError) as refused:
+            parse_json(body)
+        assert (refused.value.status, refused.value.code) == (400, "MALFORMED_JSON")
+    assert parse_json(b'{"lag": 1e308}') == {"lag": 1e308}

@@ -13,6 +13,7 @@ import attrs
 import httpx
 import pytest
 
+from rsc.events.auth import credential
 from rsc.events.wire import HeartbeatRequest
 from rsc.http import heartbeat_routes, steady_heartbeats
 from rsc.http.steady_heartbeats import SteadyHeartbeats
@@ -20,6 +21,7 @@ from tests.httpkit import FAST, beat, hb, serve_on, workers_and_others
 
 TOKEN = "steady-member-token-0123456789"
 OTHER = "steady-other-token-0123456789"
+MORE = "steady-more-token-0123456789"
 
 
 class _Recorded(SteadyHeartbeats):
@@ -121,7 +123,10 @@ async def test_a_remembered_item_is_still_authorized_and_rate_limited(
     settings = attrs.evolve(
         FAST,
         redis_url=standalone_url,
-        credentials=workers_and_others(prefix, TOKEN, OTHER),
+        credentials=(
+            *workers_and_others(prefix, TOKEN, OTHER),
+            credential("more", ["member"], token=MORE, streams=[f"{prefix}*"]),
+        ),
         rate_limit_party_per_interval=1,
         rate_limit_party_burst=4,
         rate_limit_heartbeats_per_s=0,
@@ -132,13 +137,36 @@ async def test_a_remembered_item_is_still_authorized_and_rate_limited(
         joined = await http.post("/v1/heartbeat", json=hb(prefix, "m1", 0), headers=workers)
         item = hb(prefix, "m1", joined.json()["memberEpoch"])
         codes = []
-        for headers in (workers, workers, others, workers, workers, workers, workers):
+        more = {"Authorization": f"Bearer {MORE}"}
+        for headers in (workers, workers, others, workers, workers, workers, workers, more):
             answer = await http.post("/v1/heartbeats", json={"heartbeats": [item]}, headers=headers)
             assert answer.status_code == 200, answer.text
             codes.append(answer.json()["responses"][0].get("error", "OK"))
     # the burst of 4 (the join took one) runs out on the fourth of the workers' batches; the
-    # other caller is refused the stream whatever the memo holds, and spends no token of theirs
-    assert codes == ["OK", "OK", "FORBIDDEN", "OK", "RATE_LIMITED", "RATE_LIMITED", "RATE_LIMITED"]
+    # other caller is refused the stream whatever the memo holds, and spends no token of theirs;
+    # a third caller allowed on the stream has a limit of its own for the member, memo or not
+    assert codes == ["OK", "OK", "FORBIDDEN", "OK", *["RATE_LIMITED"] * 3, "OK"]
+
+
+async def test_only_what_the_group_accepted_is_remembered(
+    standalone_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(heartbeat_routes, "SteadyHeartbeats", _Recorded)
+    _Recorded.made.clear()
+    async with serve_on(attrs.evolve(FAST, redis_url=standalone_url)) as http:
+        epoch = (await beat(http, hb(prefix, "m1", 0)))["memberEpoch"]
+        (memo,) = _Recorded.made
+        for items in ([hb(prefix, "ghost", 5)], [hb(f"{prefix}none", "m1", 5)]):
+            for _ in range(3):  # an unknown member, a group that does not exist
+                answer = (await http.post("/v1/heartbeats", json={"heartbeats": items})).json()
+                assert answer["responses"][0].get("status", answer["responses"][0].get("error")) in (
+                    "UNKNOWN_MEMBER",
+                    "GROUP_NOT_FOUND",
+                )
+        assert (len(memo), memo.parse_hits) == (0, 0)
+        for _ in range(2):
+            await http.post("/v1/heartbeats", json={"heartbeats": [hb(prefix, "m1", epoch)]})
+        assert (len(memo), memo.parse_hits, memo.answer_hits) == (1, 1, 1)
 
 
 def _request(epoch: int = 3) -> HeartbeatRequest:
@@ -172,7 +200,7 @@ def test_an_item_is_found_again_only_if_it_is_the_same_json() -> None:
     slot, text, known = memo.parsed(_item())
     assert known is None
     assert slot == ("orders", "billing", "m-1")
-    remembered = memo.remember(slot, text, _request(), "suffix")
+    remembered = memo.remember(slot, text, "suffix", _request())
     assert memo.parsed(_item())[2] is remembered
     for other in (_item(True), _item(3.0), {**_item(), "ownedShards": [1]}, {**_item(), "x": 1}):
         assert memo.parsed(other)[2] is None, other
@@ -182,30 +210,51 @@ def test_an_item_is_found_again_only_if_it_is_the_same_json() -> None:
 
 
 def test_joins_and_leaves_are_not_remembered_and_the_memo_is_bounded() -> None:
-    memo = SteadyHeartbeats(limit=2)
+    memo = SteadyHeartbeats(limit=4)  # two generations of two
     for epoch in (0, -1):
         slot, text, _ = memo.parsed(_item(epoch))
         assert slot is not None
-        assert memo.remember(slot, text, _request(epoch), "") is None
-    for member in ("a", "b", "c"):
-        slot, text, _ = memo.parsed({**_item(), "memberId": member})
-        assert slot is not None
-        memo.remember(slot, text, _request(), "")
-    assert len(memo) == 1  # full at the third: it started afresh
-    assert memo.parsed({**_item(), "memberId": "c"})[2] is not None
-    assert memo.parsed({**_item(), "memberId": "a"})[2] is None
+        assert memo.remember(slot, text, "", _request(epoch)) is None
+
+    def seen(member: str) -> bool:
+        slot, text, known = memo.parsed({**_item(), "memberId": member})
+        if known is None:
+            assert slot is not None
+            memo.remember(slot, text, "", _request())
+        return known is not None
+
+    assert [seen(m) for m in ("a", "b", "c")] == [False, False, False]
+    assert len(memo) == 3  # a and b the older generation, c the current one
+    assert seen("a")  # found in the older generation: moves to the current one
+    assert not seen("d")  # the current one was full: a new one; b is forgotten
+    assert [seen(m) for m in ("b", "a", "d")] == [False, True, True]
+    assert len(memo) <= 4
+    big = {**_item(), "ownedShards": list(range(2000))}  # over MAX_ITEM_BYTES: never remembered
+    assert memo.parsed(big) == (None, b"", None)
     none = SteadyHeartbeats(limit=0)
     slot, text, _ = none.parsed(_item())
     assert slot is not None
-    assert none.remember(slot, text, _request(), "") is None
+    assert none.remember(slot, text, "", _request()) is None
     assert len(none) == 0
+
+
+def test_an_answer_too_large_is_not_kept() -> None:
+    memo = SteadyHeartbeats()
+    slot, text, _ = memo.parsed(_item())
+    assert slot is not None
+    known = memo.remember(slot, text, "", _request())
+    assert known is not None
+    state = _State()
+    large = {"layout": {"routing": list(range(2000))}}  # (an answer carrying a whole layout)
+    assert json.loads(memo.keep_answer(known, state, 5, large).text) == large
+    assert memo.answer(known, state, 5) is None
 
 
 def test_an_answer_is_reused_only_for_the_very_same_state_and_level() -> None:
     memo = SteadyHeartbeats()
     slot, text, _ = memo.parsed(_item())
     assert slot is not None
-    known = memo.remember(slot, text, _request(), "")
+    known = memo.remember(slot, text, "", _request())
     assert known is not None
     state, other = _State(), _State()
     assert memo.answer(known, state, 5) is None
