@@ -5,7 +5,9 @@ The rules it keeps:
 * Commands are decided one at a time, in arrival order, against the state
   left by the previous one. Commands waiting in the inbox are taken as one
   batch and their durable events persisted with a single write (group
-  commit).
+  commit). Once a batch is decided, `follow_ups` (if set) may add commands that
+  its events call for (a held heartbeat a release concerns): they are decided
+  next, in the same batch and write, and their events may call for more.
 * A command is answered only after its events are persisted. A refused
   command (a `CoordinationError`) is answered with that error and changes
   nothing; the rest of its batch goes on.
@@ -42,9 +44,10 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 import trio
 
+from rsc.actors.answers import NO_ANSWER, Answer, FollowUps, Many, Pending, Slot
 from rsc.actors.clock import Clock
 from rsc.actors.dataset import DATA_LOSS
-from rsc.actors.errors import ActorStopped, ConcurrencyConflict, StoreError, StoreUnavailable
+from rsc.actors.errors import ActorStopped, ConcurrencyConflict, Redecide, StoreError, StoreUnavailable
 from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import Loaded, Store, check_writable
@@ -59,6 +62,8 @@ C = TypeVar("C")
 E = TypeVar("E", bound=GroupEvent | StreamEvent)
 
 MAX_CONFLICT_RETRIES = 8
+#: In the inbox: compare the stored revision with ours before the next batch (`check_store`).
+_CHECK: Any = object()
 
 
 class Aggregate(Protocol[S, C, E]):
@@ -118,89 +123,15 @@ class Reply(Generic[S, E]):
     events: list[E]
 
 
-class _Pending:
-    """A one-shot answer slot; `expect`: the revision the aggregate must be at when the command
-    is decided (an HTTP `If-Match`), else it is refused with `PreconditionFailed`."""
+@attrs.define
+class _Outcome(Generic[S, E]):
+    """A decided batch: the state it leaves, each command's answer, every event, and the answer
+    slots of the follow-ups decided with it."""
 
-    def __init__(self, expect: int | None = None) -> None:
-        self.expect = expect
-        self._done = trio.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def resolve(self, value: Any) -> None:
-        if not self._done.is_set():
-            self._value = value
-            self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
-            self._error = error
-            self._done.set()
-
-    async def wait(self) -> Any:
-        await self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class _Answer(Protocol):
-    def resolve(self, value: Any) -> None: ...
-
-    def fail(self, error: BaseException) -> None: ...
-
-
-_UNSET: Any = object()
-#: In the inbox: compare the stored revision with ours before the next batch (`check_store`).
-_CHECK: Any = object()
-
-
-class _NoAnswer:
-    """The answer slot of what the actor sends itself: nobody waits for it."""
-
-    def resolve(self, value: Any) -> None:
-        pass
-
-    def fail(self, error: BaseException) -> None:
-        pass
-
-
-_NO_ANSWER = _NoAnswer()
-
-
-class _Many:
-    """The answers to several commands sent together: one wake-up when all are in."""
-
-    def __init__(self, count: int) -> None:
-        self.results: list[Any] = [_UNSET] * count
-        self.remaining = count
-        self.done = trio.Event()
-        if count == 0:
-            self.done.set()
-
-    def put(self, index: int, value: Any) -> None:
-        if self.results[index] is _UNSET:
-            self.results[index] = value
-            self.remaining -= 1
-            if self.remaining == 0:
-                self.done.set()
-
-
-class _Slot:
-    """One command's answer slot in a `_Many`."""
-
-    __slots__ = ("index", "many")
-
-    def __init__(self, many: _Many, index: int) -> None:
-        self.many = many
-        self.index = index
-
-    def resolve(self, value: Any) -> None:
-        self.many.put(self.index, value)
-
-    def fail(self, error: BaseException) -> None:
-        self.many.put(self.index, error)
+    working: S | None
+    answers: list[tuple[Answer | None, Reply[S, E] | CoordinationError]] = attrs.Factory(list)
+    every: list[E] = attrs.Factory(list)
+    followed: list[Answer] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -241,9 +172,9 @@ class Actor(Generic[S, C, E]):
         self.conflicts = 0
         self.last_used = trio.current_time()
         self.needs_repair = True
-        self._send, self._receive = trio.open_memory_channel[tuple[C, _Answer]](settings.inbox_size)
+        self._send, self._receive = trio.open_memory_channel[tuple[C, Answer]](settings.inbox_size)
         self._stopped = False
-        self._in_flight: list[_Answer] = []
+        self._in_flight: list[Answer] = []
         self._check_why: str | None = None
         self.started = False
         #: Redis lost data since the last repair: the next one recreates consumer groups at `0`.
@@ -253,6 +184,11 @@ class Actor(Generic[S, C, E]):
         #: (revision, state) this process held for the aggregate when its previous term ended
         #: (`Registry.stop_all`): written back if Redis now holds less (`_reload`).
         self.remembered: tuple[int, S] | None = None
+        #: Asked once a batch is decided, with the state it left and its events: commands to
+        #: decide next in the same batch and write (asked again with their own events). Must
+        #: not raise. If the write meets a conflict, their slots fail with `Redecide` (the
+        #: batch is decided again without them); if it fails, with the batch's error.
+        self.follow_ups: FollowUps | None = None
 
     @property
     def inbox_depth(self) -> int:
@@ -271,7 +207,7 @@ class Actor(Generic[S, C, E]):
         if self._stopped:
             raise ActorStopped(str(self.aggregate.aggregate_id))
         self.last_used = trio.current_time()
-        pending = _Pending(expect_revision)
+        pending = Pending(expect_revision)
         try:
             await self._send.send((command, pending))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -288,10 +224,10 @@ class Actor(Generic[S, C, E]):
         if self._stopped:
             raise ActorStopped(str(self.aggregate.aggregate_id))
         self.last_used = trio.current_time()
-        many = _Many(len(commands))
+        many = Many(len(commands))
         try:
             for index, command in enumerate(commands):
-                item = (command, _Slot(many, index))
+                item = (command, Slot(many, index))
                 try:
                     self._send.send_nowait(item)  # no checkpoint: the actor takes them as one batch
                 except trio.WouldBlock:
@@ -317,7 +253,7 @@ class Actor(Generic[S, C, E]):
             self.after_loss = True
             self.needs_repair = True
         with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            self._send.send_nowait((_CHECK, _NO_ANSWER))  # wakes an idle actor
+            self._send.send_nowait((_CHECK, NO_ANSWER))  # wakes an idle actor
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load, recover, then serve the inbox until cancelled."""
@@ -348,7 +284,7 @@ class Actor(Generic[S, C, E]):
     async def _serve(self) -> None:
         next_tick = trio.current_time() + self.settings.tick_interval_s
         while True:
-            batch: list[tuple[C, _Answer | None]] = []
+            batch: list[tuple[C, Answer | None]] = []
             # An aggregate sleeps until its next deadline (a lease's end, a revoke deadline...)
             # or a command, whichever comes first; with nothing time-driven (no members, no
             # producers...) until a command: idle aggregates cost nothing. Never more often
@@ -379,12 +315,12 @@ class Actor(Generic[S, C, E]):
                     break
             await self._process(batch)
 
-    async def _process(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
+    async def _process(self, batch: Sequence[tuple[C, Answer | None]]) -> None:
         checks = [item for item in batch if item[0] is _CHECK]
         if checks:
             batch = [item for item in batch if item[0] is not _CHECK]
         # Left set if the actor is cancelled mid-batch, so that `_stop` fails these waiters.
-        self._in_flight = [p for _, p in batch if p is not None and p is not _NO_ANSWER]
+        self._in_flight = [p for _, p in batch if p is not None and p is not NO_ANSWER]
         try:
             if checks and self._check_why is not None:
                 await self._check(self._check_why)
@@ -444,7 +380,7 @@ class Actor(Generic[S, C, E]):
             revision,
         )
 
-    def _with_recovery(self, batch: Sequence[tuple[C, _Answer | None]]) -> Sequence[tuple[C, _Answer | None]]:
+    def _with_recovery(self, batch: Sequence[tuple[C, Answer | None]]) -> Sequence[tuple[C, Answer | None]]:
         """After a reload, liveness starts over (leases in full) before the batch is decided again.
 
         The commands nobody waits for (ticks, an earlier restart) were injected
@@ -458,32 +394,57 @@ class Actor(Generic[S, C, E]):
             return asked
         return [(command, None), *asked]
 
-    async def _decide_and_persist(self, batch: Sequence[tuple[C, _Answer | None]]) -> None:
-        working = self.state
-        answers: list[tuple[_Answer | None, Reply[S, E] | CoordinationError]] = []
-        every: list[E] = []
+    def _decide(self, batch: Sequence[tuple[C, Answer | None]]) -> _Outcome[S, E]:
+        """Decide `batch`, then the follow-ups its events call for (see `follow_ups`)."""
+        outcome: _Outcome[S, E] = _Outcome(self.state)
         durable_so_far = 0
         leases = BatchLeases(self.leases)
-        for command, pending in batch:
-            expect = getattr(pending, "expect", None)
-            if expect is not None and expect != self._revision + durable_so_far:
-                at = self._revision + durable_so_far
-                answers.append(
-                    (pending, PreconditionFailed(f"the resource is at revision {at}, not {expect}"))
-                )
-                continue
-            try:
-                working, events = self.aggregate.execute(working, command, leases)
-            except CoordinationError as refusal:
-                answers.append((pending, refusal))
-                continue
-            answers.append((pending, Reply(working, events)))
-            every.extend(events)
-            leases.note(events)
-            durable_so_far += sum(1 for e in events if getattr(e, "durable", True))
+        queue = list(batch)
+        shown = index = 0  # how many of `every` the follow-ups saw; of `queue` were decided
+        while True:
+            for command, pending in queue[index:]:
+                expect = getattr(pending, "expect", None)
+                if expect is not None and expect != self._revision + durable_so_far:
+                    at = self._revision + durable_so_far
+                    outcome.answers.append(
+                        (pending, PreconditionFailed(f"the resource is at revision {at}, not {expect}"))
+                    )
+                    continue
+                try:
+                    outcome.working, events = self.aggregate.execute(outcome.working, command, leases)
+                except CoordinationError as refusal:
+                    outcome.answers.append((pending, refusal))
+                    continue
+                outcome.answers.append((pending, Reply(outcome.working, events)))
+                outcome.every.extend(events)
+                leases.note(events)
+                durable_so_far += sum(1 for e in events if getattr(e, "durable", True))
+            index = len(queue)
+            every = outcome.every
+            if self.follow_ups is None or outcome.working is None or shown == len(every):
+                return outcome
+            more = self.follow_ups(outcome.working, every[shown:])
+            shown = len(every)
+            if not more:
+                return outcome
+            queue.extend(more)
+            outcome.followed.extend(slot for _, slot in more)
+            self._in_flight.extend(slot for _, slot in more)  # failed with the batch, or on a stop
+
+    async def _decide_and_persist(self, batch: Sequence[tuple[C, Answer | None]]) -> None:
+        outcome = self._decide(batch)
+        working, answers, every = outcome.working, outcome.answers, outcome.every
         durable = [e for e in every if getattr(e, "durable", True)]
         if durable and working is not None:
-            await self._persist(durable, working)
+            try:
+                await self._persist(durable, working)
+            except ConcurrencyConflict:
+                # The batch is decided again, on the reloaded state, without them: nothing of
+                # theirs was written; their askers ask again.
+                for slot in outcome.followed:
+                    slot.fail(Redecide("the batch was decided again: ask again"))
+                    self._in_flight.remove(slot)
+                raise
         # Readers of `state` see the new state only once its side effects ran (a new
         # layout's shard keys and consumer groups exist before anyone routes to them).
         before = self.state

@@ -46,3 +46,9 @@ class TermFenced(StoreError):
 
 class ActorStopped(Exception):
     """The actor stopped (shutdown or idle) before it could answer: ask again."""
+
+
+class Redecide(Exception):
+    """A command decided as a follow-up of a batch (`Actor.follow_ups`) was dropped with that
+    batch (another writer moved the aggregate; the batch is decided again without it): nothing
+    of it was written. Ask for it again as an ordinary command."""

@@ -38,6 +38,7 @@ from rsc.actors.aggregates import (
     StreamActor,
     StreamAggregate,
 )
+from rsc.actors.answers import Answer, FollowUps
 from rsc.actors.clock import Clock
 from rsc.actors.consumer_pruning import prune_consumers
 from rsc.actors.corrections import LossCorrections
@@ -125,6 +126,9 @@ class Registry:
         self.actors: dict[AggregateId, _Entry] = {}
         #: Told of every persisted batch of group events (metrics hook).
         self.group_observers: list[GroupObserver] = []
+        #: Asked of every decided batch of group events, before it is written: commands it
+        #: calls for, decided in the same batch and write (`Actor.follow_ups`; held heartbeats).
+        self.group_follow_ups: list[FollowUps] = []
         #: Counts `stop_all` (a term ended): what was learnt from earlier actors is stale.
         self.generation = 0
         #: Aggregates being created now: a caller that finds one missing meanwhile (a read, an
@@ -361,9 +365,20 @@ class Registry:
             except Exception:
                 log.exception("group observer %r failed", observer)
 
+    def _follow_group(self, state: GroupState, events: Sequence[GroupEvent]) -> list[tuple[Any, Answer]]:
+        more: list[tuple[Any, Answer]] = []
+        for follow_ups in self.group_follow_ups:
+            try:
+                more.extend(follow_ups(state, events))
+            except Exception:
+                log.exception("group follow-ups %r failed", follow_ups)
+        return more
+
     def _actor(self, aggregate: Any) -> Actor[Any, Any, Any]:
         actor: Actor[Any, Any, Any] = Actor(aggregate, self.store, self.clock, self.settings.actor)
         actor.remembered = self.memory.pop(aggregate.aggregate_id, None)
+        if isinstance(aggregate, GroupAggregate):
+            actor.follow_ups = self._follow_group
         return actor
 
     async def _get(

@@ -10,6 +10,13 @@ by the only writer), and answered once the answer says something new, or when
 its wait is over. A change between a heartbeat's first decision and the start
 of its wait is found in the recent changes, by version, so it is not missed.
 
+A release and the install it allows are decided in one batch: while the group's actor
+decides a batch, `follow_ups` looks at its events (before they are written) and adds the
+recheck of each held heartbeat they concern to the same batch, so that the install is written
+with the release, in the same write, and answered when it is: one write (and its owner-token
+update) less between a shard's release and its next owner's answer. A recheck the batch
+dropped (`Redecide`: a conflict with another writer) is decided on its own, as any other.
+
 At most `limit` heartbeats are held at once (the rest are answered at once:
 their members heartbeat at the interval, as without a long poll), and
 `release_all` answers every held heartbeat at once (on shutdown).
@@ -24,7 +31,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from rsc.actors.errors import ActorStopped, StoreError
+from rsc.actors.actor import Reply
+from rsc.actors.answers import Answer
+from rsc.actors.errors import ActorStopped, Redecide, StoreError
 from rsc.actors.registry import Registry
 from rsc.events import longpoll
 from rsc.events.commands import Heartbeat
@@ -39,11 +48,37 @@ log = logging.getLogger("rsc.http.held_answers")
 RECENT = 64
 
 
+class _Decided:
+    """The answer slot of a recheck decided in the batch of the change that concerned it."""
+
+    def __init__(self, woken: trio.Event) -> None:
+        self.woken = woken
+        self.done = trio.Event()
+        self.reply: Reply[GroupState, GroupEvent] | None = None
+        self.error: BaseException | None = None
+
+    def resolve(self, value: Reply[GroupState, GroupEvent]) -> None:
+        self.reply = value
+        self.done.set()
+        self.woken.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+        self.woken.set()
+
+
 @attrs.define(eq=False)
 class _Waiter:
     member_id: str
     pending: frozenset[int]
+    #: The heartbeat held and its latest answer (what a recheck is made of); None: only woken.
+    command: Heartbeat | None = None
+    latest: HeartbeatResponse | None = None
     woken: trio.Event = attrs.field(factory=trio.Event)
+    #: The recheck decided with the change that concerned it, and its slot (`follow_ups`).
+    recheck: Heartbeat | None = None
+    decided: _Decided | None = None
 
 
 @attrs.define
@@ -88,6 +123,27 @@ class GroupChanges:
             if longpoll.concerns(change, waiter.member_id, waiter.pending):
                 waiter.woken.set()
 
+    def follow_ups(self, after: GroupState, events: Sequence[GroupEvent]) -> list[tuple[Heartbeat, Answer]]:
+        """The rechecks of the held heartbeats `events` (decided, not yet written) concern, to
+        decide in the same batch (`Actor.follow_ups`): each waiter is taken out of the waiting
+        set and woken when its recheck is answered."""
+        state = self._groups.get((after.stream_prefix, after.group))
+        if state is None or not state.waiters or self.closed:
+            return []
+        change = longpoll.change_of(events)
+        if change is None:
+            return []
+        more: list[tuple[Heartbeat, Answer]] = []
+        for waiter in list(state.waiters):
+            if waiter.command is None or waiter.latest is None or waiter.decided is not None:
+                continue
+            if longpoll.concerns(change, waiter.member_id, waiter.pending):
+                state.waiters.discard(waiter)
+                waiter.recheck = longpoll.again(waiter.command, waiter.latest, self.now_ms())
+                waiter.decided = _Decided(waiter.woken)
+                more.append((waiter.recheck, waiter.decided))
+        return more
+
     def release_all(self) -> None:
         """Answer every held heartbeat now, and hold none from here on (shutting down)."""
         self.closed = True
@@ -117,19 +173,31 @@ class GroupChanges:
         self.held += 1
         try:
             while True:
-                waiter = _Waiter(body.member_id, latest.assignment.pending)
+                waiter = _Waiter(body.member_id, latest.assignment.pending, command, latest)
                 if state.changed_since(version, waiter.member_id, waiter.pending) or self.closed:
                     waiter.woken.set()
+                    waiter.command = None  # woken already: decided below, not in a batch
                 state.waiters.add(waiter)
                 try:
                     with trio.move_on_at(deadline):
                         await waiter.woken.wait()
                 finally:
                     state.waiters.discard(waiter)
+                decided = waiter.decided
+                if decided is not None:  # taken into a batch: its answer comes with the batch's
+                    await decided.done.wait()
                 version = state.version
-                command = longpoll.again(command, latest, self.now_ms())
                 try:
-                    latest = await decide(command)
+                    if decided is not None and not isinstance(decided.error, Redecide):
+                        assert waiter.recheck is not None
+                        command = waiter.recheck
+                        if decided.error is not None:
+                            raise decided.error
+                        assert decided.reply is not None
+                        latest = respond(decided.reply.state, command, decided.reply.events)
+                    else:
+                        command = longpoll.again(command, latest, self.now_ms())
+                        latest = await decide(command)
                 except (CoordinationError, StoreError, ActorStopped) as exc:
                     log.debug("%s: held heartbeat answered as it stood: %s", body.member_id, exc)
                     return latest  # true when it was decided; the member heartbeats again
@@ -146,6 +214,7 @@ class RegistryHold:
         self.registry = registry
         self.changes = GroupChanges(registry.clock.now_ms, limit)
         registry.group_observers.append(self.changes.observe)
+        registry.group_follow_ups.append(self.changes.follow_ups)
 
     def version(self, stream_prefix: str, group: str) -> int:
         return self.changes.version(stream_prefix, group)
