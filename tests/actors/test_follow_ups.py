@@ -130,7 +130,11 @@ class FailingOnce(MemoryStore):
     armed = False
 
     async def append(
-        self, aggregate: Any, expected_revision: int, events: Sequence[tuple[str, str]], checkpoint: Any = None
+        self,
+        aggregate: Any,
+        expected_revision: int,
+        events: Sequence[tuple[str, str]],
+        checkpoint: Any = None,
     ) -> Any:
         if self.armed:
             self.armed = False

@@ -17,6 +17,7 @@ import redis as redis_py
 
 from rsc import lua
 from rsc.actors.effects.owners import OWNER_FENCE_FIELD
+from rsc.events.wire import owner_key
 
 NAMES = lua.names()
 #: A shared fragment: `-- begin <name>` ... `-- end <name>`, each marker on a line of its own.
@@ -81,3 +82,39 @@ def test_docs_protocol_lists_every_script_with_its_sha1() -> None:
     page = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
     listed = dict(re.findall(r"^\| `([a-z]+/[a-z0-9_]+)\.lua` \|.*`([0-9a-f]{40})` \|$", page, re.MULTILINE))
     assert listed == {name: lua.sha1(name) for name in NAMES}
+
+
+def test_claim_then_read_reads_the_first_new_entries_once_the_backlog_is_done(
+    sync_redis: redis_py.Redis, prefix: str
+) -> None:
+    """`member/claim.lua` with its eighth argument: the backlog first, `count` at a time; the
+    call that finds it done reads new entries too (up to `count` less those claimed) and their
+    tail; without it, the reply is the two elements it always was."""
+    key = f"{prefix}:s0"
+    sync_redis.xgroup_create(key, "billing", "0", mkstream=True)
+    sync_redis.hset(owner_key(key), "billing", '{"memberId":"new","incarnation":"i2","memberEpoch":2}')
+    old = [sync_redis.xadd(key, {"n": str(i)}) for i in range(3)]
+    sync_redis.xreadgroup("billing", "old", {key: ">"})  # pending under the old owner
+    fresh = [sync_redis.xadd(key, {"n": str(i)}) for i in range(3, 5)]
+    claim = sync_redis.register_script(lua.script("member/claim"))
+
+    def call(count: int, cursor: str, *more: str) -> list:  # type: ignore[type-arg]
+        return claim(
+            keys=[key, owner_key(key)], args=["billing", "new", "i2", "new", 0, count, cursor, *more]
+        )
+
+    cursor, claimed, new, tail = call(2, "0-0", "1")
+    assert cursor != "0-0" and [e[0] for e in claimed] == old[:2]
+    assert (new, tail) == ([], "")  # the backlog is not done: nothing new is read yet
+    cursor, claimed, new, tail = call(2, cursor, "1")
+    assert cursor == "0-0" and [e[0] for e in claimed] == old[2:]
+    assert [e[0] for e in new] == fresh[:1] and tail == ""  # room for one: more to read
+    assert sync_redis.xpending(key, "billing")["consumers"] == [{"name": "new", "pending": 4}]
+    sync_redis.xreadgroup("billing", "new", {key: ">"})
+    last = sync_redis.xadd(key, {"n": "5"})
+    _, claimed, new, tail = call(100, "0-0", "1")
+    assert [e[0] for e in new] == [last] and tail == last  # caught up: the stream's last id
+    assert len(call(100, "0-0")) == 2  # without the eighth argument: as before
+    sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"i3","memberEpoch":3}')
+    with pytest.raises(redis_py.ResponseError, match="FENCED"):
+        call(100, "0-0", "1")

@@ -12,7 +12,7 @@ const rsc = join(pkg, '..', '..', 'rsc');
 const SHAS = {
   ack: '1160a2e50b459d38b03200483a7d647b1cd309d2',
   append: 'f76ec17ae5d7cffe72395c9946685c7377a4044c',
-  claim: 'baebd1ea8dadd702c21a123e026924b3005b19b2',
+  claim: 'fcfac47628a39f1e9025b56dbb776bd003adc2cf',
   dead_letter: '52db476d90e15e367e53d80c85c94bbf9c80f12f',
   read: '6408da3732ff8d55c4dae898bd012ef23308286d',
   reclaim: '9bb21f2418b621f05fd355dcb7af7cbcc0a596ea',

@@ -61,12 +61,14 @@ class Reader:
         state.wake = trio.Event()
 
     async def _claim_backlog(self, shard: Shard, count: int) -> None:
-        """What earlier owners read but never acknowledged, `count` at a time, before new entries."""
+        """What earlier owners read but never acknowledged, `count` at a time, before new entries;
+        the call that finds the backlog done reads the first new entries too (one round trip
+        from a handoff to the new owner's first entries, not two)."""
         state = self.state
         if shard.stopped:  # revoked or lost since the round began: nothing more is read
             return
         try:
-            messages, cursor = await self.scripts.claim(shard, 0, count, shard.claim_cursor)
+            messages, cursor, read = await self.scripts.claim_then_read(shard, count, shard.claim_cursor)
         except Fenced as exc:
             state.fenced(shard, exc)
             return
@@ -77,6 +79,8 @@ class Reader:
         state.fine(shard)
         state.book.claimed(shard, cursor)
         state.enqueue(shard, messages)
+        if read is not None:  # READING now: as any read of it
+            self.wakeups.take([(shard, count)], [read])
 
     async def _read_bundle(self, reads: list[tuple[Shard, int]]) -> None:
         """New entries of several shards of one bundle, in one fenced read."""

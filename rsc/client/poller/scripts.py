@@ -111,6 +111,24 @@ class MemberScripts:
         # Deleted entries come back empty (XAUTOCLAIM drops them from the PEL).
         return [self._claimed(entry, e) for e in entries if e[1] is not None], next_cursor
 
+    async def claim_then_read(
+        self, entry: Entry, count: int, cursor: str
+    ) -> tuple[list[Message], str, ShardRead | None]:
+        """`claim` of the backlog (min idle 0) from `cursor`, and once it is done, in the same
+        call, up to `count` less those claimed new entries: the claimed entries, the next
+        cursor, and what the read returned (None: the backlog is not done, nothing was read).
+        Raises as `claim`."""
+        reply = await self._call(self._claim, entry, [self.member_id, 0, count, cursor, "1"])
+        next_cursor, entries = str(reply[0]), reply[1] or []
+        claimed = [self._claimed(entry, e) for e in entries if e[1] is not None]
+        if next_cursor != "0-0":
+            return claimed, next_cursor, None
+        fresh = [
+            Message(entry.index, entry.key, e[0], pairs(e[1]), 1, self.member_id) for e in reply[2] or []
+        ]
+        tail = str(reply[3]) if reply[3] else None
+        return claimed, next_cursor, ShardRead(fresh, tail)
+
     async def reclaim(self, entry: Entry, min_idle_ms: int, count: int) -> list[Message]:
         """Entries idle at least `min_idle_ms` under any consumer name, claimed here.
         Raises `Fenced`, `RedisUnavailable`, `RedisCommandFailed`."""
