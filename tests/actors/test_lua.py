@@ -104,16 +104,20 @@ def test_claim_then_read_reads_the_first_new_entries_once_the_backlog_is_done(
         )
 
     cursor, claimed, new, tail = call(2, "0-0", "1")
-    assert cursor != "0-0" and [e[0] for e in claimed] == old[:2]
+    assert cursor != "0-0"
+    assert [e[0] for e in claimed] == old[:2]
     assert (new, tail) == ([], "")  # the backlog is not done: nothing new is read yet
     cursor, claimed, new, tail = call(2, cursor, "1")
-    assert cursor == "0-0" and [e[0] for e in claimed] == old[2:]
-    assert [e[0] for e in new] == fresh[:1] and tail == ""  # room for one: more to read
+    assert cursor == "0-0"
+    assert [e[0] for e in claimed] == old[2:]
+    assert [e[0] for e in new] == fresh[:1]
+    assert tail == ""
     assert sync_redis.xpending(key, "billing")["consumers"] == [{"name": "new", "pending": 4}]
     sync_redis.xreadgroup("billing", "new", {key: ">"})
     last = sync_redis.xadd(key, {"n": "5"})
     _, claimed, new, tail = call(100, "0-0", "1")
-    assert [e[0] for e in new] == [last] and tail == last  # caught up: the stream's last id
+    assert [e[0] for e in new] == [last]
+    assert tail == last
     assert len(call(100, "0-0")) == 2  # without the eighth argument: as before
     sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"i3","memberEpoch":3}')
     with pytest.raises(redis_py.ResponseError, match="FENCED"):
