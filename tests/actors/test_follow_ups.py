@@ -5,6 +5,8 @@ the follow-up and it is decided on its own; a failed write answers it as it stoo
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,10 +67,8 @@ async def release_while_held(
         if before_release is not None:
             await before_release()
         released_at = trio.current_time()
-        try:
-            await a.heartbeat()  # the release
-        except StoreUnavailable:
-            pass
+        with contextlib.suppress(StoreUnavailable):  # the release (its write may fail)
+            await a.heartbeat()
     return moving, answers, trio.current_time() - released_at
 
 
