@@ -6,7 +6,6 @@ the follow-up and it is decided on its own; a failed write answers it as it stoo
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Sequence
 from typing import Any
 
