@@ -45,7 +45,8 @@ For each moved shard the JSON also keeps the handoff timeline from the workers' 
 owner's last handled message, its revoke (began, ended), the heartbeat that released the shard
 (the first reporting it revoked; sent, answered: the release happens in between), the new
 owner's heartbeat whose answer installed the shard (sent, answered, waitMs: `held` when it was
-a long poll waiting at the release), the poller's `assigned` call and the first handled message.
+a long poll waiting at the release), the poller's `assigned` call, the end of its first claim of
+the shard (`1st read`: the backlog and the first new entries, one call) and the first handled message.
 The table prints the median of each step per mode and event
 kind. Per mode it also gives the coordinator's CPU, its own timing of heartbeat requests
 (`rsc_heartbeat_seconds` from /metrics), and how long the coordinator and the workers were
@@ -115,7 +116,7 @@ WINDOW_MARGIN_S = 0.25
 SETTLE_TIMEOUT_S = 40.0
 #: The steps of a handoff's timeline, in order (see `handoff_timeline`).
 STEPS = ("lastOld", "revokeBegan", "revokeEnded", "releaseSent", "released", "installSent", "installed",
-         "assigned", "firstNew")  # fmt: skip
+         "assigned", "firstRead", "firstNew")  # fmt: skip
 
 
 # --- the moving parts -----------------------------------------------------------
@@ -593,6 +594,11 @@ def handoff_timeline(
     ]
     if calls:
         steps["assigned"] = calls[-1]
+        read = first(
+            new.trace, lambda r: r["k"] == "claimed" and r["shard"] == shard and calls[-1] <= r["t"] <= first_new
+        )
+        if read is not None:
+            steps["firstRead"] = read["end"]
     return steps
 
 
@@ -770,6 +776,7 @@ SHORT = {
     "installSent": "inst sent",
     "installed": "installed",
     "assigned": "assigned",
+    "firstRead": "1st read",
     "firstNew": "first new",
 }
 

@@ -9,7 +9,8 @@ SIGKILL could lose); times are `time.monotonic()`, one clock for every process o
 
 * `h <shard> <publish ts> <handle ts>`: a handled message (handle ts: when the handler started);
 * `t <json>`: the trace: each heartbeat (sent, answered, epoch, waitMs, owned, revoked, status,
-  assigned, pending, revoke), each `assigned` / `revoke` call of the poller (when it began and
+  assigned, pending, revoke), each `assigned` / `revoke` call of the poller and each claim of a new shard's backlog
+  (`claimed`, with the first new entries in the same call) (when it began and
   ended), and in eager mode each pause and resume.
 
 Modes (`RSC_BENCH_MODE`):
@@ -144,6 +145,15 @@ class TracedPoller(Poller):
             return not GATE.paused and lease_valid()
 
         self.state.lease_valid = gated  # type: ignore[method-assign]
+        claim_then_read = self.scripts.claim_then_read
+
+        async def traced(entry: Any, count: int, cursor: str) -> Any:
+            began = time.monotonic()
+            out = await claim_then_read(entry, count, cursor)
+            trace("claimed", t=began, end=time.monotonic(), shard=entry.index, claimed=len(out[0]))
+            return out
+
+        self.scripts.claim_then_read = traced  # type: ignore[method-assign]
 
     async def assigned(self, shards: frozenset[int], layout: Layout) -> None:
         began = time.monotonic()

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# coredis imports its pipeline module on the first call of any script: loaded here, with the
+# poller, rather than on a newly owned shard's first claim (a millisecond or more of a handoff).
 import attrs
+import coredis.patterns.pipeline  # noqa: F401
 
 from rsc.client.errors import Fenced, RedisCommandFailed
 from rsc.client.poller.book import ShardEntry
