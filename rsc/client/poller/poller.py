@@ -3,6 +3,7 @@ workers and the acker around one `ShardBook` (see the package doc for what it pr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from rsc.client.poller.settings import PollerSettings
 from rsc.client.poller.state import PollerState, Shard, ShardHome
 from rsc.client.poller.wakeup import Wakeups
 from rsc.events.model import DrainProgress, Layout, ShardState
+from rsc.resp import Endpoint, Multiplexed
 
 __all__ = ["Poller"]
 
@@ -44,6 +46,7 @@ class Poller:
         health: RedisHealth | None = None,
         wake_client: Any = None,
     ) -> None:
+        self.redis = redis
         self.group = group
         self.member_id = member_id
         self.incarnation = incarnation
@@ -59,14 +62,22 @@ class Poller:
         self.acker = Acker(self.state, self.scripts)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Read, handle and acknowledge until cancelled."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.reader.run)
-            nursery.start_soon(self.acker.run)
-            nursery.start_soon(self.reclaimer.run)
-            self.wakeups.start(nursery)
-            self.dispatcher.start(nursery)
-            task_status.started()
+        """Read, handle and acknowledge until cancelled (the scripts on a lean connection of
+        the poller's own where there can be one: `rsc.client.poller.scripts`)."""
+        async with contextlib.AsyncExitStack() as stack:
+            endpoint = Endpoint.of(self.redis)
+            if endpoint is not None:
+                self.scripts.lean = await stack.enter_async_context(Multiplexed.open(endpoint))
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.reader.run)
+                    nursery.start_soon(self.acker.run)
+                    nursery.start_soon(self.reclaimer.run)
+                    self.wakeups.start(nursery)
+                    self.dispatcher.start(nursery)
+                    task_status.started()
+            finally:
+                self.scripts.lean = None
 
     # --- ShardLifecycle -------------------------------------------------
 

@@ -1,5 +1,11 @@
 """The member's fenced data-plane scripts (`rsc/lua/member/*.lua`), called with typed results.
 
+While the poller runs on a standalone Redis reached over TCP, every call goes as one
+`EVALSHA` on a lean multiplexed connection (`rsc.resp.Multiplexed`, shared by the poller's
+tasks; `NOSCRIPT` loads the script and sends it again), not through coredis, whose machinery
+around each call cost more CPU than the rest of an entry's way; elsewhere (a cluster, a
+Sentinel's primary, no hiredis) through the coredis client.
+
 The one place where the poller talks to its scripts: arguments built, replies parsed into
 `Message`s, and every refusal mapped once to a typed error by its reply code (`Fenced` for
 `FENCED`, else `RedisCommandFailed` with the code), never by its text. Calls go through
@@ -15,7 +21,8 @@ from typing import Any
 # coredis imports its pipeline module on the first call of any script: loaded here, with the
 # poller, rather than on a newly owned shard's first claim (a millisecond or more of a handoff).
 import attrs
-import coredis.patterns.pipeline  # noqa: F401
+import coredis.exceptions
+import coredis.patterns.pipeline
 
 from rsc.client.errors import Fenced, RedisCommandFailed
 from rsc.client.poller.book import ShardEntry
@@ -24,6 +31,7 @@ from rsc.client.redis_calls import redis_call
 from rsc.connect import reply_code
 from rsc.events.wire import dead_letter_key, owner_key
 from rsc.lua import script
+from rsc.resp import Multiplexed
 
 __all__ = ["MemberScripts", "ShardRead", "refusal"]
 
@@ -56,6 +64,8 @@ class MemberScripts:
         self.group = group
         self.member_id = member_id
         self.incarnation = incarnation
+        #: The lean connection the calls go on while the poller runs (None: coredis).
+        self.lean: Multiplexed | None = None
         self._read = redis.register_script(script("member/read"))
         self._claim = redis.register_script(script("member/claim"))
         self._reclaim = redis.register_script(script("member/reclaim"))
@@ -88,7 +98,7 @@ class MemberScripts:
         own refusal is in its `ShardRead`."""
         keys, args = self.read_arguments(reads)
         with redis_call(f"reading {', '.join(entry.key for entry, _ in reads)}"):
-            reply = await self._read(keys=keys, args=args)
+            reply = await self._eval(self._read, keys, args)
         return self.read_results(reads, reply)
 
     def read_results(self, reads: Sequence[tuple[Entry, int]], reply: Any) -> list[ShardRead]:
@@ -151,8 +161,8 @@ class MemberScripts:
         counts = [len(ids) for _, ids in chunk]
         every_id = [entry_id for _, ids in chunk for entry_id in ids]
         with redis_call(f"acknowledging on {', '.join(entry.key for entry, _ in chunk)}"):
-            replies = await self._ack(
-                keys=keys, args=[self.group, self.member_id, self.incarnation, *counts, *every_id]
+            replies = await self._eval(
+                self._ack, keys, [self.group, self.member_id, self.incarnation, *counts, *every_id]
             )
         return [
             reply if isinstance(reply, int) else refusal(str(reply), f"acknowledging on {entry.key}")
@@ -164,17 +174,34 @@ class MemberScripts:
         Raises `Fenced`, `RedisUnavailable`, `RedisCommandFailed`."""
         flat = [x for pair in message.fields.items() for x in pair]
         with redis_call(f"dead-lettering {message.key} {message.id}"):
-            await self._dead(
-                keys=[entry.key, owner_key(entry.key), dead_letter_key(entry.key)],
-                args=[self.group, self.member_id, self.incarnation, message.id, message.deliveries, *flat],
+            await self._eval(
+                self._dead,
+                [entry.key, owner_key(entry.key), dead_letter_key(entry.key)],
+                [self.group, self.member_id, self.incarnation, message.id, message.deliveries, *flat],
             )
 
     async def _call(self, fenced_script: Any, entry: Entry, args: list[Any]) -> Any:
         with redis_call(f"shard {entry.key}"):
-            return await fenced_script(
-                keys=[entry.key, owner_key(entry.key)],
-                args=[self.group, self.member_id, self.incarnation, *args],
+            return await self._eval(
+                fenced_script,
+                [entry.key, owner_key(entry.key)],
+                [self.group, self.member_id, self.incarnation, *args],
             )
+
+    async def _eval(self, fenced_script: Any, keys: list[str], args: list[Any]) -> Any:
+        """One script call: its reply; an error reply raised as its coredis class."""
+        lean = self.lean
+        if lean is None:
+            return await fenced_script(keys=keys, args=args)
+        command = ("EVALSHA", fenced_script.sha, len(keys), *keys, *args)
+        [reply] = await lean.call([command])
+        if isinstance(reply, coredis.exceptions.NoScriptError):  # Redis restarted, failed over...
+            loaded, reply = await lean.call([("SCRIPT", "LOAD", fenced_script.script), command])
+            if isinstance(loaded, Exception):
+                raise loaded
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _claimed(self, entry: Entry, raw: Any) -> Message:
         """A claimed entry (a redelivery: its count goes up when a handler starts on it)."""

@@ -8,6 +8,14 @@ fenced read is pipelined right behind the XREAD on that connection, so Redis run
 the XREAD returns. One blocked read per bundle (all of a member's shards on a standalone Redis,
 one hash slot's on a cluster); revokes, losses and stops end it at once. Polling remains only
 where Redis refuses XREAD (`POLL_FALLBACK_S`).
+
+On a standalone Redis reached over TCP (`rsc.resp.Endpoint.of`), each watch blocks on a lean
+connection of its own (`rsc.resp.Connection`: hiredis packs and parses, nothing else between
+the watch and the socket) rather than on a coredis pipeline: a member woken for every entry of
+a trickle pays a wake-up per entry, and coredis' machinery around a pipeline cost more CPU than
+the rest of the entry's way together. A connection that failed or was cancelled half read is
+closed, never reused; the next wake-up read opens another. Elsewhere (a cluster, a Sentinel's
+primary, no hiredis) the wake client's pipeline serves, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from rsc.client.poller.settings import OUTAGE_OVER_S, POLL_FALLBACK_S, POLL_MAX_
 from rsc.client.poller.state import PollerState, Shard
 from rsc.client.redis_calls import redis_call
 from rsc.events.slots import key_slot
+from rsc.resp import Connection, Endpoint, pack, refusal
 
 __all__ = ["Wakeups", "Watch", "block_ms"]
 
@@ -52,6 +61,8 @@ class Watch:
         #: Polling instead of blocking until then (trio clock): Redis refused XREAD.
         self.poll_until = -math.inf
         self.poll_sleep = 0.0
+        #: Its lean connection (`Wakeups.endpoint`), while one is open.
+        self.connection: Connection | None = None
 
     def touch(self) -> None:
         """Something changed (a shard caught up, failed, came or went): look again."""
@@ -70,6 +81,8 @@ class Wakeups:
         self.scripts = scripts
         self.block_ms = block_ms(client, state.settings.wake_block_s)
         self.clustered = isinstance(client, coredis.RedisCluster)
+        #: Where the watches' lean connections go (None: the wake client's pipelines serve).
+        self.endpoint = Endpoint.of(client)
         self.watches: dict[int, Watch] = {}
         self._polling_logged = -math.inf
         self._nursery: trio.Nursery | None = None
@@ -146,6 +159,12 @@ class Wakeups:
 
     async def watch(self, watch: Watch) -> None:
         """The wake-up reads of one bundle, for as long as it has shards."""
+        try:
+            await self._watch(watch)
+        finally:
+            await self._close(watch)
+
+    async def _watch(self, watch: Watch) -> None:
         state = self.state
         with watch.scope:
             while True:
@@ -166,7 +185,10 @@ class Wakeups:
                 woken = read = None
                 try:
                     with trio.CancelScope() as watch.blocking:
-                        woken, read = await self._block(keys, block, reads)
+                        if self.endpoint is not None:
+                            woken, read = await self._block_lean(watch, keys, block, reads)
+                        else:
+                            woken, read = await self._block(keys, block, reads)
                         state.health.ok()
                 except (RedisUnavailable, RedisCommandFailed) as exc:
                     await self._wake_failed(watch, exc, set(keys))
@@ -206,6 +228,42 @@ class Wakeups:
                 raise woken
         # A failed read (NOSCRIPT after a restart...): the reader reads them, with the script.
         return woken, None if isinstance(read, BaseException) else read
+
+    async def _block_lean(
+        self, watch: Watch, streams: dict[str, str], block: int, reads: list[tuple[Shard, int]]
+    ) -> tuple[Any, Any]:
+        """`_block` on the watch's lean connection: the XREAD and the read behind it in one
+        write; the keys the XREAD saw entries of (None: it timed out), and the read's reply."""
+        assert self.endpoint is not None
+        commands: list[tuple[Any, ...]] = [
+            ("XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", *streams, *streams.values())
+        ]
+        if reads:
+            keys, args = self.scripts.read_arguments(reads, known_tails=True)
+            commands.append(("EVALSHA", self.scripts.read_sha, len(keys), *keys, *args))
+        with redis_call(f"XREAD BLOCK {', '.join(streams)}"):
+            connection = watch.connection
+            try:
+                if connection is None:
+                    connection = watch.connection = await Connection.open(self.endpoint)
+                await connection.send(pack(commands))
+                replies = await connection.replies(len(commands), self.endpoint.command_timeout)
+            except BaseException:
+                await self._close(watch)  # failed or cancelled half read: never reused
+                raise
+            woken = refusal(replies[0])
+            if isinstance(woken, Exception):
+                raise woken
+        read = refusal(replies[1]) if reads else None
+        # A failed read (NOSCRIPT after a restart...): the reader reads them, with the script.
+        return (None if woken is None else {entry[0] for entry in woken}), (
+            None if isinstance(read, Exception) else read
+        )
+
+    async def _close(self, watch: Watch) -> None:
+        connection, watch.connection = watch.connection, None
+        if connection is not None:
+            await trio.aclose_forcefully(connection.stream)
 
     async def _quiet(self, watch: Watch) -> dict[int, str]:
         """Wait until no shard of the bundle is to be read now and one has caught up; their tails.
