@@ -14,7 +14,9 @@ commands instead of timing anything:
 * on a cluster, shards of different hash slots block on connections of their own;
 * where Redis refuses XREAD, the member falls back to polling (and says so);
 * the fenced read pipelined behind a wake-up read falls back to the reader when it fails;
-* shards read in one call are refused one by one.
+* shards read in one call are refused one by one;
+* on a standalone Redis the poller goes around coredis (lean connections: the watch's own and
+  one shared by its scripts), and either way a Redis that forgot its scripts is read on.
 """
 
 from __future__ import annotations
@@ -140,6 +142,36 @@ async def test_an_entry_on_an_idle_shard_wakes_the_member_which_sends_nothing_wh
         await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == expected)
         nursery.cancel_scope.cancel()
     assert len(handled) == 3
+
+
+async def test_a_redis_that_forgot_its_scripts_is_read_on_and_standalone_goes_around_coredis(
+    redis_url: str, checker: Any, nodes: list[redis.Redis], prefix: str
+) -> None:
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+
+    keys = shard_keys(prefix, 4, checker)
+    standalone = len(nodes) == 1
+    async with open_redis(redis_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset(range(4)), layout(keys))
+        await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == (1 if standalone else 4))
+        # On a standalone Redis: the blocked read on the watch's lean connection, the scripts on
+        # the poller's own; on a cluster: coredis for both.
+        connections = [w.connection for w in poller.wakeups.watches.values()]
+        assert all(c is not None for c in connections) is standalone
+        assert (poller.scripts.lean is not None) is standalone
+        for node in nodes:
+            node.script_flush()  # as after a restart or a failover
+        entries = [checker.xadd(key, {"n": "1"}) for key in keys]
+        await wait_for(lambda: set(entries) <= set(handled))
+        await wait_for(lambda: sum(checker.xpending(k, "billing")["pending"] for k in keys) == 0)  # acked
+        nursery.cancel_scope.cancel()
+    assert poller.scripts.lean is None  # only while it runs
 
 
 async def test_an_entry_appended_between_the_read_and_the_block_is_not_missed(
