@@ -119,6 +119,12 @@ def test_claim_then_read_reads_the_first_new_entries_once_the_backlog_is_done(
     assert [e[0] for e in new] == [last]
     assert tail == last
     assert len(call(100, "0-0")) == 2  # without the eighth argument: as before
+    idle = f"{prefix}:s1"  # nothing to claim or read: the new owner's consumer exists all the same
+    sync_redis.xgroup_create(idle, "billing", "0", mkstream=True)
+    sync_redis.hset(owner_key(idle), "billing", '{"memberId":"new","incarnation":"i2","memberEpoch":2}')
+    reply = claim(keys=[idle, owner_key(idle)], args=["billing", "new", "i2", "new", 0, 100, "0-0", "1"])
+    assert reply == ["0-0", [], [], "0-0"]
+    assert [c["name"] for c in sync_redis.xinfo_consumers(idle, "billing")] == ["new"]
     sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"i3","memberEpoch":3}')
     with pytest.raises(redis_py.ResponseError, match="FENCED"):
         call(100, "0-0", "1")
