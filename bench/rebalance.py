@@ -595,7 +595,8 @@ def handoff_timeline(
     if calls:
         steps["assigned"] = calls[-1]
         read = first(
-            new.trace, lambda r: r["k"] == "claimed" and r["shard"] == shard and calls[-1] <= r["t"] <= first_new
+            new.trace,
+            lambda r: r["k"] == "claimed" and r["shard"] == shard and calls[-1] <= r["t"] <= first_new,
         )
         if read is not None:
             steps["firstRead"] = read["end"]

@@ -9,9 +9,9 @@ SIGKILL could lose); times are `time.monotonic()`, one clock for every process o
 
 * `h <shard> <publish ts> <handle ts>`: a handled message (handle ts: when the handler started);
 * `t <json>`: the trace: each heartbeat (sent, answered, epoch, waitMs, owned, revoked, status,
-  assigned, pending, revoke), each `assigned` / `revoke` call of the poller and each claim of a new shard's backlog
-  (`claimed`, with the first new entries in the same call) (when it began and
-  ended), and in eager mode each pause and resume.
+  assigned, pending, revoke), each `assigned` / `revoke` call of the poller and each claim of
+  a new shard's backlog (`claimed`, with the first new entries in the same call) (when it began
+  and ended), and in eager mode each pause and resume.
 
 Modes (`RSC_BENCH_MODE`):
 

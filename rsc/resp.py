@@ -47,7 +47,7 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a dependency; a build without it still runs
     hiredis = None
 
-__all__ = ["Command", "Connection", "Endpoint", "Multiplexed", "refusal"]
+__all__ = ["Command", "Connection", "Endpoint", "Multiplexed", "open_lean", "refusal"]
 
 #: How much a read asks the socket for at once.
 _READ_SIZE = 256 * 1024
@@ -417,3 +417,16 @@ def _fresh(exc: BaseException) -> BaseException:
         return exc
     copy.__cause__ = exc.__cause__
     return copy
+
+
+@contextlib.asynccontextmanager
+async def open_lean(client: Any) -> AsyncIterator[Multiplexed | None]:
+    """A multiplexed lean connection to the Redis the coredis `client` talks to, with its
+    settings; None where there cannot be one (a cluster, a Sentinel: see `Endpoint.of`), and
+    then coredis does everything."""
+    endpoint = Endpoint.of(client)
+    if endpoint is None:
+        yield None
+        return
+    async with Multiplexed.open(endpoint) as lean:
+        yield lean

@@ -12,7 +12,7 @@ import coredis
 from rsc import connect
 from rsc.actors.errors import StoreUnavailable
 from rsc.connect import DEFAULT_REDIS_URL, RedisClient, is_unavailable, redis_leaf
-from rsc.resp import Command, Endpoint, Multiplexed
+from rsc.resp import Command, Multiplexed, open_lean
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -66,19 +66,6 @@ async def open_redis(
         except connect.RedisUnreachable as exc:
             raise StoreUnavailable(str(exc)) from exc
         yield client
-
-
-@contextlib.asynccontextmanager
-async def open_lean(redis: RedisClient) -> AsyncIterator[Multiplexed | None]:
-    """A multiplexed lean connection (`rsc.resp.Multiplexed`) to the Redis `redis` talks to,
-    with its settings; None where there cannot be one (a cluster, a Sentinel: see
-    `rsc.resp.Endpoint.of`), and then coredis does everything."""
-    endpoint = Endpoint.of(redis)
-    if endpoint is None:
-        yield None
-        return
-    async with Multiplexed.open(endpoint) as lean:
-        yield lean
 
 
 class Scripts:

@@ -43,6 +43,7 @@ from rsc.client.member import Member, MemberSettings, coordinator_outage
 from rsc.client.poller import Handler, Poller, PollerSettings, RedisHealth
 from rsc.client.worker_metrics import WorkerMetrics
 from rsc.connect import DEFAULT_REDIS_URL, open_redis, redacted
+from rsc.resp import Multiplexed, open_lean
 
 log = logging.getLogger("rsc.client.worker")
 DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8080"
@@ -218,6 +219,8 @@ class App:
                 command_timeout_s=self._wake_block_s() + REDIS_TIMEOUT_S,
                 max_connections=WAKEUP_CONNECTIONS,
             ) as wake_client,
+            # The pollers' scripts, on one lean connection they share (where there can be one).
+            open_lean(redis) as lean,
             trio.open_nursery() as services,
         ):
             transport = BatchingTransport(coordinator)
@@ -226,7 +229,7 @@ class App:
                 for listener in self.listeners:
                     for index in range(listener.concurrency):
                         await self._start_member(
-                            members, services, transport, (redis, wake_client), ip, listener, index
+                            members, services, transport, (redis, wake_client, lean), ip, listener, index
                         )
                 task_status.started()
                 await self._stop.wait()
@@ -244,14 +247,14 @@ class App:
         members: trio.Nursery,
         services: trio.Nursery,
         transport: BatchingTransport,
-        clients: tuple[object, object],
+        clients: tuple[object, object, Multiplexed | None],
         ip: str,
         listener: Listener,
         index: int,
     ) -> None:
         member_id = f"{ip}/{listener.name}/{index}"
         incarnation = uuid.uuid4().hex
-        redis, wake_client = clients
+        redis, wake_client, lean = clients
         poller = Poller(
             redis,
             listener.group,
@@ -261,6 +264,7 @@ class App:
             listener.poller,
             self.redis_health,
             wake_client,
+            lean,
         )
         if self.metrics is not None:
             latency = self.metrics.handler_seconds.labels(listener.stream, listener.group)

@@ -33,6 +33,9 @@ class Poller:
     `wake_client` is the Redis client of the blocking wake-up reads: give one of its own (`App`
     does), whose command timeout exceeds `wake_block_s`, so that blocked connections never hold
     up the others; by default `redis` (the block is then capped below its command timeout).
+    `lean`: the lean connection its scripts go on (`rsc.resp.open_lean` of `redis`; an `App`
+    shares one among its pollers); by default the poller opens its own while it runs, where
+    there can be one.
     """
 
     def __init__(
@@ -45,8 +48,11 @@ class Poller:
         settings: PollerSettings = DEFAULT_SETTINGS,
         health: RedisHealth | None = None,
         wake_client: Any = None,
+        lean: Multiplexed | None = None,
     ) -> None:
-        self.redis = redis
+        #: The lean connection given (shared), or where to open one of its own (None: coredis).
+        self._given_lean = lean
+        self._endpoint = Endpoint.of(redis)
         self.group = group
         self.member_id = member_id
         self.incarnation = incarnation
@@ -65,9 +71,10 @@ class Poller:
         """Read, handle and acknowledge until cancelled (the scripts on a lean connection of
         the poller's own where there can be one: `rsc.client.poller.scripts`)."""
         async with contextlib.AsyncExitStack() as stack:
-            endpoint = Endpoint.of(self.redis)
-            if endpoint is not None:
-                self.scripts.lean = await stack.enter_async_context(Multiplexed.open(endpoint))
+            lean = self._given_lean
+            if lean is None and self._endpoint is not None:
+                lean = await stack.enter_async_context(Multiplexed.open(self._endpoint))
+            self.scripts.lean = lean
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.reader.run)
