@@ -128,3 +128,31 @@ def test_claim_then_read_reads_the_first_new_entries_once_the_backlog_is_done(
     sync_redis.hset(owner_key(key), "billing", '{"memberId":"other","incarnation":"i3","memberEpoch":3}')
     with pytest.raises(redis_py.ResponseError, match="FENCED"):
         call(100, "0-0", "1")
+
+
+def test_claim_then_read_where_an_acl_refuses_creating_a_consumer(
+    sync_redis: redis_py.Redis, standalone_url: str, prefix: str
+) -> None:
+    """The consumer is then made by the first entry read, as a plain XREADGROUP makes it."""
+    key = f"{prefix}:s0"
+    sync_redis.xgroup_create(key, "billing", "0", mkstream=True)
+    sync_redis.hset(owner_key(key), "billing", '{"memberId":"new","incarnation":"i2","memberEpoch":2}')
+    user = f"member-{prefix}"
+    sync_redis.acl_setuser(
+        user, enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all", "-xgroup|createconsumer"]
+    )
+    try:
+        with redis_py.Redis.from_url(
+            standalone_url, username=user, password="secret", decode_responses=True
+        ) as r:
+            claim = r.register_script(lua.script("member/claim"))
+            args = ["billing", "new", "i2", "new", 0, 100, "0-0", "1"]
+            assert claim(keys=[key, owner_key(key)], args=args) == ["0-0", [], [], "0-0"]
+            assert sync_redis.xinfo_consumers(key, "billing") == []
+            entry = sync_redis.xadd(key, {"n": "1"})
+            _, _, new, tail = claim(keys=[key, owner_key(key)], args=args)
+            assert [e[0] for e in new] == [entry]
+            assert tail == entry
+            assert [c["name"] for c in sync_redis.xinfo_consumers(key, "billing")] == ["new"]
+    finally:
+        sync_redis.acl_deluser(user)

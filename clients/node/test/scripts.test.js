@@ -12,7 +12,7 @@ const rsc = join(pkg, '..', '..', 'rsc');
 const SHAS = {
   ack: '1160a2e50b459d38b03200483a7d647b1cd309d2',
   append: 'f76ec17ae5d7cffe72395c9946685c7377a4044c',
-  claim: '6fd2b1e98d0741ef256cbb33744482d48b18e9b0',
+  claim: 'f6052e57b9d79e694b9bf5a7a3099def00dadc79',
   dead_letter: '52db476d90e15e367e53d80c85c94bbf9c80f12f',
   read: '6408da3732ff8d55c4dae898bd012ef23308286d',
   reclaim: '9bb21f2418b621f05fd355dcb7af7cbcc0a596ea',

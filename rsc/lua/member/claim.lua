@@ -38,8 +38,8 @@ if ARGV[8] ~= '1' then return {r[1], claimed} end
 local room = tonumber(ARGV[6]) - #r[2]
 if r[1] ~= '0-0' or room <= 0 then return {r[1], claimed, {}, ''} end
 -- (an XREADGROUP that finds nothing new creates no consumer: the new owner's is made here, as a
--- read of its own history would make it)
-redis.call('XGROUP', 'CREATECONSUMER', KEYS[1], ARGV[1], ARGV[4])
+-- read of its own history would make it; where an ACL refuses that, at its first entry)
+redis.pcall('XGROUP', 'CREATECONSUMER', KEYS[1], ARGV[1], ARGV[4])
 local new = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[4], 'COUNT', room, 'STREAMS', KEYS[1], '>')
 local fresh = new and new[1] and new[1][2] or {}
 if #fresh < room then
