@@ -29,6 +29,7 @@ import attrs
 import coredis
 import trio
 from coredis.connection import BaseConnection, SentinelManagedConnection, TCPLocation
+from coredis.parser import Parser
 from coredis.pool import SentinelConnectionPool
 from coredis.retry import ConstantRetryPolicy
 
@@ -273,10 +274,28 @@ def tls_check_hostname(query: dict[str, str]) -> bool:
 def error_code(exc: BaseException) -> str | None:
     """The Redis error code of a refusal (the first word of the reply: `NOGROUP`, `FENCED`), else None.
 
-    coredis strips the code from the refusals it has a class for (`LOADING`, `NOGROUP`...);
-    those are told apart by their class.
+    coredis strips the code from the refusals it has a class for (`LOADING`, `NOGROUP`,
+    `UNBLOCKED`...): for those it is told by the class (`_CLASS_CODES`), as Redis sent it.
     """
-    return reply_code(exc) if isinstance(exc, coredis.exceptions.ResponseError) else None
+    code = _CLASS_CODES.get(type(exc))
+    if code is not None:
+        return code
+    if not isinstance(exc, coredis.exceptions.ResponseError):
+        return None
+    # A plain `ResponseError` whose text starts with no code lost the generic `ERR` to the
+    # parser (`ERR no such key` reads "no such key"): Redis starts every refusal with a code.
+    return reply_code(exc) or ("ERR" if type(exc) is coredis.exceptions.ResponseError else None)
+
+
+#: The code of each refusal coredis's parser gives a class of its own (and strips from its
+#: text), and `ERR`'s refusals (`unknown command`...), but for "max number of clients reached"
+#: (a `ConnectionError`: Redis did not take the connection).
+_CLASS_CODES: dict[type, str] = {
+    kind: code
+    for code, entry in Parser.EXCEPTION_CLASSES.items()
+    for kind in (entry.values() if isinstance(entry, dict) else (entry,))
+    if not (isinstance(entry, dict) and issubclass(kind, coredis.exceptions.ConnectionError))
+}
 
 
 def reply_code(refusal: BaseException | str) -> str | None:
@@ -552,7 +571,7 @@ def _watch_demotion(connection: BaseConnection, demoted: Callable[[], None]) -> 
 
         def consume_and_watch(response: Any) -> None:
             consume(response)
-            if _says_demoted(response):
+            if says_demoted(response):
                 demoted()
 
         request.consume = consume_and_watch
@@ -571,7 +590,7 @@ def _watch_demotion(connection: BaseConnection, demoted: Callable[[], None]) -> 
     connection.create_request_batch = watched_batch  # type: ignore[method-assign]
 
 
-def _says_demoted(response: object) -> bool:
+def says_demoted(response: object) -> bool:
     """READONLY, or UNBLOCKED (by its reply class, never its words): a blocked command that the
     instance ended when it turned replica. `CLIENT UNBLOCK ... ERROR` also answers UNBLOCKED; the
     sentinels are then asked again for nothing worse than one reconnection."""

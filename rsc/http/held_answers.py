@@ -51,14 +51,18 @@ RECENT = 64
 class _Decided:
     """The answer slot of a recheck decided in the batch of the change that concerned it."""
 
-    def __init__(self, woken: trio.Event) -> None:
+    def __init__(self, woken: trio.Event, version: Callable[[], int]) -> None:
         self.woken = woken
+        self._version = version
         self.done = trio.Event()
         self.reply: Reply[GroupState, GroupEvent] | None = None
         self.error: BaseException | None = None
+        #: The group's change version when it was answered (its batch observed, no later one).
+        self.version: int | None = None
 
     def resolve(self, value: Reply[GroupState, GroupEvent]) -> None:
         self.reply = value
+        self.version = self._version()
         self.done.set()
         self.woken.set()
 
@@ -86,6 +90,9 @@ class _Group:
     version: int = 0
     recent: deque[tuple[int, longpoll.Change]] = attrs.field(factory=lambda: deque(maxlen=RECENT))
     waiters: set[_Waiter] = attrs.field(factory=set)
+
+    def current_version(self) -> int:
+        return self.version
 
     def changed_since(self, version: int, member_id: str, pending: frozenset[int]) -> bool:
         if version < self.version - len(self.recent):
@@ -138,10 +145,11 @@ class GroupChanges:
             if waiter.command is None or waiter.latest is None or waiter.decided is not None:
                 continue
             if longpoll.concerns(change, waiter.member_id, waiter.pending):
-                state.waiters.discard(waiter)
-                waiter.recheck = longpoll.again(waiter.command, waiter.latest, self.now_ms())
-                waiter.decided = _Decided(waiter.woken)
-                more.append((waiter.recheck, waiter.decided))
+                recheck = longpoll.again(waiter.command, waiter.latest, self.now_ms())
+                state.waiters.discard(waiter)  # (only once its recheck is made: nothing raises after)
+                waiter.recheck = recheck
+                waiter.decided = _Decided(waiter.woken, state.current_version)
+                more.append((recheck, waiter.decided))
         return more
 
     def release_all(self) -> None:
@@ -187,8 +195,11 @@ class GroupChanges:
                 if decided is not None:  # taken into a batch: its answer comes with the batch's
                     await decided.done.wait()
                 version = state.version
+                if decided is not None and decided.version is not None:
+                    version = decided.version  # (a later batch may be observed by now)
                 try:
-                    if decided is not None and not isinstance(decided.error, Redecide):
+                    # Dropped with its batch (a conflict), or its actor stopped: asked again.
+                    if decided is not None and not isinstance(decided.error, (Redecide, ActorStopped)):
                         assert waiter.recheck is not None
                         command = waiter.recheck
                         if decided.error is not None:

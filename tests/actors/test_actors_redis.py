@@ -176,6 +176,12 @@ async def test_shard_stats_and_primary_nodes(
     assert stats[keys[0]].length == 1
     assert stats[keys[0]].groups[0].group == "billing"
     assert stats[keys[0]].groups[0].lag == 1
+    missing = f"{prefix}:{{{prefix}:gone}}"  # a key Redis lost (or not made yet): empty, no error
+    assert (await effects.shard_stats([missing]))[missing].length == 0
+    assert (await effects.shard_stats([missing]))[missing].groups == ()
+    await redis.set(missing, "x")  # another refusal (WRONGTYPE) is raised
+    with pytest.raises(StoreUnavailable):
+        await effects.shard_stats([missing])
     nodes = {s.primary_node for s in stats.values()}
     if isinstance(redis, coredis.RedisCluster):
         assert None not in nodes  # every key is mapped to a primary

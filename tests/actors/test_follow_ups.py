@@ -13,7 +13,7 @@ import attrs
 import trio
 import trio.testing
 
-from rsc.actors.errors import StoreUnavailable
+from rsc.actors.errors import Redecide, StoreUnavailable
 from rsc.actors.registry import Registry
 from rsc.actors.store import MemoryStore
 from rsc.events import longpoll
@@ -110,6 +110,15 @@ async def test_a_conflict_drops_the_follow_up_and_it_is_decided_on_its_own(autoj
     async with registry_on(store) as registry:
         holds = RegistryHold(registry)
         actor = await registry.group("orders", "billing")
+        [follow_ups] = registry.group_follow_ups
+        taken: list[Any] = []
+
+        def counted(state: Any, events: Any) -> Any:
+            more = follow_ups(state, events)
+            taken.extend(slot for _, slot in more)
+            return more
+
+        registry.group_follow_ups[:] = [counted]
 
         async def another_writer() -> None:  # as a second coordinator would: the next write conflicts
             foreign = actor.aggregate.event_to_json(GroupConfigured(GroupConfig(max_concurrency=2)))
@@ -117,6 +126,8 @@ async def test_a_conflict_drops_the_follow_up_and_it_is_decided_on_its_own(autoj
 
         moving, answers, _ = await release_while_held(registry, holds, another_writer)
         assert actor.conflicts == 1
+        [slot] = taken  # taken into the batch that met the conflict, dropped with it
+        assert isinstance(slot.error, Redecide)
         assert answers[0].status is HeartbeatStatus.OK
         assert answers[0].assignment.assigned == moving
         assert actor.state is not None

@@ -113,6 +113,10 @@ def test_claim_then_read_reads_the_first_new_entries_once_the_backlog_is_done(
     assert [e[0] for e in new] == fresh[:1]
     assert tail == ""
     assert sync_redis.xpending(key, "billing")["consumers"] == [{"name": "new", "pending": 4}]
+    done, claimed, new, tail = call(4, "0-0", "1")  # the backlog fills the count: no room to read
+    assert done == "0-0"
+    assert len(claimed) == 4
+    assert (new, tail) == ([], "")  # more to read
     sync_redis.xreadgroup("billing", "new", {key: ">"})
     last = sync_redis.xadd(key, {"n": "5"})
     _, claimed, new, tail = call(100, "0-0", "1")

@@ -27,11 +27,43 @@ UNAVAILABLE = [
     trio.BrokenResourceError(),
 ]
 REFUSED = [
-    (E.StreamConsumerGroupError("No such key 'k' or consumer group 'g'"), None),
-    (E.AuthorizationError("this user has no permissions"), None),
+    # coredis strips the code of the refusals it has a class for: told by the class
+    (E.StreamConsumerGroupError("No such key 'k' or consumer group 'g'"), "NOGROUP"),
+    (E.AuthorizationError("this user has no permissions"), "NOPERM"),
+    (E.UnblockedError("force unblock from blocking operation, instance state changed"), "UNBLOCKED"),
     (E.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), "WRONGTYPE"),
     (E.ResponseError("ERR Error running script"), "ERR"),
+    (E.ResponseError("no such key"), "ERR"),  # what coredis makes of "ERR no such key"
 ]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "NOGROUP No such key 'k' or consumer group 'g'",
+        "UNBLOCKED force unblock from blocking operation",
+        "NOSCRIPT No matching script",
+        "READONLY You can't write against a read only replica.",
+        "LOADING Redis is loading the dataset in memory",
+        "WRONGTYPE Operation against a key holding the wrong kind of value",
+        "NOPERM this user has no permissions",
+        "ERR no such key",
+        "ERR unknown command 'FOO'",
+        "FENCED no owner",
+        "BUSY Redis is busy running a script.",
+    ],
+)
+def test_every_refusal_keeps_its_code_whichever_way_it_came(reply: str) -> None:
+    """As coredis parses it (its client, its pipelines) and as a lean connection reads it
+    (`rsc.resp`, hiredis): the same code, the first word Redis sent."""
+    hiredis = pytest.importorskip("hiredis")
+    from coredis.parser import Parser
+
+    from rsc.resp import refusal
+
+    code = reply.split(" ", 1)[0]
+    assert error_code(Parser().parse_error(reply)) == code
+    assert error_code(refusal(hiredis.ReplyError(reply))) == code
 
 
 def nested(exc: BaseException) -> BaseExceptionGroup[BaseException]:
@@ -95,7 +127,8 @@ def test_cancellations_and_bugs_travel_untouched() -> None:
 
 def test_error_codes() -> None:
     assert error_code(E.ResponseError("FENCED no owner")) == "FENCED"
-    assert error_code(E.ResponseError("something lower case")) is None
+    # A plain refusal whose text starts with no code: coredis took the generic ERR off it.
+    assert error_code(E.ResponseError("something lower case")) == "ERR"
     assert error_code(E.ConnectionError("FENCED")) is None
 
 

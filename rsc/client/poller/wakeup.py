@@ -34,6 +34,7 @@ from rsc.client.poller.scripts import MemberScripts, ShardRead
 from rsc.client.poller.settings import OUTAGE_OVER_S, POLL_FALLBACK_S, POLL_MAX_S
 from rsc.client.poller.state import PollerState, Shard
 from rsc.client.redis_calls import redis_call
+from rsc.connect import says_demoted
 from rsc.events.slots import key_slot
 from rsc.resp import Connection, Endpoint, pack, refusal
 
@@ -252,9 +253,13 @@ class Wakeups:
                 await self._close(watch)  # failed or cancelled half read: never reused
                 raise
             woken = refusal(replies[0])
+            read = refusal(replies[1]) if reads else None
+            if says_demoted(woken) or says_demoted(read):
+                # The Redis at this address turned replica (a failover behind a virtual IP):
+                # the next wake-up read connects again, to whatever the address reaches now.
+                await self._close(watch)
             if isinstance(woken, Exception):
                 raise woken
-        read = refusal(replies[1]) if reads else None
         # A failed read (NOSCRIPT after a restart...): the reader reads them, with the script.
         return (None if woken is None else {entry[0] for entry in woken}), (
             None if isinstance(read, Exception) else read
