@@ -420,6 +420,45 @@ async def test_where_redis_refuses_xread_the_member_polls(
     assert sum("Redis refused XREAD, polling instead" in line for line in lines) == 1, lines
 
 
+async def test_an_unblocked_wake_up_blocks_again_without_polling(
+    redis_url: str, checker: Any, nodes: list[redis.Redis], prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """UNBLOCKED (what a Redis turning replica answers a blocked read; here `CLIENT UNBLOCK ...
+    ERROR`) is a failover, not a refusal of XREAD: the member blocks again (on a new
+    connection), says nothing of polling, and misses nothing."""
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+
+    caplog.set_level(logging.WARNING, "rsc.client.poller")
+    keys = shard_keys(prefix, 2, checker)
+    async with open_redis(redis_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset(range(2)), layout(keys))
+        blocked = 1 if len(nodes) == 1 else 2
+        await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == blocked)
+        before = {n: blocked_reads([n]) for n in nodes}
+        for node, ids in before.items():
+            for client in ids:
+                node.execute_command("CLIENT", "UNBLOCK", client, "ERROR")
+        old = {i for ids in before.values() for i in ids}
+        # Blocked again: on a standalone Redis on a new connection (the lean one is closed, as
+        # for a replica behind a virtual IP); coredis (a cluster) keeps its connection.
+        await wait_for(
+            lambda: (
+                len(blocked_reads(nodes)) == blocked
+                and (len(nodes) > 1 or not set(blocked_reads(nodes)) & old)
+            )
+        )
+        entries = [checker.xadd(key, {"n": "1"}) for key in keys]
+        await wait_for(lambda: set(entries) <= set(handled))
+        nursery.cancel_scope.cancel()
+    assert not any("polling" in r.getMessage() for r in caplog.records)
+
+
 async def test_shards_read_together_are_refused_one_by_one(
     standalone_url: str, sync_redis: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
