@@ -18,7 +18,6 @@ synchronous producer.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -27,11 +26,17 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import attrs
 import coredis
-import trio
 from coredis.connection import BaseConnection, SentinelManagedConnection, TCPLocation
-from coredis.parser import Parser
 from coredis.pool import SentinelConnectionPool
 from coredis.retry import ConstantRetryPolicy
+
+from rsc.redis_errors import (
+    UNAVAILABLE,
+    first_leaf,
+    is_unavailable,
+    redis_leaf,
+    says_demoted,
+)
 
 if TYPE_CHECKING:
     pass
@@ -40,23 +45,6 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 
 #: A coredis client; a cluster client offers the same commands.
 RedisClient = Any
-
-#: Failures of a Redis that cannot answer now but may soon: connection lost or refused, a
-#: timeout, loading its data after a restart, read-only or down during a failover.
-UNAVAILABLE = (
-    coredis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) and ProtocolError too
-    coredis.exceptions.ReadOnlyError,
-    coredis.exceptions.TryAgainError,
-    coredis.exceptions.ClusterDownError,
-    coredis.exceptions.ClusterError,
-    coredis.exceptions.PrimaryNotFoundError,  # no sentinel answers, or none names a primary (yet)
-    coredis.exceptions.StalePrimaryError,  # the node a sentinel named is no longer the primary
-    TimeoutError,
-    OSError,
-    trio.BrokenResourceError,
-)
-#: The same, for the refusals coredis has no class for: the Redis error code (the first word).
-TRANSIENT_CODES = frozenset({"LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "READONLY"})
 
 
 class RedisUnreachable(ConnectionError):
@@ -269,83 +257,6 @@ def tls_context(query: dict[str, str]) -> ssl.SSLContext:
 def tls_check_hostname(query: dict[str, str]) -> bool:
     """Whether the `ssl_*` options leave the host name checked (the default)."""
     return query.get("ssl_check_hostname", "true").lower() not in ("false", "0", "no")
-
-
-def error_code(exc: BaseException) -> str | None:
-    """The Redis error code of a refusal (the first word of the reply: `NOGROUP`, `FENCED`), else None.
-
-    coredis strips the code from the refusals it has a class for (`LOADING`, `NOGROUP`,
-    `UNBLOCKED`...): for those it is told by the class (`_CLASS_CODES`), as Redis sent it.
-    """
-    code = _CLASS_CODES.get(type(exc))
-    if code is not None:
-        return code
-    if not isinstance(exc, coredis.exceptions.ResponseError):
-        return None
-    # A plain `ResponseError` whose text starts with no code lost the generic `ERR` to the
-    # parser (`ERR no such key` reads "no such key"): Redis starts every refusal with a code.
-    return reply_code(exc) or ("ERR" if type(exc) is coredis.exceptions.ResponseError else None)
-
-
-#: The code of each refusal coredis's parser gives a class of its own (and strips from its
-#: text), and `ERR`'s refusals (`unknown command`...), but for "max number of clients reached"
-#: (a `ConnectionError`: Redis did not take the connection).
-_CLASS_CODES: dict[type, str] = {
-    kind: code
-    for code, entry in Parser.EXCEPTION_CLASSES.items()
-    for kind in (entry.values() if isinstance(entry, dict) else (entry,))
-    if not (isinstance(entry, dict) and issubclass(kind, coredis.exceptions.ConnectionError))
-}
-
-
-def reply_code(refusal: BaseException | str) -> str | None:
-    """The code of a Redis error reply: its first word when that is a code (`BUSY`, `FENCED`,
-    `NOGROUP`), for any client library's refusal (coredis or redis-py), or for the text of a
-    refusal a script returns per shard (`'FENCED no owner'`, the `err` of a failed call). The
-    one place where a Redis refusal is classified: by its code, never by the rest of the text.
-    (coredis words a refusal inside a pipeline as "Command # n (...) of pipeline caused error:
-    <reply>": the reply is read from after that.)"""
-    text = str(refusal)
-    _, wrapped, reply = text.partition(PIPELINE_ERROR)
-    code = (reply if wrapped else text).split(" ", 1)[0]
-    return code if code.isupper() else None
-
-
-#: How coredis introduces the reply of a command that failed inside a pipeline.
-PIPELINE_ERROR = " of pipeline caused error: "
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """A failure of a Redis that may answer if asked again later (see `UNAVAILABLE`)."""
-    return isinstance(exc, UNAVAILABLE) or error_code(exc) in TRANSIENT_CODES or _node_reply_unmerged(exc)
-
-
-def _node_reply_unmerged(exc: BaseException) -> bool:
-    """coredis (6.9) merges the replies of a command sent to every node of a cluster (the
-    `SCRIPT EXISTS` before a pipeline's scripts) by iterating each reply, and fails with a
-    `TypeError` inside its own code when one node's reply is the connection error it met: that
-    node did not answer. Told by where it was raised (in coredis), never by its words."""
-    if not isinstance(exc, TypeError) or exc.__traceback__ is None:
-        return False
-    tb = exc.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return f"{os.sep}coredis{os.sep}" in tb.tb_frame.f_code.co_filename
-
-
-#: Whatever a failed Redis call raises: Redis refused the command, or could not answer.
-REDIS_FAILURES = (coredis.exceptions.RedisError, *UNAVAILABLE)
-
-
-def redis_leaf(exc: BaseException) -> BaseException | None:
-    """What went wrong in a Redis call: `exc` itself, or the first leaf of the exception
-    groups coredis raises under trio. None for a group that holds anything but Redis
-    failures (a cancellation, a bug): that must travel on untouched."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    if exc.split(REDIS_FAILURES)[1] is not None:
-        return None
-    return first_leaf(exc)
 
 
 @contextlib.asynccontextmanager
@@ -588,19 +499,6 @@ def _watch_demotion(connection: BaseConnection, demoted: Callable[[], None]) -> 
 
     connection.create_request = watched_request  # type: ignore[method-assign]
     connection.create_request_batch = watched_batch  # type: ignore[method-assign]
-
-
-def says_demoted(response: object) -> bool:
-    """READONLY, or UNBLOCKED (by its reply class, never its words): a blocked command that the
-    instance ended when it turned replica. `CLIENT UNBLOCK ... ERROR` also answers UNBLOCKED; the
-    sentinels are then asked again for nothing worse than one reconnection."""
-    return isinstance(response, (coredis.exceptions.ReadOnlyError, coredis.exceptions.UnblockedError))
-
-
-def first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
-    """The first exception in `group` that is not itself a group (trio nests them)."""
-    first = group.exceptions[0]
-    return first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _close_cluster_layout_streams(client: Any) -> None:

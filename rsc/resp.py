@@ -19,7 +19,7 @@ TCP (TLS with its `ssl_context`), its username and password, its database, its c
 command (`stream_timeout`) timeouts. Where that is not possible (a cluster, a Sentinel's
 primary, a Unix socket, a credential provider, no hiredis) `Endpoint.of` answers None and the
 caller keeps coredis. Failures leave as the coredis exceptions the rest of rsc classifies
-(`rsc.connect.is_unavailable`): `ConnectionError` when Redis could not be reached or stopped
+(`rsc.redis_errors.is_unavailable`): `ConnectionError` when Redis could not be reached or stopped
 answering, `TimeoutError` when a reply did not come within the command timeout (the
 connection is then closed: a connection is never reused half read), and an error reply as the
 coredis class for its code (`NoScriptError`, `ReadOnlyError`, `ResponseError`...).
@@ -165,7 +165,7 @@ class Connection:
             refused = refusal(reply)
             if isinstance(refused, coredis.exceptions.ConnectionError):  # (too many clients)
                 raise refused
-            if isinstance(reply, Exception):  # (its code in the text: `rsc.connect.error_code`)
+            if isinstance(reply, Exception):  # (its code in the text: `rsc.redis_errors.error_code`)
                 raise coredis.exceptions.ResponseError(str(reply))
 
     async def send(self, data: bytes) -> None:

@@ -23,11 +23,11 @@ from rsc.actors.features import FeatureState
 from rsc.actors.keys import AggregateId
 from rsc.actors.registry import Registry
 from rsc.actors.stream_dead_letters import DeadLetterCount, DeadLetterEntry, ReplayOutcome
-from rsc.connect import first_leaf
 from rsc.events import admin_rules
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.stream import StreamState
 from rsc.events.versions import Party
+from rsc.redis_errors import first_leaf
 
 
 async def feature_state(registry: Registry) -> FeatureState:

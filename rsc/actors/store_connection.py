@@ -11,7 +11,8 @@ import coredis
 
 from rsc import connect
 from rsc.actors.errors import StoreUnavailable
-from rsc.connect import DEFAULT_REDIS_URL, RedisClient, is_unavailable, redis_leaf
+from rsc.connect import DEFAULT_REDIS_URL, RedisClient
+from rsc.redis_errors import is_unavailable, redis_leaf
 from rsc.resp import Command, Multiplexed, open_lean
 
 __all__ = [
@@ -32,7 +33,7 @@ ScriptCall = tuple[Any, Sequence[str], Sequence[Any]]
 
 @contextlib.contextmanager
 def redis_errors(context: str) -> Iterator[None]:
-    """Translate failures of an unavailable Redis (`rsc.connect.is_unavailable`: bare, or in
+    """Translate failures of an unavailable Redis (`rsc.redis_errors.is_unavailable`: bare, or in
     coredis' exception groups) into `StoreUnavailable`."""
     try:
         yield

@@ -16,9 +16,10 @@ from rsc import config as config_module
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import check_namespace
 from rsc.cli.process_setup import StartupError, logging_options, setup_logging
-from rsc.connect import RedisRefused, first_leaf
+from rsc.connect import RedisRefused
 from rsc.demo import run_demo
 from rsc.http import service as serving
+from rsc.redis_errors import first_leaf
 
 
 def _bind_address(bind: str) -> str:

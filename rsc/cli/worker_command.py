@@ -15,8 +15,8 @@ import trio
 from rsc.cli.process_setup import StartupError, logging_options, setup_logging
 from rsc.client.errors import CoordinatorRejected, MemberReplaced, RscError
 from rsc.client.worker import App
-from rsc.connect import first_leaf
 from rsc.http import service as serving
+from rsc.redis_errors import first_leaf
 from rsc.tools.running import run_on_redis
 
 #: `rsc worker`'s exit code when a newer process took its static member ids over.

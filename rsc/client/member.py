@@ -25,12 +25,12 @@ from rsc.client.errors import (
     MemberReplaced,
 )
 from rsc.client.lifecycle import NoLifecycle, ShardLifecycle
-from rsc.connect import first_leaf
 from rsc.events.member_machine import DEFAULT_SETTINGS, MemberMachine, MemberSettings, Steps
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, ShardState
 from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.outage import OutageLog
+from rsc.redis_errors import first_leaf
 
 __all__ = ["CLIENT", "HeartbeatTransport", "Member", "MemberSettings"]
 

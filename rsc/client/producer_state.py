@@ -17,11 +17,11 @@ import attrs
 from rsc import lua
 from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
-from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
 from rsc.events.versions import PROTOCOL_VERSION
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse, seal_key
+from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
 log = logging.getLogger("rsc.client.producer")
 

@@ -4,7 +4,7 @@ What a coredis call raises, bare or inside the exception groups coredis raises
 under trio, leaves as one of three `rsc.client.errors`:
 
 * `Fenced`: a fenced script refused (error code `FENCED`): the shard is not this member's;
-* `RedisUnavailable`: Redis could not answer now (`rsc.connect.is_unavailable`): retry later;
+* `RedisUnavailable`: Redis could not answer now (`rsc.redis_errors.is_unavailable`): retry later;
 * `RedisCommandFailed`: Redis refused the command for another reason (its error code kept).
 
 Cancellations and anything that is not a Redis failure travel on untouched.
@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
-from rsc.connect import REDIS_FAILURES, error_code, is_unavailable, redis_leaf
+from rsc.redis_errors import REDIS_FAILURES, error_code, is_unavailable, redis_leaf
 
 
 @contextlib.contextmanager
@@ -24,7 +24,7 @@ def redis_call(context: str) -> Iterator[None]:
     """Map the Redis failures of the block (see the module doc); `context` says what was tried.
 
     Raises `Fenced` when a fenced script refused (`FENCED`); `RedisUnavailable` when Redis could
-    not answer (`rsc.connect.is_unavailable`); `RedisCommandFailed` when it refused the command.
+    not answer (`rsc.redis_errors.is_unavailable`); `RedisCommandFailed` when it refused the command.
     Anything else (a cancellation, a group holding more than Redis failures) leaves untouched."""
     try:
         yield

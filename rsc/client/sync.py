@@ -60,10 +60,10 @@ from rsc.client.producer_state import (
     publish_failed,
     take_replies,
 )
-from rsc.connect import TRANSIENT_CODES, reply_code
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 from rsc.outage import OutageLog
+from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
 _pack_command: Callable[[tuple[Any, ...]], bytes] | None
 try:  # rsc[sync] brings it: commands packed in C (redis-py's own packing encodes each argument)
@@ -87,7 +87,7 @@ log = logging.getLogger("rsc.client.producer")
 #: What a failed pipeline raises: Redis refused a command, or the connection failed, or (on a
 #: cluster) redis-py found no node to send it to: its cluster errors are no `RedisError`.
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
-#: Of those, the failures of a Redis that may answer if asked again (as `rsc.connect.UNAVAILABLE`).
+#: Of those, the failures of a Redis that may answer if asked again (as `rsc.redis_errors.UNAVAILABLE`).
 REDIS_UNAVAILABLE = (
     redis.exceptions.ConnectionError,  # BusyLoadingError (LOADING) too
     redis.exceptions.TimeoutError,

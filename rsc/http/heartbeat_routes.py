@@ -23,7 +23,6 @@ from rsc.actors.actor import Reply
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
-from rsc.connect import first_leaf
 from rsc.events import heartbeat_rules, longpoll
 from rsc.events.auth import Action, Credential
 from rsc.events.commands import Heartbeat
@@ -42,6 +41,7 @@ from rsc.http.json_io import EncodedJSON, error_body, json_body, json_response, 
 from rsc.http.metrics import Metrics, refusal_details
 from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
 from rsc.http.steady_heartbeats import Remembered, Slot, SteadyHeartbeats
+from rsc.redis_errors import first_leaf
 
 
 @attrs.frozen

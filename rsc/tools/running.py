@@ -10,7 +10,8 @@ import click
 import trio
 
 from rsc.actors.errors import StoreUnavailable
-from rsc.connect import RedisRefused, RedisUnreachable, first_leaf
+from rsc.connect import RedisRefused, RedisUnreachable
+from rsc.redis_errors import first_leaf
 
 T = TypeVar("T")
 

@@ -16,8 +16,8 @@ import trio
 
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.store_connection import Scripts, open_lean, open_redis, redis_errors
-from rsc.connect import error_code
 from rsc.lua import script
+from rsc.redis_errors import error_code
 from rsc.resp import Endpoint, Multiplexed
 from tests import redis_servers
 

@@ -9,7 +9,7 @@ import trio
 
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
 from rsc.client.redis_calls import redis_call
-from rsc.connect import error_code, is_unavailable
+from rsc.redis_errors import error_code, is_unavailable
 
 E = coredis.exceptions
 
@@ -135,7 +135,7 @@ def test_error_codes() -> None:
 def test_a_refusal_is_classified_by_its_code_wherever_the_library_puts_it() -> None:
     """`reply_code` reads the code of a refusal, a script's per-shard refusal text, and a
     refusal coredis wraps inside a pipeline; text that is not a code is no code."""
-    from rsc.connect import reply_code
+    from rsc.redis_errors import reply_code
 
     assert reply_code(Exception("FENCED no owner")) == "FENCED"
     assert reply_code("NOGROUP No such key 'k' or consumer group 'g'") == "NOGROUP"

@@ -17,11 +17,11 @@ from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
-from rsc.connect import error_code
 from rsc.events.drain import DrainEvidence, GroupDrain, evidence
 from rsc.events.slots import Primary, Topology
 from rsc.events.wire import seal_key
 from rsc.lua import script
+from rsc.redis_errors import error_code
 from rsc.resp import Multiplexed
 
 

@@ -20,7 +20,7 @@ import coredis
 from rsc.actors.errors import TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, ScriptCall, Scripts, raise_first, redis_errors
-from rsc.connect import error_code
+from rsc.redis_errors import error_code
 from rsc.resp import Command, Multiplexed
 
 #: Commands per pipeline when creating many shard keys or consumer groups.

@@ -28,9 +28,9 @@ from rsc.client.errors import Fenced, RedisCommandFailed
 from rsc.client.poller.book import ShardEntry
 from rsc.client.poller.message import Message, pairs
 from rsc.client.redis_calls import redis_call
-from rsc.connect import reply_code
 from rsc.events.wire import dead_letter_key, owner_key
 from rsc.lua import script
+from rsc.redis_errors import reply_code
 from rsc.resp import Multiplexed
 
 __all__ = ["MemberScripts", "ShardRead", "refusal"]

@@ -34,8 +34,8 @@ from rsc.client.poller.scripts import MemberScripts, ShardRead
 from rsc.client.poller.settings import OUTAGE_OVER_S, POLL_FALLBACK_S, POLL_MAX_S
 from rsc.client.poller.state import PollerState, Shard
 from rsc.client.redis_calls import redis_call
-from rsc.connect import says_demoted
 from rsc.events.slots import key_slot
+from rsc.redis_errors import says_demoted
 from rsc.resp import Connection, Endpoint, pack, refusal
 
 __all__ = ["Wakeups", "Watch", "block_ms"]
