@@ -25,7 +25,7 @@ import contextlib
 import logging
 import math
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,24 @@ def caught_up(poller: Poller) -> bool:
     return bool(poller.shards) and all(s.tail is not None for s in poller.shards.values())
 
 
+@contextlib.asynccontextmanager
+async def running(redis_url: str, keys: list[str]) -> AsyncIterator[tuple[Poller, list[str]]]:
+    """A running poller (`ONLY_WAKEUPS`, a lease for ever) that owns `keys`, and the ids it
+    handled; stopped on exit."""
+    handled: list[str] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.id)
+
+    async with open_redis(redis_url) as r, trio.open_nursery() as nursery:
+        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS)
+        await nursery.start(poller.run)
+        poller.renewed(math.inf)
+        await poller.assigned(frozenset(range(len(keys))), layout(keys))
+        yield poller, handled
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_entry_on_an_idle_shard_wakes_the_member_which_sends_nothing_while_idle(
     redis_url: str, checker: Any, nodes: list[redis.Redis], prefix: str
 ) -> None:
@@ -147,18 +165,9 @@ async def test_an_entry_on_an_idle_shard_wakes_the_member_which_sends_nothing_wh
 async def test_a_redis_that_forgot_its_scripts_is_read_on_and_standalone_goes_around_coredis(
     redis_url: str, checker: Any, nodes: list[redis.Redis], prefix: str
 ) -> None:
-    handled: list[str] = []
-
-    async def handle(message: Message) -> None:
-        handled.append(message.id)
-
     keys = shard_keys(prefix, 4, checker)
     standalone = len(nodes) == 1
-    async with open_redis(redis_url) as r, trio.open_nursery() as nursery:
-        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS)
-        await nursery.start(poller.run)
-        poller.renewed(math.inf)
-        await poller.assigned(frozenset(range(4)), layout(keys))
+    async with running(redis_url, keys) as (poller, handled):
         await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == (1 if standalone else 4))
         # On a standalone Redis: the blocked read on the watch's lean connection, the scripts on
         # the poller's own; on a cluster: coredis for both.
@@ -170,7 +179,6 @@ async def test_a_redis_that_forgot_its_scripts_is_read_on_and_standalone_goes_ar
         entries = [checker.xadd(key, {"n": "1"}) for key in keys]
         await wait_for(lambda: set(entries) <= set(handled))
         await wait_for(lambda: sum(checker.xpending(k, "billing")["pending"] for k in keys) == 0)  # acked
-        nursery.cancel_scope.cancel()
     assert poller.scripts.lean is None  # only while it runs
 
 
@@ -426,18 +434,9 @@ async def test_an_unblocked_wake_up_blocks_again_without_polling(
     """UNBLOCKED (what a Redis turning replica answers a blocked read; here `CLIENT UNBLOCK ...
     ERROR`) is a failover, not a refusal of XREAD: the member blocks again (on a new
     connection), says nothing of polling, and misses nothing."""
-    handled: list[str] = []
-
-    async def handle(message: Message) -> None:
-        handled.append(message.id)
-
     caplog.set_level(logging.WARNING, "rsc.client.poller")
     keys = shard_keys(prefix, 2, checker)
-    async with open_redis(redis_url) as r, trio.open_nursery() as nursery:
-        poller = Poller(r, "billing", MEMBER, f"{MEMBER}-inc", handle, ONLY_WAKEUPS)
-        await nursery.start(poller.run)
-        poller.renewed(math.inf)
-        await poller.assigned(frozenset(range(2)), layout(keys))
+    async with running(redis_url, keys) as (poller, handled):
         blocked = 1 if len(nodes) == 1 else 2
         await wait_for(lambda: caught_up(poller) and len(blocked_reads(nodes)) == blocked)
         before = {n: blocked_reads([n]) for n in nodes}
@@ -455,7 +454,6 @@ async def test_an_unblocked_wake_up_blocks_again_without_polling(
         )
         entries = [checker.xadd(key, {"n": "1"}) for key in keys]
         await wait_for(lambda: set(entries) <= set(handled))
-        nursery.cancel_scope.cancel()
     assert not any("polling" in r.getMessage() for r in caplog.records)
 
 
