@@ -47,6 +47,9 @@ they come from requests and the Admin API.
     quiesce_consume_timeout_ms = 300000       # RSC_QUIESCE_CONSUME_TIMEOUT_MS: QUIESCED's bound
     consumer_prune_interval_ms = 30000        # RSC_CONSUMER_PRUNE_INTERVAL_MS: departed members' consumers
     metrics_sample_interval_ms = 10000        # RSC_METRICS_SAMPLE_INTERVAL_MS: shard figures in /metrics
+    retention_interval_ms = 5000              # RSC_RETENTION_INTERVAL_MS: streams trimmed by their
+                                              # retention policy (0: never)
+    retention_shards_per_s = 2000             # RSC_RETENTION_SHARDS_PER_S: trim calls a second, at most
     retired_shard_retention_ms = 86400000     # RSC_RETIRED_SHARD_RETENTION_MS: unset: keep retired
                                               # shard keys until the stream is deleted
     quota_streams = 100000                    # RSC_QUOTA_STREAMS: streams in the deployment, and
@@ -149,6 +152,10 @@ class Settings:
     consumer_prune_interval_ms: int = 30_000
     #: How often shard lengths, lag, pending and dead letters are read for `/metrics`.
     metrics_sample_interval_ms: int = 10_000
+    #: How often each stream with a retention policy is trimmed (0: never), and the most trim
+    #: calls (one shard key each) a second over every stream (docs/operations.md, Retention).
+    retention_interval_ms: int = 5_000
+    retention_shards_per_s: int = 2_000
     #: Quotas (`rsc.events.quotas`): the deployment's (each credential's too, unless its
     #: `quota` table lowers them), and what anonymous callers may create all together.
     quota_streams: int = quotas.DEFAULT_LIMITS.streams
@@ -393,8 +400,11 @@ def validate(settings: Settings) -> None:
             raise ConfigError(f"{name} must be positive")
     if settings.metrics_sample_interval_ms <= 0:
         raise ConfigError("metrics_sample_interval_ms must be positive")
-    if settings.consumer_prune_interval_ms < 0:
-        raise ConfigError("consumer_prune_interval_ms must not be negative (0: never)")
+    for name in ("consumer_prune_interval_ms", "retention_interval_ms"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must not be negative (0: never)")
+    if settings.retention_shards_per_s < 1:
+        raise ConfigError("retention_shards_per_s must be at least 1")
     if settings.retired_shard_retention_ms is not None and settings.retired_shard_retention_ms < 0:
         raise ConfigError("retired_shard_retention_ms must not be negative (unset: keep until deleted)")
     for name in quotas.NAMES:

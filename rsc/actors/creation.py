@@ -24,6 +24,7 @@ from rsc.actors.corrections import LossCorrections
 from rsc.actors.effects.port import Effects
 from rsc.actors.quota_gate import QuotaGate
 from rsc.actors.store import Store
+from rsc.events.admin_rules import creation_retention
 from rsc.events.commands import CreateGroup, CreateStream, RegisterGroup
 from rsc.events.errors import PreconditionFailed
 from rsc.events.model import GroupConfig, StartFrom, Timing
@@ -101,7 +102,8 @@ class Creation:
 
         async with self.quota_gate.admitted(counted, stream_prefix, count, missing):
             topology = await self.effects.topology()
-            command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology)
+            retention = creation_retention(self.store.features.level)
+            command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology, retention=retention)
             if lost:
                 self.store.features.history_found = True  # a record made now starts at 1
                 command = await self.corrections.rebuild(command, seen_version)

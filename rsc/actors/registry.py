@@ -49,6 +49,7 @@ from rsc.actors.errors import ActorStopped
 from rsc.actors.features import FeatureState
 from rsc.actors.keys import AggregateId
 from rsc.actors.layout_push import LayoutPush
+from rsc.actors.retention import RetentionFigures, watch_retention
 from rsc.actors.store import Store
 from rsc.events.commands import GroupCommand, StreamCommand
 from rsc.events.errors import (
@@ -80,6 +81,10 @@ class RegistrySettings:
     drain_check_s: float = 1.0
     #: The bounds of a quiesce-mode migration's phases that keep producers paused.
     migration_bounds: MigrationBounds = MigrationBounds()
+    #: How often streams with a retention policy are trimmed (`retention`; 0: never), and the
+    #: most trim calls (one shard key each) a second over every stream (`rsc serve`: 5 s).
+    retention_check_s: float = 0.0
+    retention_shards_per_s: float = 2_000.0
     #: How long a retired shard key is kept (None: until the stream is deleted).
     retired_retention_ms: int | None = None
     #: How often departed members' Redis consumers are pruned (`consumer_pruning`; 0: never).
@@ -124,6 +129,8 @@ class Registry:
         self.clock = clock
         self.settings = settings
         self.actors: dict[AggregateId, _Entry] = {}
+        #: What retention did (`rsc.actors.retention`), for `/metrics`.
+        self.retention_figures = RetentionFigures()
         #: Told of every persisted batch of group events (metrics hook).
         self.group_observers: list[GroupObserver] = []
         #: Asked of every decided batch of group events, before it is written: commands it
@@ -558,6 +565,9 @@ async def open_registry(
         registry = Registry(nursery, store, effects, clock, settings)
         await nursery.start(registry.reap_idle)
         await nursery.start(watch_drains, registry, settings.drain_check_s)
+        await nursery.start(
+            watch_retention, registry, settings.retention_check_s, settings.retention_shards_per_s
+        )
         await nursery.start(prune_consumers, registry.running, effects, settings.consumer_prune_s)
         await nursery.start(registry.corrections.sweep)
         try:

@@ -50,9 +50,11 @@ from rsc.client.producer_state import (
     PublishFailed,
     Replies,
     RoutingView,
+    ShardFull,
     UnsupportedRouting,
     appends,
     publish_failed,
+    shard_full,
     take_replies,
 )
 from rsc.client.redis_calls import redis_call
@@ -65,6 +67,7 @@ __all__ = [
     "Producer",
     "ProducerPaused",
     "PublishFailed",
+    "ShardFull",
     "UnsupportedRouting",
     "open_producer",
 ]
@@ -222,6 +225,9 @@ class Producer(RoutingView):
                     )
                 elif replies.sealed:
                     await self._refresh_layout(retries, len(todo))
+                elif replies.full is not None:  # room comes as the groups consume: back off
+                    full = shard_full(self.stream_prefix, len(todo), replies.full)
+                    await self._retry_later(retries, len(todo), full, give_up=full)
             done = [i for i in ids if i is not None]
             state.published += len(done)
             return done
@@ -267,11 +273,17 @@ class Producer(RoutingView):
             await self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
 
     async def _retry_later(
-        self, retries: DeliveryRetries, count: int, exc: Exception, redis_down: bool = False
+        self,
+        retries: DeliveryRetries,
+        count: int,
+        exc: Exception,
+        redis_down: bool = False,
+        give_up: PublishFailed | None = None,
     ) -> None:
+        """Wait before the next try; raises `give_up` (else `PublishFailed`) past the timeout."""
         wait = retries.next_wait(trio.current_time())
         if wait is None:
-            raise publish_failed(self.stream_prefix, count, exc) from exc
+            raise (give_up or publish_failed(self.stream_prefix, count, exc)) from exc
         if redis_down:  # one line per outage, not per publish
             self.redis_outage.failed(exc)
         elif retries.attempts == 1:

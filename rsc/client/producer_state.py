@@ -20,7 +20,7 @@ from rsc.client.errors import RscError
 from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
 from rsc.events.versions import PROTOCOL_VERSION
-from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse, seal_key
+from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse, cap_key, seal_key
 from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
 log = logging.getLogger("rsc.client.producer")
@@ -31,6 +31,16 @@ ROUTE_CACHE = 65_536
 Fields = Mapping[str, str | bytes | int | float]
 #: A partition key: messages with the same key go to the same shard under one layout.
 Key = bytes | str | None
+
+
+def shard_full(stream_prefix: str, count: int, refusal: str) -> ShardFull:
+    """The error for `count` messages a full shard kept refusing for the delivery timeout."""
+    shard = refusal.split()[1] if len(refusal.split()) > 1 else "?"
+    return ShardFull(
+        f"publishing {count} message(s) to {stream_prefix!r}: shard {shard} stayed full (its "
+        f"retention caps it with whenFull refuse; {refusal}); nothing of them was written there",
+        shard,
+    )
 
 
 def publish_failed(stream_prefix: str, count: int, cause: BaseException) -> PublishFailed:
@@ -102,7 +112,7 @@ class Append:
 
     def command(self) -> tuple[Arg, ...]:
         """The whole `EVALSHA` command, as `hiredis.pack_command` takes it."""
-        return ("EVALSHA", SEALED_APPEND_SHA, 2, *self.keys, *self.args())
+        return ("EVALSHA", SEALED_APPEND_SHA, len(self.keys), *self.keys, *self.args())
 
 
 def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Key]]) -> list[Append]:
@@ -115,7 +125,12 @@ def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Ke
         else:
             positions.append(position)
     return [
-        Append(target, positions, [target, seal_key(target)], [messages[p][0] for p in positions])
+        Append(
+            target,
+            positions,
+            [target, seal_key(target), cap_key(target)],
+            [messages[p][0] for p in positions],
+        )
         for target, positions in by_shard.items()
     ]
 
@@ -125,7 +140,8 @@ _TRANSIENT_CLASSES = frozenset({"BusyLoadingError", "ReadOnlyError", "TryAgainEr
 
 
 def refusal(result: object) -> str | None:
-    """For one reply of a publish pipeline: "SEALED" (re-route it), "NOSCRIPT" (load the script,
+    """For one reply of a publish pipeline: "SEALED" (re-route it), "FULL" (the shard is at its
+    cap: send it again later), "NOSCRIPT" (load the script,
     send it again), "UNAVAILABLE" (a Redis loading, read-only, busy...: send it again later),
     another error's text, or None (written)."""
     if not isinstance(result, BaseException):
@@ -133,7 +149,7 @@ def refusal(result: object) -> str | None:
     if "NoScript" in type(result).__name__:  # redis-py and coredis strip the code from this one
         return "NOSCRIPT"
     code = reply_code(result)  # by its code, wherever the library puts it; never by its words
-    if code in ("NOSCRIPT", "SEALED"):
+    if code in ("NOSCRIPT", "SEALED", "FULL"):
         return code
     if code in TRANSIENT_CODES or type(result).__name__ in _TRANSIENT_CLASSES:
         return "UNAVAILABLE"
@@ -148,6 +164,8 @@ class Replies:
     again: list[int] = attrs.field(factory=list)
     sealed: bool = False
     noscript: bool = False
+    #: The refusal of a full shard (its cap, `whenFull: refuse`): its text, naming the shard.
+    full: str | None = None
     #: A refusal of a Redis that may answer soon (`LOADING`, `READONLY`, `BUSY`...): its text.
     unavailable: str | None = None
     #: Another error (the call failed: some messages may have been written).
@@ -165,8 +183,10 @@ def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[s
                 return out
             for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
                 ids[position] = entry_id
-        elif why in ("SEALED", "NOSCRIPT", "UNAVAILABLE"):
+        elif why in ("SEALED", "NOSCRIPT", "UNAVAILABLE", "FULL"):
             out.again.extend(call.positions)
+            if why == "FULL":
+                out.full = str(result)
             out.sealed |= why == "SEALED"
             out.noscript |= why == "NOSCRIPT"
             if why == "UNAVAILABLE":
@@ -191,6 +211,17 @@ class PublishFailed(RscError):
 
     At-least-once: retrying the same messages may write some of them twice.
     """
+
+
+class ShardFull(PublishFailed):
+    """A shard stayed at its entry cap (the stream's retention: `maxEntriesPerShard` with
+    `whenFull: refuse`) for `delivery_timeout_s`: the messages routed there were not written
+    (the others of the publish were, once). `shard` is the shard key. Room comes as the
+    stream's groups acknowledge and retention trims, or from an operator."""
+
+    def __init__(self, message: str, shard: str) -> None:
+        super().__init__(message)
+        self.shard = shard
 
 
 class ProducerPaused(RscError):

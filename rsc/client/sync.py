@@ -55,9 +55,11 @@ from rsc.client.producer_state import (
     PublishFailed,
     Replies,
     RoutingView,
+    ShardFull,
     UnsupportedRouting,
     appends,
     publish_failed,
+    shard_full,
     take_replies,
 )
 from rsc.events import codec
@@ -77,6 +79,7 @@ __all__ = [
     "NoWritableShards",
     "ProducerPaused",
     "PublishFailed",
+    "ShardFull",
     "UnsupportedRouting",
     "SyncCoordinator",
     "SyncProducer",
@@ -380,6 +383,9 @@ class SyncProducer(RoutingView):
                     self._retry_later(retries, len(todo), RscError(replies.unavailable), redis_down=True)
                 elif replies.sealed:
                     self._refresh_layout(retries, len(todo))
+                elif replies.full is not None:  # room comes as the groups consume: back off
+                    full = shard_full(self.stream_prefix, len(todo), replies.full)
+                    self._retry_later(retries, len(todo), full, give_up=full)
             done = [i for i in ids if i is not None]
             with self._lock:
                 self.state.published += len(done)
@@ -415,11 +421,17 @@ class SyncProducer(RoutingView):
             self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
 
     def _retry_later(
-        self, retries: DeliveryRetries, count: int, exc: Exception, redis_down: bool = False
+        self,
+        retries: DeliveryRetries,
+        count: int,
+        exc: Exception,
+        redis_down: bool = False,
+        give_up: PublishFailed | None = None,
     ) -> None:
+        """Wait before the next try; raises `give_up` (else `PublishFailed`) past the timeout."""
         wait = retries.next_wait(time.monotonic())
         if wait is None or self._closing.is_set():
-            raise publish_failed(self.stream_prefix, count, exc) from exc
+            raise (give_up or publish_failed(self.stream_prefix, count, exc)) from exc
         if redis_down:  # one line per outage, not per publish
             self.redis_outage.failed(exc)
         elif retries.attempts == 1:

@@ -33,8 +33,17 @@ from rsc.events.errors import (
 )
 from rsc.events.migration import target_count
 from rsc.events.model import GroupConfig, ReshardMode
+from rsc.events.retention import Retention
 from rsc.events.stream import StreamState
-from rsc.events.versions import MAX_FEATURE_LEVEL, MIGRATION_LEVEL, SEAL_LEVEL, STATIC_LEVEL, Party, blockers
+from rsc.events.versions import (
+    MAX_FEATURE_LEVEL,
+    MIGRATION_LEVEL,
+    RETENTION_LEVEL,
+    SEAL_LEVEL,
+    STATIC_LEVEL,
+    Party,
+    blockers,
+)
 
 
 @attrs.frozen
@@ -85,6 +94,31 @@ def scale_in_gate(shard_count: int, state: StreamState) -> FeatureGate | None:
             "(every producer checks seals)",
         )
     return None
+
+
+def retention_gate(retention: Retention | None) -> FeatureGate | None:
+    """The feature level a stream spec's `retention` needs (None: none given)."""
+    if retention is not None:
+        return FeatureGate(
+            RETENTION_LEVEL,
+            f"a retention policy trims shard keys and counts what groups lose, which needs feature "
+            f"level {RETENTION_LEVEL} (whenFull refuse: every producer checks the cap)",
+        )
+    return None
+
+
+def retention_for(asked: Retention | None, current: Retention | None) -> Retention | None:
+    """The policy a stream spec's `retention` (`asked`; None: left out) stores on a stream
+    whose policy is `current`; None: nothing to store. A spec that leaves it out keeps the
+    stream's policy (a new stream has the default from its creation at the retention level:
+    `creation_retention`), so an upgrade never starts trimming a stream by itself."""
+    return None if asked is None or asked == current else asked
+
+
+def creation_retention(level: int) -> Retention | None:
+    """The policy a stream created at feature `level` starts with: from the retention level,
+    keep what some group has not acknowledged (no limit); below it, none (it keeps all)."""
+    return Retention() if level >= RETENTION_LEVEL else None
 
 
 def group_spec_gate(config: GroupConfig) -> FeatureGate | None:

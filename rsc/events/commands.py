@@ -23,6 +23,7 @@ from rsc.events.model import (
     StartFrom,
     Timing,
 )
+from rsc.events.retention import Retention
 from rsc.events.slots import Topology
 
 # --- group commands -------------------------------------------------------
@@ -152,6 +153,24 @@ class CreateStream:
     #: Rebuilding a lost stream: the shard keys found in Redis (index -> key); the layout has
     #: these (ACTIVE) instead of `shard_count` new ones. Empty: new shards.
     found_keys: tuple[tuple[int, str], ...] = ()
+    #: The new stream's retention policy (feature level 5; None: none is stored, it keeps all).
+    retention: Retention | None = None
+
+
+@attrs.frozen
+class SetRetention:
+    """Store the stream's retention policy (feature level 5)."""
+
+    retention: Retention
+
+
+@attrs.frozen
+class RecordRetentionLoss:
+    """Journal what groups lost to a trim of one shard: (group, entries lost) each."""
+
+    shard: int
+    losses: tuple[tuple[str, int], ...]
+    now_ms: int
 
 
 @attrs.frozen
@@ -278,6 +297,8 @@ StreamCommand = (
     | AdvanceMigration
     | ResumeMigration
     | AbortMigration
+    | SetRetention
+    | RecordRetentionLoss
     | Tick
     | RestartTimers
 )

@@ -30,6 +30,7 @@ from rsc.events.model import (
     StartFrom,
     Timing,
 )
+from rsc.events.retention import Retention
 
 # --- group events ---------------------------------------------------------
 
@@ -393,6 +394,28 @@ class ReshardModeSet:
 
 
 @attrs.frozen
+class RetentionSet:
+    """The stream's retention policy (what the coordinator trims of its shard keys) changed
+    (feature level 5)."""
+
+    durable: ClassVar[bool] = True
+    retention: Retention
+
+
+@attrs.frozen
+class RetentionLoss:
+    """Retention removed entries of shard `shard` before consumer group `group` acknowledged
+    them: `lost` more of them (never delivered, or delivered and pending; feature level 5).
+    A record: the exact count is the one kept in Redis beside the shard (`:rsc:v1:trimmed`)."""
+
+    durable: ClassVar[bool] = True
+    shard: int
+    group: str
+    lost: int
+    at_ms: int
+
+
+@attrs.frozen
 class MigrationStarted:
     """A resharding began (its first phase is in `migration.phases`)."""
 
@@ -453,6 +476,8 @@ StreamEvent = (
     | ProducersPaused
     | ProducersResumed
     | ReshardModeSet
+    | RetentionSet
+    | RetentionLoss
     | MigrationStarted
     | MigrationPhaseChanged
     | MigrationStalled

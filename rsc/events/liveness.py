@@ -61,6 +61,8 @@ from rsc.events.events import (
     ProducersResumed,
     QuarantineEnded,
     ReshardModeSet,
+    RetentionLoss,
+    RetentionSet,
     ShardsAdded,
     ShardsDraining,
     ShardsInstalled,
@@ -175,6 +177,8 @@ class Leases(Mapping[str, int]):
                     | ProducersPaused()
                     | ProducersResumed()
                     | ReshardModeSet()
+                    | RetentionSet()
+                    | RetentionLoss()
                     | MigrationStarted()
                     | MigrationPhaseChanged()
                     | MigrationStalled()

@@ -39,11 +39,13 @@ from rsc.events.commands import (
     DeleteStream,
     PauseProducers,
     ProducerHeartbeat,
+    RecordRetentionLoss,
     RegisterGroup,
     RestartTimers,
     ResumeMigration,
     ResumeProducers,
     RetireShards,
+    SetRetention,
     StreamCommand,
     Tick,
     UnregisterGroup,
@@ -70,6 +72,8 @@ from rsc.events.events import (
     ProducerRegistered,
     ProducersPaused,
     ProducersResumed,
+    RetentionLoss,
+    RetentionSet,
     ShardsRetired,
     StreamCreated,
     StreamDeleted,
@@ -175,6 +179,15 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
                     f"the layout (phase {holding.phase.value}); abort it to resume them now"
                 )
             return [ProducersResumed(command.now_ms)] if state.paused is not None else []
+        case SetRetention():
+            return [] if state.retention == command.retention else [RetentionSet(command.retention)]
+        case RecordRetentionLoss():
+            indexes = {s.index for s in state.layout.shards}
+            return [
+                RetentionLoss(command.shard, group, lost, command.now_ms)
+                for group, lost in command.losses
+                if lost > 0 and command.shard in indexes
+            ]
         case Tick():
             gone: list[StreamEvent] = [
                 ProducerExpired(producer_id, command.now_ms)
@@ -250,7 +263,12 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
         indexes = range(command.shard_count)
         keys = place(command.stream_prefix, indexes, (), command.topology)
         shards = tuple(Shard(i, key) for i, key in zip(indexes, keys, strict=True))
-    return [StreamCreated(command.stream_prefix, Layout(command.metadata_version, shards), command.now_ms)]
+    created: list[StreamEvent] = [
+        StreamCreated(command.stream_prefix, Layout(command.metadata_version, shards), command.now_ms)
+    ]
+    if command.retention is not None:
+        created.append(RetentionSet(command.retention))
+    return created
 
 
 def _resume_migration(state: StreamState, command: ResumeMigration) -> list[StreamEvent]:

@@ -36,6 +36,8 @@ from rsc.events.events import (
     ProducersPaused,
     ProducersResumed,
     ReshardModeSet,
+    RetentionLoss,
+    RetentionSet,
     ShardsAdded,
     ShardsDraining,
     ShardsRetired,
@@ -54,6 +56,7 @@ from rsc.events.model import (
     ShardState,
     StartFrom,
 )
+from rsc.events.retention import KEEP_ALL, Retention
 
 
 @attrs.frozen
@@ -71,6 +74,13 @@ class StreamState:
     deleted: bool = False
     #: The running resharding, or the last one (DONE or ABORTED) until the next begins.
     migration: Migration | None = attrs.field(default=None, metadata={"omit_if_default": True})
+    #: The retention policy (feature level 5); None: none stored, the stream keeps everything.
+    retention: Retention | None = attrs.field(default=None, metadata={"omit_if_default": True})
+
+    @property
+    def policy(self) -> Retention:
+        """The retention the coordinator applies: the stored one, else keep everything."""
+        return KEEP_ALL if self.retention is None else self.retention
 
     @property
     def shard_count(self) -> int:
@@ -136,6 +146,10 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
             return attrs.evolve(state, paused=None, producers=_unquiet(producers))
         case ReshardModeSet():
             return attrs.evolve(state, reshard_mode=event.mode)
+        case RetentionSet():
+            return attrs.evolve(state, retention=event.retention)
+        case RetentionLoss():
+            return state  # a record: the count is kept in Redis beside the shard
         case MigrationStarted():
             return attrs.evolve(state, migration=event.migration)
         case MigrationPhaseChanged():

@@ -116,6 +116,16 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         "coordinator cannot replay these events)",
         journal_schema=2,
     ),
+    FeatureLevel(
+        5,
+        "0.3.0",
+        "retention: a stream's retention policy is stored (RetentionSet) and applied to its "
+        "shard keys (coordinator/trim.lua: acknowledged entries, age, an entry cap), what a "
+        "group lost to it is counted beside each shard and journaled (RetentionLoss); new "
+        "streams keep only what some group has not acknowledged; `whenFull: refuse` writes a "
+        "cap producers' append script checks (producers of 0.2.0 do not check it)",
+        journal_schema=2,
+    ),
 )
 #: The level from which shards are sealed when they drain, and scale-in is allowed.
 SEAL_LEVEL = 2
@@ -123,6 +133,9 @@ SEAL_LEVEL = 2
 MIGRATION_LEVEL = 3
 #: The level from which static members, holds, sticky rejoins and quarantines are journaled.
 STATIC_LEVEL = 4
+#: The level from which streams have a retention policy, trimmed and counted (and from which
+#: producers check a shard's entry cap).
+RETENTION_LEVEL = 5
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
@@ -195,6 +208,7 @@ EVENT_LEVELS: Mapping[str, int] = {
         MIGRATION_LEVEL,
     ),
     **dict.fromkeys(("AssignmentHeld", "HoldEnded", "ShardsQuarantined", "QuarantineEnded"), STATIC_LEVEL),
+    **dict.fromkeys(("RetentionSet", "RetentionLoss"), RETENTION_LEVEL),
 }
 
 #: An upcaster turns the JSON data of one version of an event into the next version's.

@@ -241,3 +241,23 @@ def dead_letter_key(shard_key: str) -> str:
 def seal_key(shard_key: str) -> str:
     """The seal of one shard: set when the shard starts DRAINING, gone with the shard key."""
     return f"{shard_key}{SEAL_SUFFIX}"
+
+
+#: The entry cap next to a shard key (same hash slot; feature level 5): while it exists,
+#: producers' appends that would take the shard past it are refused with `FULL` (`append.lua`).
+CAP_SUFFIX = ":rsc:v1:cap"
+#: What retention removed from a shard key (same hash slot; feature level 5): a hash, field =
+#: consumer group -> entries it lost (removed before it acknowledged them), `:trimmed` -> all.
+TRIMMED_SUFFIX = ":rsc:v1:trimmed"
+#: The field of `TRIMMED_SUFFIX` that counts every entry removed (no group name has a ':' first).
+TRIMMED_TOTAL_FIELD = ":trimmed"
+
+
+def cap_key(shard_key: str) -> str:
+    """The entry cap of one shard (a string: the most entries it may hold)."""
+    return f"{shard_key}{CAP_SUFFIX}"
+
+
+def trimmed_key(shard_key: str) -> str:
+    """The counts of what retention removed from one shard, per group and in all."""
+    return f"{shard_key}{TRIMMED_SUFFIX}"

@@ -99,6 +99,7 @@ class Metrics:
         self._revoked_at: dict[tuple[str, str, int], int] = {}
         self.prometheus.register(_ActorCollector(registry))
         self.prometheus.register(_DataLossCollector())
+        self.prometheus.register(_RetentionCollector(registry))
         self.prometheus.register(_QuotaCollector())
         self.prometheus.register(_RateCollector())
         self.prometheus.register(_SampleCollector(self))
@@ -261,6 +262,38 @@ class _RateCollector:
         for kind in ratelimit.KINDS:
             limited.add_metric([kind], ratelimit.RATE_LIMITED[kind])
         yield limited
+
+
+class _RetentionCollector:
+    """What retention did in this process (`Registry.retention_figures`)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.registry.retention_figures
+        lost = CounterMetricFamily(
+            "rsc_group_trimmed_unseen",
+            "Entries retention removed before the group acknowledged them (never delivered, or "
+            "delivered and pending): lost for that group (the group view's trimmedUnseen)",
+            labels=["stream", "group"],
+        )
+        trimmed = CounterMetricFamily(
+            "rsc_stream_trimmed", "Entries retention removed from the stream's shard keys", labels=["stream"]
+        )
+        oldest = GaugeMetricFamily(
+            "rsc_group_oldest_unacked_age_seconds",
+            "Age of the group's oldest entry not acknowledged yet, over every shard, at the last "
+            "retention round (0: none); alert on it before a limit removes anything",
+            labels=["stream", "group"],
+        )
+        for (stream, group), n in sorted(figures.lost.items()):
+            lost.add_metric([stream, group], n)
+        for stream, n in sorted(figures.trimmed.items()):
+            trimmed.add_metric([stream], n)
+        for (stream, group), age in sorted(figures.oldest_age_s.items()):
+            oldest.add_metric([stream, group], age)
+        yield from (lost, trimmed, oldest)
 
 
 class _DataLossCollector:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response
 from quart_trio import QuartTrio
 
-from rsc.actors import admin_queries
+from rsc.actors import admin_queries, retention
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
@@ -90,6 +91,9 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
         if actor.state is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
         view = views.group_view(actor.state, actor.leases, registry.clock.now_ms())
+        loss = await retention.group_loss(registry, state, consumer_group)
+        per_shard = {str(i): n for i, n in loss.per_shard.items()}
+        view = attrs.evolve(view, trimmed_unseen=loss.total, trimmed_unseen_per_shard=per_shard)
         if wanted.limit is None:
             return json_response(view)
         page = paging.page_of("members", view.members, wanted, lambda m: m.member_id)

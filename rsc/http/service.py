@@ -88,6 +88,8 @@ def registry_settings(settings: Settings) -> RegistrySettings:
         ),
         retired_retention_ms=settings.retired_shard_retention_ms,
         consumer_prune_s=settings.consumer_prune_interval_ms / 1000,
+        retention_check_s=settings.retention_interval_ms / 1000,
+        retention_shards_per_s=settings.retention_shards_per_s,
         sweep_per_round=SWEEP_PER_ROUND,
     )
 

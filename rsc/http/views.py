@@ -31,6 +31,7 @@ from rsc.events.model import (
     ShardState,
     Stall,
 )
+from rsc.events.retention import KEEP_ALL, Retention
 from rsc.events.stream import StreamState
 from rsc.events.stream_state import stale_producers
 from rsc.events.versions import (
@@ -160,6 +161,8 @@ class StreamView:
     producers: tuple[ProducerView, ...] = ()
     producers_summary: ProducersSummary = ProducersSummary(0, 0, 0)
     migration: MigrationView | None = None
+    #: The retention policy the coordinator applies (a stream without one keeps everything).
+    retention: Retention = KEEP_ALL
 
 
 @attrs.frozen
@@ -236,6 +239,10 @@ class GroupView:
     config: GroupConfig
     holds: tuple[HoldView, ...] = ()
     quarantines: tuple[QuarantineView, ...] = ()
+    #: Entries retention removed before the group acknowledged them (never delivered, or
+    #: delivered and pending), in all and per shard index with a loss (feature level 5).
+    trimmed_unseen: int = 0
+    trimmed_unseen_per_shard: Mapping[str, int] = attrs.field(factory=dict)
     #: Only when asked for a page of members (`limit`): the next page's cursor, null on the last.
     next_cursor: str | None = omitted_unless_set()
 
@@ -357,6 +364,7 @@ def stream_view(
             len(producers), sum(p.up_to_date for p in producers), sum(p.quiesced for p in producers)
         ),
         migration_view(state, now_ms, consumed),
+        state.policy,
     )
 
 

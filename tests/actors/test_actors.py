@@ -469,7 +469,7 @@ async def test_a_create_only_arriving_while_the_creation_s_side_effects_run_is_r
         assert isinstance(outcomes["second"], PreconditionFailed), outcomes
         actor = await registry.stream("orders", create=False)
         assert len(actor.state.layout.shards) == 2
-        assert actor.revision == 1
+        assert actor.revision == 2  # one creation: StreamCreated and its retention (feature level 5)
 
 
 async def test_a_stream_made_by_a_first_heartbeat_is_one_info_line(

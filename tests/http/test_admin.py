@@ -67,7 +67,10 @@ async def test_declarative_stream_put_get_etag(client: httpx.AsyncClient, prefix
     assert (await client.get(path, auth=AUTH)).status_code == 404
     created = await client.put(path, json={"shardCount": 3}, auth=AUTH)
     assert created.status_code == 200
-    assert created.json()["spec"] == {"shardCount": 3, "reshardMode": "online"}
+    # a new stream at feature level 5 keeps what some group has not acknowledged, no limit
+    default = {"keep": "acknowledged", "maxAgeMs": None, "maxEntriesPerShard": None}
+    default |= {"whenFull": "drop-oldest", "inactiveGroupMs": None, "deadLetterMaxEntries": 10_000}
+    assert created.json()["spec"] == {"shardCount": 3, "reshardMode": "online", "retention": default}
     again = await client.put(path, json={"shardCount": 3}, auth=AUTH)  # idempotent
     assert again.headers["ETag"] == created.headers["ETag"]
     got = await client.get(path, auth=AUTH)
@@ -83,7 +86,7 @@ async def test_declarative_stream_put_get_etag(client: httpx.AsyncClient, prefix
     quiesce = await client.put(path, json={"shardCount": 2, "reshardMode": "quiesce"}, auth=AUTH)
     assert quiesce.status_code == 200, quiesce.text
     # Read back as stored: the target count and the mode, while the layout has not switched.
-    assert quiesce.json()["spec"] == {"shardCount": 2, "reshardMode": "quiesce"}
+    assert quiesce.json()["spec"] == {"shardCount": 2, "reshardMode": "quiesce", "retention": default}
     migration = quiesce.json()["status"]["migration"]
     assert (migration["mode"], migration["fromShardCount"], migration["toShardCount"]) == ("quiesce", 5, 2)
     assert migration["phase"] in ("PAUSING", "QUIESCED")
@@ -93,7 +96,7 @@ async def test_declarative_stream_put_get_etag(client: httpx.AsyncClient, prefix
     aborted = await client.post(f"{path}/migration/abort", json={"reason": "test"}, auth=AUTH)
     assert aborted.status_code == 200, aborted.text
     assert aborted.json()["status"]["migration"]["phase"] == "ABORTED"
-    assert aborted.json()["spec"] == {"shardCount": 5, "reshardMode": "quiesce"}
+    assert aborted.json()["spec"] == {"shardCount": 5, "reshardMode": "quiesce", "retention": default}
     shrink = await client.put(path, json={"shardCount": 2}, auth=AUTH)  # scale-in: 2 ACTIVE, 3 DRAINING
     assert shrink.status_code == 200, shrink.text
     states = [s["state"] for s in shrink.json()["status"]["shards"]]

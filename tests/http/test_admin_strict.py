@@ -76,18 +76,18 @@ async def test_every_field_round_trips_put_replaces_and_patch_merges(
     client: httpx.AsyncClient, prefix: str
 ) -> None:
     stream = f"/v1/admin/streams/{prefix}"
-    spec = {"shardCount": 3, "reshardMode": "quiesce"}
+    spec = {"shardCount": 3, "reshardMode": "quiesce", "retention": DEFAULT_RETENTION}
     assert (await client.put(stream, json=spec, auth=AUTH)).json()["spec"] == spec
     assert (await client.get(stream, auth=AUTH)).json()["spec"] == spec
     # PATCH: only the fields given (RFC 7396); null means the default.
     patched = await client.patch(stream, json={"reshardMode": None}, auth=AUTH, headers=MERGE)
     assert patched.status_code == 200, patched.text
-    assert patched.json()["spec"] == {"shardCount": 3, "reshardMode": "online"}
-    # PUT: the whole spec; a field left out is its default.
+    assert patched.json()["spec"] == spec | {"reshardMode": "online"}
+    # PUT: the whole spec; a field left out is its default (retention: the stream keeps its own).
     put = await client.put(stream, json={"shardCount": 3, "reshardMode": "quiesce"}, auth=AUTH)
     assert put.json()["spec"]["reshardMode"] == "quiesce"
     put = await client.put(stream, json={"shardCount": 3}, auth=AUTH)
-    assert put.json()["spec"] == {"shardCount": 3, "reshardMode": "online"}
+    assert put.json()["spec"] == spec | {"reshardMode": "online"}
 
     group = f"{stream}/groups/billing"
     gspec = {"maxConcurrency": 6, "startFrom": "latest"}
@@ -332,14 +332,14 @@ async def test_reads_and_deletes_racing_never_bring_a_deleted_group_back(
     ("headers", "status"),
     [
         ([("If-None-Match", '"zzz"'), ("If-None-Match", "*")], 400),  # * must stand alone
-        ([("If-None-Match", '"zzz"'), ("If-None-Match", '"1"')], 412),  # two lines: one list
-        ([("If-Match", '"999"'), ("If-Match", '"1"')], 200),
-        ([("If-Match", 'W/"1"')], 412),  # If-Match compares strongly: a weak tag never matches
-        ([("If-Match", "1")], 400),  # not an entity tag
+        ([("If-None-Match", '"zzz"'), ("If-None-Match", '"2"')], 412),  # two lines: one list
+        ([("If-Match", '"999"'), ("If-Match", '"2"')], 200),
+        ([("If-Match", 'W/"2"')], 412),  # If-Match compares strongly: a weak tag never matches
+        ([("If-Match", "2")], 400),  # not an entity tag
         ([("If-None-Match", "W/*")], 400),
         ([("If-None-Match", "garbage")], 400),
         ([("If-None-Match", "\u200b*".encode())], 400),  # a zero-width space before *
-        ([("If-None-Match", 'W/"1"')], 412),  # If-None-Match compares weakly
+        ([("If-None-Match", 'W/"2"')], 412),  # If-None-Match compares weakly
     ],
 )
 async def test_preconditions_are_read_as_rfc_9110_says_or_refused(
@@ -348,7 +348,7 @@ async def test_preconditions_are_read_as_rfc_9110_says_or_refused(
     """Every line of a precondition header counts; anything that is not `*` or entity tags is
     400, never a write without a condition."""
     stream = f"/v1/admin/streams/{prefix}"
-    assert (await client.put(stream, json={"shardCount": 2}, auth=AUTH)).json()["revision"] == 1
+    assert (await client.put(stream, json={"shardCount": 2}, auth=AUTH)).json()["revision"] == 2  # StreamCreated, RetentionSet
     answer = await client.put(stream, json={"shardCount": 3}, auth=AUTH, headers=headers)
     assert answer.status_code == status, answer.text
     expected = 3 if status == 200 else 2
@@ -503,3 +503,50 @@ async def test_a_member_that_knows_a_layout_rebuilds_what_redis_lost(
     assert rejoined["layout"]["metadataVersion"] == 5
     ready = (await client.get("/readyz")).json()
     assert ready["dataLoss"]["counts"]["rebuilt"] >= 2, ready  # the stream, then the group
+
+
+DEFAULT_RETENTION = {
+    "keep": "acknowledged",
+    "maxAgeMs": None,
+    "maxEntriesPerShard": None,
+    "whenFull": "drop-oldest",
+    "inactiveGroupMs": None,
+    "deadLetterMaxEntries": 10_000,
+}
+
+
+async def test_retention_round_trips_merges_and_refuses_bad_numbers_naming_the_field(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    stream = f"/v1/admin/streams/{prefix}"
+    policy = DEFAULT_RETENTION | {"keep": "all", "maxAgeMs": 60_000, "maxEntriesPerShard": 500}
+    put = await client.put(stream, json={"shardCount": 2, "retention": policy}, auth=AUTH)
+    assert put.status_code == 200, put.text
+    assert put.json()["spec"]["retention"] == policy
+    assert put.json()["status"]["retention"] == policy  # the stream view shows it too
+    # a merge patch of the policy changes only the fields it names; null is the field's default
+    patch = {"retention": {"whenFull": "refuse", "maxAgeMs": None}}
+    patched = await client.patch(stream, json=patch, auth=AUTH, headers=MERGE)
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["spec"]["retention"] == policy | {"whenFull": "refuse", "maxAgeMs": None}
+    # null for the whole policy: the default policy
+    reset = await client.patch(stream, json={"retention": None}, auth=AUTH, headers=MERGE)
+    assert reset.json()["spec"]["retention"] == DEFAULT_RETENTION
+    for field, bad in [
+        ("maxAgeMs", 0),
+        ("maxAgeMs", -5),
+        ("maxEntriesPerShard", 1.5),
+        ("maxEntriesPerShard", "10"),
+        ("inactiveGroupMs", True),
+        ("keep", "some"),
+        ("whenFull", None),
+    ]:
+        refused = await client.put(stream, json={"shardCount": 2, "retention": {field: bad}}, auth=AUTH)
+        assert refused.status_code == 400, (field, bad, refused.text)
+        assert refused.json()["error"] == "INVALID_REQUEST"
+        assert field in refused.text, (field, refused.text)
+    unknown = await client.put(stream, json={"shardCount": 2, "retention": {"maxAge": 5}}, auth=AUTH)
+    assert unknown.status_code == 400
+    assert "retention.maxAge" in unknown.text
+    assert "maxAgeMs" in unknown.text  # the closest known name
+    assert (await client.get(stream, auth=AUTH)).json()["spec"]["retention"] == DEFAULT_RETENTION

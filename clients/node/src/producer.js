@@ -7,10 +7,20 @@ import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable } fro
 import { PROTOCOL_VERSION } from './machine.js';
 import { CLIENT } from './member.js';
 import { route } from './routing.js';
-import { runScript, sealKey } from './scripts.js';
+import { capKey, runScript, sealKey } from './scripts.js';
 
 /** The stream stayed paused past the producer's pause timeout. */
 export class ProducerPaused extends Error {}
+
+/** A shard stayed at its entry cap (retention `whenFull: refuse`) for deliveryTimeoutMs; `shard`
+ * names its key. The messages routed there were not written. */
+export class ShardFull extends Error {
+  /** @param {string} message @param {string} shard */
+  constructor(message, shard) {
+    super(message);
+    this.shard = shard;
+  }
+}
 
 /** @typedef {Record<string, string | number | Buffer>} Fields */
 /** @typedef {{key: string | Uint8Array, fields: Fields}} Outgoing */
@@ -28,7 +38,8 @@ function flatten(fields) {
 export class Producer {
   /**
    * @param {{coordinator: import('./coordinator.js').Coordinator, redis: any, stream: string,
-   *   producerId?: string, pauseTimeoutMs?: number, maxRefreshes?: number, log?: (line: string) => void}} o
+   *   producerId?: string, pauseTimeoutMs?: number, maxRefreshes?: number, deliveryTimeoutMs?: number,
+   *   log?: (line: string) => void}} o
    */
   constructor(o) {
     this.coordinator = o.coordinator;
@@ -37,6 +48,8 @@ export class Producer {
     this.producerId = o.producerId ?? `${hostname()}/${process.pid}/producer`;
     this.pauseTimeoutMs = o.pauseTimeoutMs ?? 60_000;
     this.maxRefreshes = o.maxRefreshes ?? 5;
+    /** How long a publish keeps trying a full shard (retention's cap) before ShardFull. */
+    this.deliveryTimeoutMs = o.deliveryTimeoutMs ?? 120_000;
     this.log = o.log ?? ((line) => process.stderr.write(line + '\n'));
     /** @type {any} */
     this.layout = null;
@@ -125,8 +138,9 @@ export class Producer {
     let todo = items.map((_, i) => i);
     await this.#untilOpen();
     this.inFlight++;
+    const giveUpAt = Date.now() + this.deliveryTimeoutMs;
     try {
-      for (let refresh = 0; todo.length; refresh++) {
+      for (let refresh = 0, waits = 0; todo.length; ) {
         /** @type {Map<string, number[]>} */
         const byShard = new Map();
         for (const i of todo) {
@@ -139,6 +153,8 @@ export class Producer {
         const again = [];
         /** @type {string|null} */
         let sealed = null;
+        /** @type {string|null} */
+        let full = null;
         await Promise.all([...byShard].map(async ([shardKey, idx]) => {
           const args = [idx.length];
           for (const i of idx) {
@@ -146,11 +162,14 @@ export class Producer {
             args.push(flat.length, ...flat);
           }
           try {
-            const reply = await runScript(this.redis, 'append', [shardKey, sealKey(shardKey)], args);
+            const reply = await runScript(this.redis, 'append', [shardKey, sealKey(shardKey), capKey(shardKey)], args);
             idx.forEach((i, n) => { ids[i] = String(reply[n]); });
           } catch (err) {
             if (err instanceof Error && err.message.startsWith('SEALED')) {
               sealed = err.message;
+              again.push(...idx);
+            } else if (err instanceof Error && err.message.startsWith('FULL')) {
+              full = err.message;
               again.push(...idx);
             } else {
               throw err;
@@ -158,8 +177,15 @@ export class Producer {
           }
         }));
         todo = again.sort((a, b) => a - b);
-        if (todo.length) {
+        if (todo.length && !sealed && full) {
+          // the shard is at its cap: room comes as the groups consume and retention trims
+          if (Date.now() >= giveUpAt) {
+            throw new ShardFull(`publishing ${todo.length} message(s) to ${this.stream}: ${full}`, full.split(' ')[1]);
+          }
+          await sleep(Math.min(1000, 50 * 2 ** Math.min(waits++, 5)) * (0.5 + Math.random() * 0.5));
+        } else if (todo.length) {
           if (refresh >= this.maxRefreshes) throw new Error(`still refused after ${refresh} layout refreshes: ${sealed}`);
+          refresh++;
           const before = this.metadataVersion;
           await this.#refresh();
           if (this.metadataVersion === before) await sleep(Math.min(1000, 100 * 2 ** refresh));

@@ -21,6 +21,9 @@ for (const name of SCRIPT_NAMES) {
 export const OWNERS_SUFFIX = ':rsc:v1:owners';
 export const SEAL_SUFFIX = ':rsc:v1:seal';
 export const DEAD_LETTER_SUFFIX = ':dlq';
+export const CAP_SUFFIX = ':rsc:v1:cap';
+/** @param {string} shardKey */
+export const capKey = (shardKey) => shardKey + CAP_SUFFIX;
 /** @param {string} shardKey */
 export const ownersKey = (shardKey) => shardKey + OWNERS_SUFFIX;
 /** @param {string} shardKey */

@@ -2,9 +2,9 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Coordinator } from '../src/coordinator.js';
-import { Producer } from '../src/producer.js';
+import { Producer, ShardFull } from '../src/producer.js';
 import { parseRedisUrl } from '../src/redis.js';
-import { SCRIPTS, ownersKey, runScript, sealKey } from '../src/scripts.js';
+import { SCRIPTS, capKey, ownersKey, runScript, sealKey } from '../src/scripts.js';
 import { deleteKeys, prefix, redisOrNull } from './helpers.js';
 
 /** @type {import('ioredis').Redis | null} */
@@ -41,7 +41,7 @@ test('redis URL forms', () => {
 
 test('append, read and ack by the owner; refused for another incarnation', async (t) => {
   if (!redis) return t.skip('no Redis');
-  const ids = await runScript(redis, 'append', [shard, sealKey(shard)], [2, 2, 'mid', 'a', 4, 'mid', 'b', 'x', 'y']);
+  const ids = await runScript(redis, 'append', [shard, sealKey(shard), capKey(shard)], [2, 2, 'mid', 'a', 4, 'mid', 'b', 'x', 'y']);
   assert.equal(ids.length, 2);
   const [[refused, entries, tail]] = await runScript(redis, 'read', [shard, owners],
     [group, 'm1', 'i1', 'm1', 10, '0-0', '']);
@@ -67,7 +67,7 @@ test('a sealed shard refuses appends; the producer refreshes its layout and re-r
   const a = `${p}st:{st:0}`;
   const b = `${p}st:{st:1}`;
   await redis.set(sealKey(a), '2');
-  await assert.rejects(runScript(redis, 'append', [a, sealKey(a)], [1, 2, 'k', 'v']), /^ReplyError: SEALED|SEALED/);
+  await assert.rejects(runScript(redis, 'append', [a, sealKey(a), capKey(a)], [1, 2, 'k', 'v']), /^ReplyError: SEALED|SEALED/);
   // A fake coordinator: version 1 routes everything to shard a, version 2 has a DRAINING.
   let version = 1;
   const layouts = {
@@ -94,6 +94,37 @@ test('a sealed shard refuses appends; the producer refreshes its layout and re-r
   assert.equal(producer.metadataVersion, 2);
   assert.equal(await redis.xlen(a), 0);
   assert.deepEqual((await redis.xrange(b, '-', '+')).map((e) => e[0]), ids);
+});
+
+test('a full shard (retention whenFull refuse) refuses appends; the producer waits for room, then ShardFull', async (t) => {
+  if (!redis) return t.skip('no Redis');
+  const a = `${p}full:{full:0}`;
+  await redis.set(capKey(a), '2');
+  await runScript(redis, 'append', [a, sealKey(a), capKey(a)], [2, 2, 'k', 'v', 2, 'k', 'w']);
+  await assert.rejects(runScript(redis, 'append', [a, sealKey(a), capKey(a)], [1, 2, 'k', 'v']), /FULL/);
+  assert.equal(await redis.xlen(a), 2);
+  const layout = { metadataVersion: 1, routing: 'jump-v1', shards: [{ index: 0, key: a, state: 'ACTIVE' }] };
+  const coordinator = new Coordinator({
+    urls: 'http://fake',
+    fetch: async (_url, init) => {
+      const body = JSON.parse(String(init?.body));
+      const answer = {
+        status: 'OK', producerId: body.producerId, metadataVersion: 1, routing: 'jump-v1', shardCount: 1,
+        paused: false, heartbeatIntervalMs: 1000, leaseTtlMs: 5000, layout: body.metadataVersion === 1 ? null : layout,
+      };
+      return new Response(JSON.stringify(answer), { status: 200 });
+    },
+  });
+  const producer = new Producer({ coordinator, redis, stream: 'full', deliveryTimeoutMs: 300, log: () => {} });
+  await producer.heartbeat();
+  await assert.rejects(producer.publish('x', { n: '1' }), (err) => err instanceof ShardFull && err.shard === a);
+  // room comes (a group consumed, retention trimmed): the waiting publish goes through
+  const waiting = new Producer({ coordinator, redis, stream: 'full', deliveryTimeoutMs: 5000, log: () => {} });
+  await waiting.heartbeat();
+  const publish = waiting.publish('x', { n: '2' });
+  setTimeout(() => { redis?.xtrim(a, 'MAXLEN', 0); }, 200);
+  const id = await publish;
+  assert.deepEqual((await redis.xrange(a, '-', '+')).map((e) => e[0]), [id]);
 });
 
 test('NOSCRIPT: the script is sent again with EVAL', async () => {

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from rsc.actors.effects.inspection import ShardStats
 from rsc.actors.effects.shard_keys import shard_key_pattern
+from rsc.actors.effects.trimming import TRIM_LIMIT, TrimCall, Trimmed
 from rsc.events.drain import DrainEvidence
 from rsc.events.slots import Topology
 from rsc.events.wire import OwnerToken
@@ -27,6 +28,8 @@ class MemoryEffects:
         self.sealed: dict[str, int] = {}
         #: What `drain_evidence` says of a key (default: sealed as sealed here, nothing left).
         self.evidence: dict[str, DrainEvidence] = {}
+        #: The calls `trim` was given, in order (the fake holds no entries: it removes none).
+        self.trims: list[TrimCall] = []
         #: Retired keys and the time to live they were given.
         self.expiring: dict[str, int] = {}
         #: Streams by who created them, and who created each (`record_created`).
@@ -145,3 +148,12 @@ class MemoryEffects:
 
     async def drain_evidence(self, shard_keys: Iterable[str]) -> dict[str, DrainEvidence]:
         return {k: self.evidence.get(k, DrainEvidence(k in self.sealed, False)) for k in shard_keys}
+
+    # --- trimming -------------------------------------------------------------------------
+
+    async def trim(self, calls: Sequence[TrimCall], limit: int = TRIM_LIMIT) -> list[Trimmed]:
+        self.trims.extend(calls)
+        return [Trimmed(0, False, {}) for _ in calls]
+
+    async def trimmed_counts(self, shard_keys: Iterable[str]) -> dict[str, dict[str, int]]:
+        return {key: {} for key in shard_keys}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import coredis
 
@@ -22,6 +22,8 @@ from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, ScriptCall, Scripts, raise_first, redis_errors
 from rsc.redis_errors import error_code
 from rsc.resp import Command, Multiplexed
+
+_T = TypeVar("_T")
 
 #: Commands per pipeline when creating many shard keys or consumer groups.
 CHUNK = 512
@@ -123,9 +125,9 @@ async def guard(awaitable: Awaitable[object]) -> None:
         await awaitable
 
 
-def chunks(keys: Iterable[str]) -> Iterator[list[str]]:
+def chunks(keys: Iterable[_T]) -> Iterator[list[_T]]:
     """`keys` in lists of at most `CHUNK` (one pipeline each)."""
-    batch: list[str] = []
+    batch: list[_T] = []
     for key in keys:
         batch.append(key)
         if len(batch) == CHUNK:

@@ -14,8 +14,9 @@ from rsc.actors.effects.dlq import DeadLetters
 from rsc.actors.effects.inspection import Inspection
 from rsc.actors.effects.owners import OwnerTokens
 from rsc.actors.effects.shard_keys import ShardKeys
+from rsc.actors.effects.trimming import Trimming
 
 
-class Effects(StreamCatalog, ShardKeys, OwnerTokens, DeadLetters, Inspection, Protocol):
-    """The stream catalog, shard keys and consumer groups, owner tokens, dead letters, and
-    what Redis says about them (each method's docstring says what it raises)."""
+class Effects(StreamCatalog, ShardKeys, OwnerTokens, DeadLetters, Inspection, Trimming, Protocol):
+    """The stream catalog, shard keys and consumer groups, owner tokens, dead letters,
+    retention's trims, and what Redis says about them (each method's docstring says what it raises)."""

@@ -11,9 +11,12 @@ from rsc.actors.effects.dlq import RedisDeadLetters
 from rsc.actors.effects.inspection import RedisInspection
 from rsc.actors.effects.owners import RedisOwnerTokens
 from rsc.actors.effects.shard_keys import RedisShardKeys
+from rsc.actors.effects.trimming import RedisTrimming
 
 
-class RedisEffects(RedisStreamCatalog, RedisShardKeys, RedisOwnerTokens, RedisDeadLetters, RedisInspection):
+class RedisEffects(
+    RedisStreamCatalog, RedisShardKeys, RedisOwnerTokens, RedisDeadLetters, RedisInspection, RedisTrimming
+):
     """`Effects` on Redis: `RedisEffects(redis, fence_token, keys)`; one call per shard key
     (each in its own slot), pipelined per node. Each concern's `__init__` registers its
     scripts (cooperatively, through `super()`)."""

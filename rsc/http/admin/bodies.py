@@ -25,6 +25,7 @@ from rsc.events.model import (
     StartFrom,
     wire_field,
 )
+from rsc.events.retention import Retention
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, StreamState
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.errors import ApiError
@@ -38,6 +39,10 @@ class StreamSpec:
     #: 0: no writable shard (a scale-in to nothing, or a stream to scale out later).
     shard_count: int = wire_field(minimum=0, maximum=MAX_SHARDS)
     reshard_mode: ReshardMode = ReshardMode.ONLINE
+    #: What the coordinator trims of the shard keys (feature level 5). Left out of a `PUT`: a
+    #: new stream gets the default (at level 5), an existing one keeps its own; left out of
+    #: an answer while the stream has none (it keeps everything).
+    retention: Retention | None = wire_field(None, nullable=True, omit_if_default=True)
 
 
 @attrs.frozen
@@ -67,6 +72,8 @@ class StreamPatch:
 
     shard_count: int | None = wire_field(None, minimum=0, maximum=MAX_SHARDS, nullable=True)
     reshard_mode: ReshardMode | None = None
+    #: A merge patch of the policy (its fields); null: the default policy.
+    retention: Retention | None = wire_field(None, nullable=True)
 
 
 @attrs.frozen
@@ -175,7 +182,7 @@ def config_of(spec: GroupSpec) -> GroupConfig:
 
 def stream_spec(state: StreamState) -> StreamSpec:
     """The Admin API's spec of a stream: the shard count it is at or on its way to, its mode."""
-    return StreamSpec(target_count(state), state.reshard_mode)
+    return StreamSpec(target_count(state), state.reshard_mode, state.retention)
 
 
 #: Admin request bodies: a field they do not have is refused (`strict`), so their schemas
@@ -190,10 +197,27 @@ def strict(data: Any, as_type: type[T]) -> T:
     closest known name), so a typo never silently resets a field to its default.
 
     Raises `ApiError` (400 `INVALID_REQUEST`) for a body that is not an object, has unknown
-    fields or does not fit `as_type`."""
+    fields (at the top, or in an object of the spec such as `retention`) or does not fit
+    `as_type`."""
     if not isinstance(data, dict):
         raise ApiError(400, "INVALID_REQUEST", "the body must be a JSON object")
-    known = [codec.camel(a.name) for a in attrs.fields(as_type)]  # type: ignore[arg-type]
+    _refuse_unknown(data, as_type, "")
+    for name, inner in NESTED_BODIES.items():
+        if isinstance(data.get(name), dict) and name in _field_names(as_type):
+            _refuse_unknown(data[name], inner, f"{name}.")
+    return structure(data, as_type)
+
+
+#: Objects inside admin bodies whose fields are checked as strictly as the body's own.
+NESTED_BODIES: dict[str, type] = {"retention": Retention}
+
+
+def _field_names(as_type: type) -> list[str]:
+    return [codec.camel(a.name) for a in attrs.fields(as_type)]
+
+
+def _refuse_unknown(data: dict[str, Any], as_type: type, path: str) -> None:
+    known = _field_names(as_type)
     unknown = sorted(set(data) - set(known))
     if unknown:
         hints = []
@@ -204,10 +228,9 @@ def strict(data: Any, as_type: type[T]) -> T:
         raise ApiError(
             400,
             "INVALID_REQUEST",
-            f"unknown field(s) {', '.join(hints)}; the fields are {', '.join(known)}",
-            {"unknown": unknown, "fields": known},
+            f"unknown field(s) {', '.join(path + h for h in hints)}; the fields are {', '.join(known)}",
+            {"unknown": [path + u for u in unknown], "fields": known},
         )
-    return structure(data, as_type)
 
 
 def merge_patch_body(data: Any, as_type: type[Any]) -> dict[str, Any]:
@@ -230,12 +253,15 @@ def strict_keys(data: dict[str, Any], as_type: type[Any]) -> None:
 
 
 def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """RFC 7396 on a flat object: each field given replaces the target's, null removes it
-    (so the spec's default applies)."""
+    """RFC 7396: each field given replaces the target's, null removes it (so the spec's
+    default applies), and an object is merged into the target's object field by field."""
     merged = dict(target)
     for key, value in patch.items():
         if value is None:
             merged.pop(key, None)
+        elif isinstance(value, dict):
+            inner = merged.get(key)
+            merged[key] = merge_patch(inner if isinstance(inner, dict) else {}, value)
         else:
             merged[key] = value
     return merged

@@ -14,7 +14,7 @@ from quart_trio import QuartTrio
 from rsc.actors import admin_changes
 from rsc.actors.registry import Registry
 from rsc.events import admin_rules, codec
-from rsc.events.commands import PauseProducers, ResumeProducers
+from rsc.events.commands import PauseProducers, ResumeProducers, SetRetention
 from rsc.events.quotas import Quota
 from rsc.http.admin.bodies import (
     AbortRequest,
@@ -67,6 +67,9 @@ def add_stream_routes(app: QuartTrio, registry: Registry) -> None:
                 f"no stream {stream_prefix!r}: create it with a shardCount (PUT or PATCH)",
             )
         spec_now = codec.wire.unstructure(stream_spec(current.state)) if current is not None else {}
+        if "retention" in patch and patch["retention"] is None:
+            patch["retention"] = {}  # null: the default policy (left out would keep the stream's)
+            spec_now.pop("retention", None)
         spec = strict(merge_patch(spec_now, patch), StreamSpec)
         await apply_stream(registry, stream_prefix, spec, quota)
         return await stream_resource(registry, stream_prefix)
@@ -132,6 +135,7 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     raises."""
     level = await registry.feature_level()
     admin_rules.require(admin_rules.reshard_mode_gate(spec.reshard_mode), level)
+    admin_rules.require(admin_rules.retention_gate(spec.retention), level)
     with registry.creating(stream_prefix):  # a missing stream is loaded once, looked at and created
         actor = await existing_stream(registry, stream_prefix)
         limit = quota.limits.shards_per_stream
@@ -146,6 +150,10 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     state = actor.state
     admin_rules.require(admin_rules.scale_in_gate(spec.shard_count, state), level)
     reshard = admin_rules.reshard_for(state, spec.shard_count, spec.reshard_mode, level)
+    retention = admin_rules.retention_for(spec.retention, state.retention)
+    if retention is not None:
+        await registry.ask_stream(stream_prefix, SetRetention(retention), expect=expect)
+        expect = None  # the change below follows this one, which the precondition let through
     if reshard is not None:
         await admin_changes.change_shard_count(
             registry, stream_prefix, reshard.shard_count, reshard.mode, reshard.migrations, expect=expect

@@ -1,0 +1,245 @@
+"""Retention on a schedule: each stream's shard keys trimmed by its policy, losses counted.
+
+Every `retention_check_s`, each stream with a stored policy (`StreamState.retention`, feature
+level 5) has every readable shard key (ACTIVE and DRAINING) trimmed by `Effects.trim`
+(`coordinator/trim.lua`: fenced, atomic, each group's loss counted in Redis as the entries go).
+The work is paced: at most `shards_per_s` trim calls a second over the whole deployment, so
+100,000 shards are each visited every 50 s at the default 2,000/s, and a stream's round is
+never faster than `every_s`.
+
+Which groups hold the watermark: every consumer group on the key, except those with no member
+for the policy's `inactiveGroupMs` (noticed here: a group whose actor is not running, or runs
+with no member, is idle from the first round that sees it so; a restarted coordinator starts
+counting again, so a group is never released early). A deleted group's consumer group is
+destroyed with it, so it stops holding at once.
+
+What a trim lost for a group is journaled (`RetentionLoss`, through the stream's actor), logged
+as a warning, and added to `RetentionFigures` (`/metrics`: `rsc_group_trimmed_unseen_total`,
+`rsc_stream_trimmed_total`, `rsc_group_oldest_unacked_age_seconds`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from rsc.actors.actor import Actor, Reply
+from rsc.actors.aggregates import StreamActor
+from rsc.actors.clock import Clock
+from rsc.actors.effects.port import Effects
+from rsc.actors.effects.trimming import TRIMMED_TOTAL_FIELD, TrimCall, Trimmed
+from rsc.actors.errors import ActorStopped, StoreError, TermFenced
+from rsc.actors.keys import AggregateId
+from rsc.events.commands import RecordRetentionLoss, StreamCommand
+from rsc.events.errors import CoordinationError
+from rsc.events.events import StreamEvent
+from rsc.events.model import Shard
+from rsc.events.retention import Retention
+from rsc.events.stream import StreamState
+
+log = logging.getLogger("rsc.retention")
+
+#: Trim calls sent together (one round trip per node).
+BATCH = 256
+#: How many times one round calls a shard again that has more to remove (each call removes at
+#: most `TRIM_LIMIT` one by one); the rest waits for the next round.
+MORE_ROUNDS = 8
+
+
+@attrs.define
+class RetentionFigures:
+    """What retention did, as `/metrics` shows it: per (stream, group) the entries it lost,
+    per stream the entries removed, and per (stream, group) the age of its oldest entry not
+    acknowledged (seconds, at the last trim). Loss totals start from the counts in Redis the
+    first time a stream is trimmed in this process, so they agree with the group view."""
+
+    lost: dict[tuple[str, str], int] = attrs.field(factory=dict)
+    trimmed: dict[str, int] = attrs.field(factory=dict)
+    oldest_age_s: dict[tuple[str, str], float] = attrs.field(factory=dict)
+    loaded: set[str] = attrs.field(factory=set)
+
+
+class Streams(Protocol):
+    """What retention needs of the registry (`rsc.actors.registry.Registry`)."""
+
+    clock: Clock
+    effects: Effects
+    generation: int
+    retention_figures: RetentionFigures
+
+    async def stream_prefixes(self) -> list[str]: ...
+
+    def running_actor(self, aggregate_id: AggregateId) -> Actor[Any, Any, Any] | None: ...
+
+    async def stream(self, stream_prefix: str, create: bool | None = None) -> StreamActor: ...
+
+    async def ask_stream(
+        self, stream_prefix: str, command: StreamCommand
+    ) -> Reply[StreamState, StreamEvent]: ...
+
+
+@attrs.define
+class _Pace:
+    """At most `per_s` calls a second (None: no bound)."""
+
+    per_s: float | None
+
+    async def take(self, calls: int) -> None:
+        if self.per_s is None:
+            return
+        await trio.sleep(calls / self.per_s)
+
+
+class Retainer:
+    """The state of the retention schedule between rounds (see the module)."""
+
+    def __init__(self, streams: Streams, shards_per_s: float | None) -> None:
+        self.streams = streams
+        self.pace = _Pace(shards_per_s)
+        #: (stream, group) -> when it was first seen with no member (ms), while it has none.
+        self.idle_since: dict[tuple[str, str], int] = {}
+
+    async def round(self) -> None:
+        """Trim every stream with a policy once. Raises `TermFenced` (a standby: nothing
+        trimmed), `StoreError` when the stream list cannot be read."""
+        for prefix in await self.streams.stream_prefixes():
+            try:
+                await self.trim_stream(prefix)
+            except TermFenced:
+                raise
+            except (CoordinationError, StoreError, ActorStopped) as exc:
+                log.debug("retention of %s: %s", prefix, exc)
+
+    async def trim_stream(self, stream_prefix: str) -> None:
+        """Apply the stream's policy to each readable shard key (nothing without a policy)."""
+        actor: Any = self.streams.running_actor(AggregateId(stream_prefix))
+        if actor is None:
+            actor = await self.streams.stream(stream_prefix, create=False)
+        state: StreamState | None = actor.state
+        if state is None or state.deleted or state.retention is None:
+            return
+        policy = state.retention
+        now = self.streams.clock.now_ms()
+        released = self.released(state, policy, now)
+        shards = [s for s in state.layout.shards if s.readable]
+        figures = self.streams.retention_figures
+        if stream_prefix not in figures.loaded:
+            await self._load_totals(stream_prefix, shards)
+        oldest: dict[str, int] = {}
+        for start in range(0, len(shards), BATCH):
+            batch = shards[start : start + BATCH]
+            await self.pace.take(len(batch))
+            todo = list(batch)
+            for _ in range(MORE_ROUNDS):
+                calls = [TrimCall(s.key, policy, self.streams.clock.now_ms(), released) for s in todo]
+                results = await self.streams.effects.trim(calls)
+                for shard, result in zip(todo, results, strict=True):
+                    await self._record(stream_prefix, shard, result)
+                    for group, ms in result.oldest_ms.items():
+                        oldest[group] = min(ms, oldest.get(group, ms))
+                todo = [s for s, r in zip(todo, results, strict=True) if r.more]
+                if not todo:
+                    break
+        for group in state.groups:
+            found = oldest.get(group)
+            age = 0.0 if found is None else max(0.0, (now - found) / 1000)
+            figures.oldest_age_s[(stream_prefix, group)] = age
+
+    def released(self, state: StreamState, policy: Retention, now_ms: int) -> tuple[str, ...]:
+        """The groups of the stream that no longer hold the watermark: no member for the
+        policy's `inactiveGroupMs` (none without it)."""
+        out: list[str] = []
+        for group in state.groups:
+            slot = (state.stream_prefix, group)
+            actor = self.streams.running_actor(AggregateId(state.stream_prefix, group))
+            group_state = None if actor is None else actor.state
+            if group_state is not None and not group_state.deleted and group_state.members:
+                self.idle_since.pop(slot, None)
+                continue
+            since = self.idle_since.setdefault(slot, now_ms)
+            limit = policy.inactive_group_ms
+            if limit is not None and now_ms - since >= limit:
+                out.append(group)
+        for slot in [s for s in self.idle_since if s[0] == state.stream_prefix and s[1] not in state.groups]:
+            del self.idle_since[slot]
+        return tuple(sorted(out))
+
+    async def _load_totals(self, stream_prefix: str, shards: Sequence[Shard]) -> None:
+        counts = await self.streams.effects.trimmed_counts([s.key for s in shards])
+        figures = self.streams.retention_figures
+        for found in counts.values():
+            for field, n in found.items():
+                if field == TRIMMED_TOTAL_FIELD:
+                    figures.trimmed[stream_prefix] = figures.trimmed.get(stream_prefix, 0) + n
+                else:
+                    slot = (stream_prefix, field)
+                    figures.lost[slot] = figures.lost.get(slot, 0) + n
+        figures.loaded.add(stream_prefix)
+
+    async def _record(self, stream_prefix: str, shard: Shard, result: Trimmed) -> None:
+        figures = self.streams.retention_figures
+        if result.removed:
+            figures.trimmed[stream_prefix] = figures.trimmed.get(stream_prefix, 0) + result.removed
+        if not result.lost:
+            return
+        for group, n in sorted(result.lost.items()):
+            slot = (stream_prefix, group)
+            figures.lost[slot] = figures.lost.get(slot, 0) + n
+            log.warning(
+                "retention removed %d entr%s of shard %d of %s that group %r had not acknowledged "
+                "(trimmedUnseen; the stream's retention policy)",
+                n,
+                "y" if n == 1 else "ies",
+                shard.index,
+                stream_prefix,
+                group,
+            )
+        command = RecordRetentionLoss(
+            shard.index, tuple(sorted(result.lost.items())), self.streams.clock.now_ms()
+        )
+        await self.streams.ask_stream(stream_prefix, command)
+
+
+async def watch_retention(
+    streams: Streams,
+    every_s: float,
+    shards_per_s: float | None = None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Trim every stream with a retention policy every `every_s` (0: never), forever, at most
+    `shards_per_s` trim calls a second. Raises nothing: a failed round is tried again."""
+    task_status.started()
+    if every_s <= 0:
+        return
+    retainer = Retainer(streams, shards_per_s)
+    while True:
+        await trio.sleep(every_s)
+        try:
+            await retainer.round()
+        except TermFenced:
+            retainer.idle_since.clear()  # a standby: once active again, idle times start anew
+        except StoreError as exc:
+            log.debug("retention round: %s", exc)
+
+
+@attrs.frozen
+class GroupLoss:
+    """What retention removed of one stream before one group acknowledged it: in all and per
+    shard index (shards with a loss only), as counted in Redis when the entries went."""
+
+    total: int
+    per_shard: dict[int, int]
+
+
+async def group_loss(streams: Streams, state: StreamState, group: str) -> GroupLoss:
+    """The entries `group` lost to retention on each shard of the stream in `state` that still
+    has a key (retired ones included while their key is kept). Raises `StoreUnavailable`."""
+    shards = {s.key: s.index for s in state.layout.shards}
+    counts = await streams.effects.trimmed_counts(shards)
+    per_shard = {shards[key]: found[group] for key, found in counts.items() if found.get(group)}
+    return GroupLoss(sum(per_shard.values()), dict(sorted(per_shard.items())))
