@@ -37,6 +37,7 @@ SLOW_MODULES = frozenset(
         "test_producer_faults",
         "test_producers_http",
         "test_redis_calls",
+        "test_retention_end_to_end",
         "test_scale_out",
         "test_schemathesis",
         "test_security",

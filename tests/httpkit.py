@@ -18,7 +18,13 @@ from rsc.http.service import serve
 
 #: Leases long enough that a loaded machine never fences a test's member by accident.
 FAST = Settings(
-    heartbeat_interval_ms=100, member_lease_ttl_ms=10_000, tick_interval_ms=50, revoke_timeout_ms=20_000
+    heartbeat_interval_ms=100,
+    member_lease_ttl_ms=10_000,
+    tick_interval_ms=50,
+    revoke_timeout_ms=20_000,
+    # No retention round unless a test asks for one (tests/clients/test_retention_end_to_end.py):
+    # others count what their shard keys hold.
+    retention_interval_ms=0,
 )
 
 
