@@ -51,7 +51,7 @@ def slope(points: list[tuple[float, float]]) -> float:
     return 0.0 if var == 0 else sum((x - mx) * (y - my) for x, y in points) / var
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915  (one straight run: setup, publish, sample, report)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate", type=float, default=2000, help="messages a second")
@@ -116,7 +116,8 @@ def main() -> None:
                                 }
                             )
                             print(
-                                f"{now - start:7.0f} s {published:>10,} published {length:>9,} in the keys {memory / 1e6:9.1f} MB",
+                                f"{now - start:7.0f} s {published:>10,} published {length:>9,} "
+                                f"in the keys {memory / 1e6:9.1f} MB",
                                 file=sys.stderr,
                             )
                             next_sample += args.sample_s
