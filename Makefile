@@ -41,16 +41,15 @@ run: setup
 clean-demo: setup
 	$(BIN)/rsc purge --key-prefix '$(DEMO_PREFIX)' --yes
 
-# Every tier: the in-process ones on two processes, then the process, chaos, browser and compat
-# tiers one test at a time (they start servers and processes of their own and time faults),
-# then the conformance tier (two kit runs at a time: each has its own Redis and coordinator)
-# and the Node.js client's own tests. Every part runs; the target fails if any did.
+# Every tier: the in-process ones on two processes, then the tiers of real processes (processes,
+# chaos, browser, compat, conformance) on two processes as well (each test starts servers and
+# processes of its own on free ports; the long ones are listed first so they start early), then
+# the Node.js client's own tests. Every part runs; the target fails if any did.
 test: setup
 	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
-	$(BIN)/pytest tests/processes tests/chaos tests/browser tests/compat; second=$$?; \
-	$(BIN)/pytest -n 2 tests/conformance; third=$$?; \
+	$(BIN)/pytest -n 2 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
 	if command -v npm >/dev/null; then (cd $(NODE_DIR) && npm test --silent); else true; fi; node=$$?; \
-	exit $$(( first || second || third || node ))
+	exit $$(( first || second || node ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
 # the modules tests/conftest.py marks slow, 10 examples per property, on two processes.
