@@ -140,10 +140,16 @@ def main() -> None:  # noqa: PLR0915  (one straight run: setup, publish, sample,
     print(
         f"\nused_memory over the second half: {growth / 1e6:+.2f} MB/min at {args.rate:g} msg/s ({args.keep})"
     )
-    result = {"args": vars(args), "samples": samples, "usedMemorySlopeBytesPerMin": growth}
+    result = {
+        "benchmark": "soak",
+        "args": vars(args),
+        "samples": samples,
+        "usedMemorySlopeBytesPerMin": growth,
+    }
     path = results_path("soak.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ they come from requests and the Admin API.
     retention_interval_ms = 5000              # RSC_RETENTION_INTERVAL_MS: streams trimmed by their
                                               # retention policy (0: never)
     retention_shards_per_s = 2000             # RSC_RETENTION_SHARDS_PER_S: trim calls a second, at most
-    retired_shard_retention_ms = 86400000     # RSC_RETIRED_SHARD_RETENTION_MS: unset: keep retired
-                                              # shard keys until the stream is deleted
+    retired_shard_retention_ms = 604800000    # RSC_RETIRED_SHARD_RETENTION_MS: how long a retired
+                                              # (drained) shard key is kept (default 7 days)
     quota_streams = 100000                    # RSC_QUOTA_STREAMS: streams in the deployment, and
                                               # per credential (those it created; docs: Quotas)
     quota_shards_per_stream = 4096            # RSC_QUOTA_SHARDS_PER_STREAM
@@ -145,8 +145,9 @@ class Settings:
     quiesce_pause_timeout_ms: int = 30_000
     quiesce_consume_timeout_ms: int = 300_000
     #: How long a retired shard key (drained: nothing pending, nothing to deliver) is kept
-    #: before Redis deletes it with its seal and owner tokens (None: until the stream is deleted).
-    retired_shard_retention_ms: int | None = None
+    #: before Redis deletes it with its seal, owner tokens, dead letters and retention counts
+    #: (default 7 days; None, from Python only: until the stream is deleted).
+    retired_shard_retention_ms: int | None = 7 * 24 * 3600 * 1000
     #: How often the Redis consumers of members that left or were fenced are deleted (once
     #: nothing is pending under them); 0 switches it off.
     consumer_prune_interval_ms: int = 30_000

@@ -6,7 +6,9 @@ it has a class for); the leaf of the exception groups coredis raises under trio
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from typing import Any
 
 import coredis
@@ -71,6 +73,31 @@ _CLASS_CODES: dict[type, str] = {
 }
 
 
+def _redis_py_code(refusal: BaseException) -> str | None:
+    """The code redis-py's parser stripped from a refusal it gave a class of its own
+    (`OutOfMemoryError`: `OOM`, `NoScriptError`: `NOSCRIPT`...), told by the class; None for
+    anything else. redis-py is optional (`rsc[sync]`): looked at only once it is loaded."""
+    exceptions = sys.modules.get("redis.exceptions")
+    if exceptions is None or not isinstance(refusal, exceptions.RedisError):
+        return None
+    return _redis_py_codes().get(type(refusal))
+
+
+@functools.cache
+def _redis_py_codes() -> dict[type, str]:
+    """redis-py's refusal classes and the code each stands for (the first, for a class that
+    stands for several); empty for a redis-py that keeps its parser elsewhere."""
+    try:
+        from redis._parsers.base import BaseParser  # noqa: PLC0415  (only once redis-py is loaded)
+    except ImportError:
+        return {}
+    codes: dict[type, str] = {}
+    for code, kind in BaseParser.EXCEPTION_CLASSES.items():
+        if isinstance(kind, type):
+            codes.setdefault(kind, code)
+    return codes
+
+
 def reply_code(refusal: BaseException | str) -> str | None:
     """The code of a Redis error reply: its first word when that is a code (`BUSY`, `FENCED`,
     `NOGROUP`), for any client library's refusal (coredis or redis-py), or for the text of a
@@ -78,6 +105,8 @@ def reply_code(refusal: BaseException | str) -> str | None:
     one place where a Redis refusal is classified: by its code, never by the rest of the text.
     (coredis words a refusal inside a pipeline as "Command # n (...) of pipeline caused error:
     <reply>": the reply is read from after that.)"""
+    if isinstance(refusal, BaseException) and (code := _redis_py_code(refusal)) is not None:
+        return code
     text = str(refusal)
     _, wrapped, reply = text.partition(PIPELINE_ERROR)
     code = (reply if wrapped else text).split(" ", 1)[0]

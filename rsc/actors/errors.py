@@ -20,6 +20,16 @@ class StoreUnavailable(StoreError):
     """Redis could not be reached or timed out: retry later."""
 
 
+class RedisOutOfMemory(StoreUnavailable):
+    """Redis refused a write with `OOM` (used memory above `maxmemory`, with a policy that
+    evicts nothing it may evict): retry once memory is freed (retention, a larger Redis).
+    Counted in `OOM_REFUSALS` (`/metrics`: `rsc_redis_oom_refusals_total`)."""
+
+
+#: Writes Redis refused with `OOM`, in this process (the coordinator's own).
+OOM_REFUSALS = [0]
+
+
 class UnsupportedSchema(StoreError):
     """A snapshot or journal entry was written by a newer release, at a feature level this
     release does not know: it cannot be read."""

@@ -27,16 +27,12 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from rsc.actors.actor import Actor, Reply
-from rsc.actors.aggregates import StreamActor
-from rsc.actors.clock import Clock
-from rsc.actors.effects.port import Effects
+from rsc.actors import drain_watch
 from rsc.actors.effects.trimming import TRIMMED_TOTAL_FIELD, TrimCall, Trimmed
 from rsc.actors.errors import ActorStopped, StoreError, TermFenced
 from rsc.actors.keys import AggregateId
-from rsc.events.commands import RecordRetentionLoss, StreamCommand
+from rsc.events.commands import RecordRetentionLoss
 from rsc.events.errors import CoordinationError
-from rsc.events.events import StreamEvent
 from rsc.events.model import Shard
 from rsc.events.retention import Retention
 from rsc.events.stream import StreamState
@@ -63,23 +59,11 @@ class RetentionFigures:
     loaded: set[str] = attrs.field(factory=set)
 
 
-class Streams(Protocol):
-    """What retention needs of the registry (`rsc.actors.registry.Registry`)."""
+class Streams(drain_watch.Streams, Protocol):
+    """What retention needs of the registry (`rsc.actors.registry.Registry`): what the drain
+    watch needs, and where to say what it did."""
 
-    clock: Clock
-    effects: Effects
-    generation: int
     retention_figures: RetentionFigures
-
-    async def stream_prefixes(self) -> list[str]: ...
-
-    def running_actor(self, aggregate_id: AggregateId) -> Actor[Any, Any, Any] | None: ...
-
-    async def stream(self, stream_prefix: str, create: bool | None = None) -> StreamActor: ...
-
-    async def ask_stream(
-        self, stream_prefix: str, command: StreamCommand
-    ) -> Reply[StreamState, StreamEvent]: ...
 
 
 @attrs.define

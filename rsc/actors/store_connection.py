@@ -10,9 +10,9 @@ from typing import Any
 import coredis
 
 from rsc import connect
-from rsc.actors.errors import StoreUnavailable
+from rsc.actors.errors import OOM_REFUSALS, RedisOutOfMemory, StoreUnavailable
 from rsc.connect import DEFAULT_REDIS_URL, RedisClient
-from rsc.redis_errors import is_unavailable, redis_leaf
+from rsc.redis_errors import error_code, is_unavailable, redis_leaf
 from rsc.resp import Command, Multiplexed, open_lean
 
 __all__ = [
@@ -39,6 +39,9 @@ def redis_errors(context: str) -> Iterator[None]:
         yield
     except BaseException as exc:
         leaf = redis_leaf(exc)
+        if leaf is not None and error_code(leaf) == "OOM":
+            OOM_REFUSALS[0] += 1
+            raise RedisOutOfMemory(f"{context}: Redis is out of memory (OOM): {leaf}") from exc
         if leaf is None or not is_unavailable(leaf):
             raise
         raise StoreUnavailable(f"{context}: {leaf}") from exc

@@ -48,13 +48,14 @@ from rsc.client.producer_state import (
     ProducerPaused,
     ProducerState,
     PublishFailed,
+    RedisOutOfMemory,
     Replies,
     RoutingView,
     ShardFull,
     UnsupportedRouting,
     appends,
+    held_back,
     publish_failed,
-    shard_full,
     take_replies,
 )
 from rsc.client.redis_calls import redis_call
@@ -67,6 +68,7 @@ __all__ = [
     "Producer",
     "ProducerPaused",
     "PublishFailed",
+    "RedisOutOfMemory",
     "ShardFull",
     "UnsupportedRouting",
     "open_producer",
@@ -225,9 +227,8 @@ class Producer(RoutingView):
                     )
                 elif replies.sealed:
                     await self._refresh_layout(retries, len(todo))
-                elif replies.full is not None:  # room comes as the groups consume: back off
-                    full = shard_full(self.stream_prefix, len(todo), replies.full)
-                    await self._retry_later(retries, len(todo), full, give_up=full)
+                elif (held := held_back(self.stream_prefix, len(todo), replies)) is not None:
+                    await self._retry_later(retries, len(todo), held, give_up=held)  # room comes: back off
             done = [i for i in ids if i is not None]
             state.published += len(done)
             return done

@@ -43,6 +43,20 @@ def shard_full(stream_prefix: str, count: int, refusal: str) -> ShardFull:
     )
 
 
+def held_back(stream_prefix: str, count: int, replies: Replies) -> PublishFailed | None:
+    """What a publish that a full shard or a Redis out of memory held back raises once it gives
+    up (None: neither held it back). Both clear by themselves (the groups consume, retention
+    trims): the producer backs off and tries again until its delivery timeout."""
+    if replies.full is not None:
+        return shard_full(stream_prefix, count, replies.full)
+    if replies.oom is not None:
+        return RedisOutOfMemory(
+            f"publishing {count} message(s) to {stream_prefix!r}: Redis stayed out of memory "
+            f"({replies.oom}); nothing of them was written there"
+        )
+    return None
+
+
 def publish_failed(stream_prefix: str, count: int, cause: BaseException) -> PublishFailed:
     """The error for a pipeline of `count` messages that Redis did not take whole."""
     return PublishFailed(
@@ -149,7 +163,7 @@ def refusal(result: object) -> str | None:
     if "NoScript" in type(result).__name__:  # redis-py and coredis strip the code from this one
         return "NOSCRIPT"
     code = reply_code(result)  # by its code, wherever the library puts it; never by its words
-    if code in ("NOSCRIPT", "SEALED", "FULL"):
+    if code in ("NOSCRIPT", "SEALED", "FULL", "OOM"):
         return code
     if code in TRANSIENT_CODES or type(result).__name__ in _TRANSIENT_CLASSES:
         return "UNAVAILABLE"
@@ -166,6 +180,8 @@ class Replies:
     noscript: bool = False
     #: The refusal of a full shard (its cap, `whenFull: refuse`): its text, naming the shard.
     full: str | None = None
+    #: Redis refused for want of memory (`OOM`): its text.
+    oom: str | None = None
     #: A refusal of a Redis that may answer soon (`LOADING`, `READONLY`, `BUSY`...): its text.
     unavailable: str | None = None
     #: Another error (the call failed: some messages may have been written).
@@ -183,10 +199,12 @@ def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[s
                 return out
             for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
                 ids[position] = entry_id
-        elif why in ("SEALED", "NOSCRIPT", "UNAVAILABLE", "FULL"):
+        elif why in ("SEALED", "NOSCRIPT", "UNAVAILABLE", "FULL", "OOM"):
             out.again.extend(call.positions)
             if why == "FULL":
                 out.full = str(result)
+            elif why == "OOM":
+                out.oom = str(result)
             out.sealed |= why == "SEALED"
             out.noscript |= why == "NOSCRIPT"
             if why == "UNAVAILABLE":
@@ -222,6 +240,12 @@ class ShardFull(PublishFailed):
     def __init__(self, message: str, shard: str) -> None:
         super().__init__(message)
         self.shard = shard
+
+
+class RedisOutOfMemory(PublishFailed):
+    """Redis refused the messages with `OOM` (its used memory is above `maxmemory`) for
+    `delivery_timeout_s`: they were not written. Memory comes back as groups consume and the
+    streams' retention trims, or with a larger Redis (docs/operations.md, Retention and memory)."""
 
 
 class ProducerPaused(RscError):

@@ -53,13 +53,14 @@ from rsc.client.producer_state import (
     ProducerPaused,
     ProducerState,
     PublishFailed,
+    RedisOutOfMemory,
     Replies,
     RoutingView,
     ShardFull,
     UnsupportedRouting,
     appends,
+    held_back,
     publish_failed,
-    shard_full,
     take_replies,
 )
 from rsc.events import codec
@@ -79,6 +80,7 @@ __all__ = [
     "NoWritableShards",
     "ProducerPaused",
     "PublishFailed",
+    "RedisOutOfMemory",
     "ShardFull",
     "UnsupportedRouting",
     "SyncCoordinator",
@@ -383,9 +385,8 @@ class SyncProducer(RoutingView):
                     self._retry_later(retries, len(todo), RscError(replies.unavailable), redis_down=True)
                 elif replies.sealed:
                     self._refresh_layout(retries, len(todo))
-                elif replies.full is not None:  # room comes as the groups consume: back off
-                    full = shard_full(self.stream_prefix, len(todo), replies.full)
-                    self._retry_later(retries, len(todo), full, give_up=full)
+                elif (held := held_back(self.stream_prefix, len(todo), replies)) is not None:
+                    self._retry_later(retries, len(todo), held, give_up=held)  # room comes: back off
             done = [i for i in ids if i is not None]
             with self._lock:
                 self.state.published += len(done)

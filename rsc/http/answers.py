@@ -16,7 +16,7 @@ import attrs
 from quart import Response
 from werkzeug.exceptions import HTTPException
 
-from rsc.actors.errors import ActorStopped, NotFinalized, StoreError, UnsupportedSchema
+from rsc.actors.errors import ActorStopped, NotFinalized, RedisOutOfMemory, StoreError, UnsupportedSchema
 from rsc.actors.features import UnsupportedFeatureLevel
 from rsc.actors.health import store_failed
 from rsc.events.errors import CoordinationError, http_status
@@ -73,6 +73,9 @@ def error_answer(error: Exception, method: str = "", path: str = "") -> ErrorAns
             log.error("bug: %s", error)
             return ErrorAnswer(500, "INTERNAL", "internal error: an event the feature level forbids")
         store_failed(log, error, f"store unavailable: {error}")
+        if isinstance(error, RedisOutOfMemory):
+            message = "the coordinator's Redis is out of memory (OOM): retry once memory is freed"
+            return ErrorAnswer(503, "REDIS_OUT_OF_MEMORY", message)
         return ErrorAnswer(503, "UNAVAILABLE", "the coordinator's Redis is unavailable; retry")
     if isinstance(error, ActorStopped):
         return ErrorAnswer(503, "UNAVAILABLE", "the aggregate is restarting; retry")

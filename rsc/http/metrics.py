@@ -13,7 +13,7 @@ from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRe
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from rsc.actors.dataset import DATA_LOSS, KINDS
-from rsc.actors.errors import StoreError
+from rsc.actors.errors import OOM_REFUSALS, StoreError
 from rsc.actors.registry import Registry
 from rsc.events import quotas
 from rsc.events.auth import Scope
@@ -293,7 +293,12 @@ class _RetentionCollector:
             trimmed.add_metric([stream], n)
         for (stream, group), age in sorted(figures.oldest_age_s.items()):
             oldest.add_metric([stream, group], age)
-        yield from (lost, trimmed, oldest)
+        oom = CounterMetricFamily(
+            "rsc_redis_oom_refusals",
+            "Writes of this coordinator Redis refused with OOM (used memory above maxmemory)",
+        )
+        oom.add_metric([], OOM_REFUSALS[0])
+        yield from (lost, trimmed, oldest, oom)
 
 
 class _DataLossCollector:

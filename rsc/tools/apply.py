@@ -7,6 +7,8 @@ file, in the Admin API's own field names:
     name = "orders"
     shardCount = 8
     reshardMode = "online"          # optional: online
+    retention = { keep = "acknowledged", maxAgeMs = 86400000 }   # optional (level 5): left out,
+                                    # the stream keeps its policy; given, the others are defaults
 
     [[streams.groups]]
     name = "billing"
@@ -35,13 +37,16 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 import click
 import yaml
 
 from rsc.client.admin_api import AdminClient, AdminError
+from rsc.events import codec
 from rsc.events.model import MAX_STATIC_HOLD_MS
+from rsc.events.retention import Retention
 
-STREAM_FIELDS = {"shardCount": None, "reshardMode": "online"}
+STREAM_FIELDS: dict[str, Any] = {"shardCount": None, "reshardMode": "online", "retention": None}
 GROUP_FIELDS: dict[str, Any] = {"maxConcurrency": 1, "startFrom": "earliest", "staticHoldMs": None}
 #: What each field may hold: (lowest, highest) for integers, the values for choices. The same
 #: ranges as the Admin API's, checked here so that a bad value is an error in the plan.
@@ -54,6 +59,8 @@ RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
 }
 #: Fields whose default is "unset" (null: the coordinator's own default; left out of specs).
 NULLABLE = {"staticHoldMs"}
+#: Fields whose absence means "leave it as it is" (not "the default"): neither sent nor compared.
+KEPT_WHEN_OMITTED = {"retention"}
 #: Fields that only apply when the object is created.
 CREATE_ONLY = {"startFrom"}
 
@@ -138,8 +145,12 @@ def load(paths: Sequence[str]) -> Desired:
     return Desired(streams, groups)
 
 
-def _check_values(spec: Mapping[str, Any], where: str) -> None:
+def _check_values(spec: dict[str, Any], where: str) -> None:
     for field, value in spec.items():
+        if field == "retention":
+            if value is not None:
+                spec[field] = _retention(value, where)
+            continue
         if value is None and field in NULLABLE:
             continue
         rule = RULES[field]
@@ -149,6 +160,26 @@ def _check_values(spec: Mapping[str, Any], where: str) -> None:
                 raise FileError(f"{where}: {field} must be an integer from {low} to {high}, not {value!r}")
         elif value not in rule:
             raise FileError(f"{where}: {field} must be one of {', '.join(map(repr, rule))}, not {value!r}")
+
+
+def _retention(value: Any, where: str) -> dict[str, Any]:
+    """A file's `retention` table as the whole policy the coordinator stores (the fields it
+    leaves out at their defaults), checked as the Admin API checks it."""
+    if not isinstance(value, dict):
+        raise FileError(f"{where}: retention must be a table of the policy's fields")
+    known = [codec.camel(a.name) for a in attrs.fields(Retention)]
+    _only(value, set(known), f"{where}: retention")
+    for field, given in value.items():  # each field alone, so that a problem names its field
+        try:
+            codec.wire.structure({field: given}, Retention)
+        except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+            leaf: BaseException = exc
+            while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+                leaf = leaf.exceptions[0]
+            raise FileError(f"{where}: retention.{field} = {given!r} is not accepted ({leaf})") from exc
+    policy = codec.wire.structure(value, Retention)
+    whole: dict[str, Any] = codec.wire.unstructure(policy)
+    return {k: whole.get(k) for k in known}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -230,7 +261,16 @@ def _get(read: Any, name: str) -> Any:
 
 
 def _diff(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    return {k: (current.get(k), v) for k, v in wanted.items() if current.get(k) != v}
+    return {
+        k: (current.get(k), v)
+        for k, v in wanted.items()
+        if current.get(k) != v and not (v is None and k in KEPT_WHEN_OMITTED)
+    }
+
+
+def _sent(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The body of a spec's `PUT`: the fields left out that keep their value are not sent."""
+    return {k: v for k, v in spec.items() if not (v is None and k in KEPT_WHEN_OMITTED)}
 
 
 def execute(admin: AdminClient, changes: Sequence[Change], report: Any = None) -> list[str]:
@@ -243,9 +283,9 @@ def execute(admin: AdminClient, changes: Sequence[Change], report: Any = None) -
         if c.problem:
             raise click.ClickException(f"{c.kind} {path}: {c.problem}")
         if c.kind == "stream" and c.action == "create":
-            answer = admin.put_stream(c.stream, c.spec, create_only=True)
+            answer = admin.put_stream(c.stream, _sent(c.spec), create_only=True)
         elif c.kind == "stream" and c.action == "change":
-            answer = admin.put_stream(c.stream, c.spec, if_match=c.revision)
+            answer = admin.put_stream(c.stream, _sent(c.spec), if_match=c.revision)
         elif c.kind == "stream":
             answer = admin.delete_stream(c.stream, if_match=c.revision)
         elif c.action == "create":

@@ -36,6 +36,7 @@ from tf.utils import Diagnostics
 
 from rsc.client.admin_api import AdminClient, AdminError
 from rsc.events.model import MAX_STATIC_HOLD_MS
+from rsc.events.retention import MAX_ENTRIES, MAX_RETENTION_MS
 
 SOURCE = "registry.terraform.io/rsc/rsc"
 
@@ -107,6 +108,23 @@ RULES: dict[str, tuple[int, int] | tuple[str, ...]] = {
     "reshard_mode": ("online", "quiesce"),
     "start_from": ("earliest", "latest"),
     "static_hold_ms": (0, MAX_STATIC_HOLD_MS),
+    "retention_keep": ("acknowledged", "all"),
+    "retention_max_age_ms": (1, MAX_RETENTION_MS),
+    "retention_max_entries_per_shard": (1, MAX_ENTRIES),
+    "retention_when_full": ("drop-oldest", "refuse"),
+    "retention_inactive_group_ms": (1, MAX_RETENTION_MS),
+    "retention_dead_letter_max_entries": (1, MAX_ENTRIES),
+}
+#: `rsc_stream`'s retention attributes -> the policy's wire fields (feature level 5). Each is
+#: managed only when set: one left unset is neither sent nor read back (the stream's own value
+#: stays, and no drift is shown for it); a policy sent has the others at their defaults.
+RETENTION_ATTRIBUTES = {
+    "retention_keep": "keep",
+    "retention_max_age_ms": "maxAgeMs",
+    "retention_max_entries_per_shard": "maxEntriesPerShard",
+    "retention_when_full": "whenFull",
+    "retention_inactive_group_ms": "inactiveGroupMs",
+    "retention_dead_letter_max_entries": "deadLetterMaxEntries",
 }
 
 
@@ -167,21 +185,47 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
                     default="online",
                     description="online or quiesce",
                 ),
+                *(
+                    schema.Attribute(
+                        attribute,
+                        types.String() if field in ("keep", "whenFull") else types.Number(),
+                        optional=True,
+                        description=f"retention.{field} (feature level 5; unset: not managed)",
+                    )
+                    for attribute, field in RETENTION_ATTRIBUTES.items()
+                ),
             ],
         )
 
     @staticmethod
-    def _state(name: str, spec: dict[str, Any]) -> State:
-        return {
+    def _state(name: str, spec: dict[str, Any], managed: State | None = None) -> State:
+        """The state of `spec`; the retention attributes `managed` sets are read back."""
+        retention = spec.get("retention") or {}
+        state: State = {
             "id": name,
             "name": name,
             "shard_count": spec["shardCount"],
             "reshard_mode": spec["reshardMode"],
         }
+        for attribute, field in RETENTION_ATTRIBUTES.items():
+            given = managed is not None and managed.get(attribute) is not None
+            state[attribute] = retention.get(field) if given else None
+        return state
 
     @staticmethod
     def _spec(planned: State) -> dict[str, Any]:
-        return {"shardCount": int(planned["shard_count"]), "reshardMode": planned["reshard_mode"] or "online"}
+        spec: dict[str, Any] = {
+            "shardCount": int(planned["shard_count"]),
+            "reshardMode": planned["reshard_mode"] or "online",
+        }
+        retention = {
+            field: value if isinstance(value, str) else int(value)
+            for attribute, field in RETENTION_ATTRIBUTES.items()
+            if (value := planned.get(attribute)) is not None
+        }
+        if retention:
+            spec["retention"] = retention
+        return spec
 
     def create(self, ctx: CreateContext, planned: State) -> State | None:
         name = planned["name"]
@@ -193,7 +237,7 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
                 )
                 return None
             answer = admin.put_stream(name, self._spec(planned), create_only=True)
-            return self._state(name, answer.body["spec"])
+            return self._state(name, answer.body["spec"], planned)
 
         return _call(ctx, f"creating stream {name}", work, self.provider)
 
@@ -202,7 +246,7 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
 
         def work(admin: AdminClient) -> State | None:
             found = _missing(lambda: admin.stream(name))
-            return None if found is None else self._state(name, found.body["spec"])
+            return None if found is None else self._state(name, found.body["spec"], current)
 
         return _call(ctx, f"reading stream {name}", work, self.provider)
 
@@ -211,10 +255,12 @@ class Stream(Resource):  # type: ignore[misc]  # tf ships no types
 
         def work(admin: AdminClient) -> State | None:
             found = admin.stream(name)
-            if _changed_since_plan(ctx, f"stream {name}", current, self._state(name, found.body["spec"])):
+            now = self._state(name, found.body["spec"], current)
+            if _changed_since_plan(ctx, f"stream {name}", current, now):
                 return None
             # A change made between this read and the write is refused too (412).
-            return self._state(name, admin.put_stream(name, self._spec(planned), found.revision).body["spec"])
+            answer = admin.put_stream(name, self._spec(planned), found.revision)
+            return self._state(name, answer.body["spec"], planned)
 
         return _call(ctx, f"updating stream {name}", work, self.provider)
 

@@ -9,7 +9,7 @@ import trio
 
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
 from rsc.client.redis_calls import redis_call
-from rsc.redis_errors import error_code, is_unavailable
+from rsc.redis_errors import error_code, is_unavailable, reply_code
 
 E = coredis.exceptions
 
@@ -51,11 +51,14 @@ REFUSED = [
         "ERR unknown command 'FOO'",
         "FENCED no owner",
         "BUSY Redis is busy running a script.",
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
     ],
 )
 def test_every_refusal_keeps_its_code_whichever_way_it_came(reply: str) -> None:
-    """As coredis parses it (its client, its pipelines) and as a lean connection reads it
-    (`rsc.resp`, hiredis): the same code, the first word Redis sent."""
+    """As coredis parses it (its client, its pipelines), as a lean connection reads it
+    (`rsc.resp`, hiredis) and as redis-py parses it (the synchronous producer): the same code,
+    the first word Redis sent (redis-py keeps none for `ERR`: its plain `ResponseError`)."""
     hiredis = pytest.importorskip("hiredis")
     from coredis.parser import Parser
 
@@ -64,6 +67,9 @@ def test_every_refusal_keeps_its_code_whichever_way_it_came(reply: str) -> None:
     code = reply.split(" ", 1)[0]
     assert error_code(Parser().parse_error(reply)) == code
     assert error_code(refusal(hiredis.ReplyError(reply))) == code
+    from redis._parsers.base import BaseParser
+
+    assert reply_code(BaseParser.parse_error(reply)) == (None if code == "ERR" else code)
 
 
 def nested(exc: BaseException) -> BaseExceptionGroup[BaseException]:

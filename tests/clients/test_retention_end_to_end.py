@@ -4,6 +4,10 @@ and trio producers against real Redis (standalone and the 3-primary cluster).
 * `keep: acknowledged`, one group keeping up: the shard keys end nearly empty, nothing lost.
 * Two groups, one stopped (its App gone, its group kept): nothing it has not acknowledged is
   removed; restarted, it handles everything published meanwhile.
+* `whenFull: refuse`: no shard ever holds more than the cap; `publish` blocks, then raises
+  `ShardFull` while the group is stopped; back, the group makes room and handles everything.
+* `maxAgeMs`: what is older goes within a round or so, nothing younger, and the stopped
+  group's loss is counted.
 * `maxEntriesPerShard` with `drop-oldest` and a stopped group: every shard ends within the cap,
   and what the group handles after its restart plus its `trimmedUnseen` is exactly what was
   published while it was stopped; `/metrics` agrees.
@@ -23,8 +27,9 @@ from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
-from rsc.client.producer import Producer, open_producer
+from rsc.client.producer import Producer, ShardFull, open_producer
 from rsc.client.worker import App
+from rsc.events.wire import cap_key
 from tests.httpkit import FAST, serve_on
 
 AUTH = ("admin", "pw")
@@ -53,6 +58,13 @@ async def publish(producer: Producer, first: int, count: int) -> list[str]:
     for start in range(0, count, 100):
         await producer.publish_many([({"id": i}, i) for i in ids[start : start + 100]])
     return ids
+
+
+async def create(http: httpx.AsyncClient, prefix: str, retention: dict[str, Any]) -> None:
+    """The stream of `SHARDS` shards with the policy `retention`."""
+    body = {"shardCount": SHARDS, "retention": retention}
+    put = await http.put(f"/v1/admin/streams/{prefix}", json=body, auth=AUTH)
+    assert put.status_code == 200, put.text
 
 
 async def shard_keys(http: httpx.AsyncClient, prefix: str) -> list[str]:
@@ -108,10 +120,7 @@ async def test_a_capped_stream_counts_exactly_what_a_stopped_group_lost(
 ) -> None:
     base = str(http.base_url)
     retention = {"keep": "all", "maxEntriesPerShard": 500, "whenFull": "drop-oldest"}
-    put = await http.put(
-        f"/v1/admin/streams/{prefix}", json={"shardCount": SHARDS, "retention": retention}, auth=AUTH
-    )
-    assert put.status_code == 200, put.text
+    await create(http, prefix, retention)
     handled: list[str] = []
     async with Coordinator(base) as coordinator, open_redis(redis_url) as r, trio.open_nursery() as nursery:
         app = worker(base, redis_url, prefix, "billing", handled)
@@ -157,3 +166,70 @@ async def test_a_capped_stream_counts_exactly_what_a_stopped_group_lost(
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_refuse_never_exceeds_the_cap_blocks_then_raises_and_loses_nothing(
+    http: httpx.AsyncClient, redis_url: str, prefix: str, checker: Any
+) -> None:
+    base = str(http.base_url)
+    retention = {"keep": "acknowledged", "maxEntriesPerShard": 300, "whenFull": "refuse"}
+    await create(http, prefix, retention)
+    handled: list[str] = []
+    published: list[str] = []
+    async with Coordinator(base) as coordinator, open_redis(redis_url) as r, trio.open_nursery() as nursery:
+        async with trio.open_nursery() as first:  # the group exists, then stops
+            app = worker(base, redis_url, prefix, "billing", handled)
+            await first.start(app.run)
+            app.stop()
+        keys = await shard_keys(http, prefix)
+        await wait_until(lambda: _async(all(checker.get(cap_key(k)) == "300" for k in keys)))
+        async with open_producer(coordinator, r, prefix, "api", delivery_timeout_s=1.0) as producer:
+            full: ShardFull | None = None
+            for n in range(10_000):
+                try:
+                    await producer.publish({"id": f"m{n}"}, f"m{n}")
+                except ShardFull as exc:
+                    full = exc
+                    break
+                published.append(f"m{n}")
+                assert all(checker.xlen(k) <= 300 for k in keys)
+            assert full is not None
+            assert full.shard in keys
+            assert max(checker.xlen(k) for k in keys) == 300  # full, never past it
+            # the group comes back: what it acknowledges makes room, a waiting publish goes through
+            again = worker(base, redis_url, prefix, "billing", handled)
+            await nursery.start(again.run)
+            for n in range(10_000, 10_600):
+                await producer.publish({"id": f"m{n}"}, f"m{n}")
+                published.append(f"m{n}")
+        await wait_until(lambda: _async(set(published) <= set(handled)))
+        assert all(checker.xlen(k) <= 300 for k in keys)
+        assert (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()["trimmedUnseen"] == 0
+        again.stop()
+
+
+async def test_max_age_removes_what_is_older_and_nothing_younger_counting_the_loss(
+    http: httpx.AsyncClient, redis_url: str, prefix: str, checker: Any
+) -> None:
+    base = str(http.base_url)
+    retention = {"keep": "all", "maxAgeMs": 2_500}
+    await create(http, prefix, retention)
+    async with Coordinator(base) as coordinator, open_redis(redis_url) as r:
+        async with trio.open_nursery() as first:  # a group that reads nothing of what follows
+            app = worker(base, redis_url, prefix, "billing", [])
+            await first.start(app.run)
+            app.stop()
+        keys = await shard_keys(http, prefix)
+        async with open_producer(coordinator, r, prefix, "api") as producer:
+            old = await publish(producer, 0, 400)
+            await trio.sleep(2.6)  # the old ones are past the age: the young ones have 2.5 s
+            young = await publish(producer, 400, 400)
+            young_ids = {e for k in keys for e, f in checker.xrange(k) if f["id"] in set(young)}
+
+            async def old_gone() -> bool:
+                return sum(checker.xlen(k) for k in keys) == len(young)
+
+            await wait_until(old_gone, timeout_s=1.5)  # the old ones went within a round or so
+            assert {e for k in keys for e, _ in checker.xrange(k)} == young_ids  # none younger
+    view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert view["trimmedUnseen"] == len(old)  # the stopped group never saw them

@@ -30,6 +30,7 @@ SMOKE: dict[str, tuple[str, str]] = {
         "takeoverSeconds",
     ),
     "rebalance": ("--modes push --rate 100 --shards 4 --steady 0.5 --settle 1.5 --cycles 1", "results"),
+    "soak": ("--minutes 0.1 --rate 200 --sample-s 2 --retention-ms 500", "samples"),
 }
 
 

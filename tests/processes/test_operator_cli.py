@@ -295,6 +295,37 @@ async def test_apply_plans_applies_is_idempotent_and_sees_drift(
     assert (await http.get(f"/v1/streams/{prefix}")).json()["shardCount"] == 4
 
 
+async def test_apply_sets_a_retention_policy_sees_its_drift_and_leaves_it_when_left_out(
+    http: httpx.AsyncClient, prefix: str, tmp_path: Path
+) -> None:
+    stream = f"/v1/admin/streams/{prefix}"
+    await http.put(stream, json={"shardCount": 2, "retention": {"keep": "all"}}, auth=AUTH)
+    # a file without retention leaves the stream's policy as it is: no change
+    assert (await apply(http, "diff", "-f", spec_file(tmp_path, prefix))).output.startswith("+ group")
+    text = f'[[streams]]\nname = "{prefix}"\nshardCount = 2\nretention = {{ maxAgeMs = 60000 }}\n'
+    path = write(tmp_path, "retention.toml", text)
+    diff = await apply(http, "diff", "-f", path)
+    assert diff.exit_code == 2, diff.output
+    assert diff.output.splitlines()[0].startswith(f"~ stream {prefix}: retention ")
+    assert (await apply(http, "apply", "-f", path)).exit_code == 0
+    policy = (await http.get(stream, auth=AUTH)).json()["spec"]["retention"]
+    assert (policy["keep"], policy["maxAgeMs"]) == ("acknowledged", 60000)  # the rest: defaults
+    assert (await apply(http, "diff", "-f", path)).exit_code == 0
+    await http.patch(stream, json={"retention": {"maxAgeMs": 5}}, auth=AUTH)
+    assert (await apply(http, "diff", "-f", path)).exit_code == 2  # drift
+    assert (await apply(http, "apply", "-f", path)).exit_code == 0
+    assert (await http.get(stream, auth=AUTH)).json()["spec"]["retention"]["maxAgeMs"] == 60000
+    for bad, said in [
+        ("maxAgeMs = 0", "maxAgeMs"),
+        ("maxAge = 5", "did you mean 'maxAgeMs'"),
+        ('keep = "x"', "keep"),
+    ]:
+        text = f'[[streams]]\nname = "{prefix}"\nshardCount = 2\nretention = {{ {bad} }}\n'
+        refused = await apply(http, "diff", "-f", write(tmp_path, "bad.toml", text))
+        assert refused.exit_code == 1, refused.output
+        assert said in refused.output, refused.output
+
+
 async def test_apply_prunes_only_when_asked_and_reads_yaml(
     http: httpx.AsyncClient, prefix: str, tmp_path: Path
 ) -> None:

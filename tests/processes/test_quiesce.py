@@ -163,7 +163,10 @@ async def test_quiesce_mode_keeps_per_key_order_across_a_scale_out_and_a_scale_i
                 await trio.sleep(1.5)
                 for migration_id, count in ((1, 6), (2, 3)):
                     started = await put_stream(http, prefix, count)
-                    assert started["spec"] == {"shardCount": count, "reshardMode": "quiesce"}
+                    assert (started["spec"]["shardCount"], started["spec"]["reshardMode"]) == (
+                        count,
+                        "quiesce",
+                    )
                     done = await until_phase(http, prefix, "DONE", 90)
                     assert done["migrationId"] == migration_id
                     phases = [p["phase"] for p in done["phases"]]

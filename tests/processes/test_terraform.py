@@ -105,7 +105,9 @@ async def test_terraform_plans_applies_detects_drift_imports_and_destroys(  # no
         applied = await tf("apply", "-auto-approve")
         assert applied.returncode == 0, applied.stdout + applied.stderr
         stream = await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)
-        assert stream.json()["spec"] == {"shardCount": 4, "reshardMode": "online"}
+        spec = stream.json()["spec"]
+        assert (spec["shardCount"], spec["reshardMode"]) == (4, "online")
+        assert spec["retention"]["keep"] == "acknowledged"  # unset: the stream's default, not managed
         group = await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)
         assert group.json()["spec"] == {"maxConcurrency": 4, "startFrom": "earliest"}
         keys = await tf("output", "-json", "shard_keys")
@@ -149,6 +151,28 @@ async def test_terraform_plans_applies_detects_drift_imports_and_destroys(  # no
         assert (await tf("apply", "-auto-approve")).returncode == 0  # planned again: 7 -> 5
         group = await http.get(f"/v1/admin/streams/{prefix}/groups/billing", auth=AUTH)
         assert group.json()["spec"]["maxConcurrency"] == 5
+        (work / "main.tf").write_text(configuration(prefix, 2))
+        assert (await tf("apply", "-auto-approve")).returncode == 0
+
+        # A retention attribute set is managed (sent, read back, drift shown); the others are not.
+        retained = configuration(prefix, 2).replace(
+            "shard_count  = 2", "shard_count  = 2\n  retention_max_age_ms = 60000"
+        )
+        assert "retention_max_age_ms" in retained
+        (work / "main.tf").write_text(retained)
+        assert (await tf("apply", "-auto-approve")).returncode == 0
+        policy = (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).json()["spec"]["retention"]
+        assert (policy["maxAgeMs"], policy["keep"]) == (60000, "acknowledged")
+        assert (await tf("plan", "-detailed-exitcode")).returncode == 0
+        await http.patch(f"/v1/admin/streams/{prefix}", json={"retention": {"maxAgeMs": 5}}, auth=AUTH)
+        drift = await tf("plan", "-detailed-exitcode")
+        assert drift.returncode == 2, drift.stdout + drift.stderr
+        assert "retention_max_age_ms = 5 -> 60000" in drift.stdout
+        assert (await tf("apply", "-auto-approve")).returncode == 0
+        (work / "main.tf").write_text(retained.replace("60000", "0"))
+        refused = await tf("plan")
+        assert refused.returncode == 1
+        assert "retention_max_age_ms must be an integer" in refused.stderr + refused.stdout
         (work / "main.tf").write_text(configuration(prefix, 2))
         assert (await tf("apply", "-auto-approve")).returncode == 0
 

@@ -12,6 +12,9 @@ import { capKey, runScript, sealKey } from './scripts.js';
 /** The stream stayed paused past the producer's pause timeout. */
 export class ProducerPaused extends Error {}
 
+/** Redis refused the messages with OOM (used memory above maxmemory) for deliveryTimeoutMs. */
+export class RedisOutOfMemory extends Error {}
+
 /** A shard stayed at its entry cap (retention `whenFull: refuse`) for deliveryTimeoutMs; `shard`
  * names its key. The messages routed there were not written. */
 export class ShardFull extends Error {
@@ -168,7 +171,7 @@ export class Producer {
             if (err instanceof Error && err.message.startsWith('SEALED')) {
               sealed = err.message;
               again.push(...idx);
-            } else if (err instanceof Error && err.message.startsWith('FULL')) {
+            } else if (err instanceof Error && /^(FULL|OOM)\b/.test(err.message)) {
               full = err.message;
               again.push(...idx);
             } else {
@@ -180,7 +183,8 @@ export class Producer {
         if (todo.length && !sealed && full) {
           // the shard is at its cap: room comes as the groups consume and retention trims
           if (Date.now() >= giveUpAt) {
-            throw new ShardFull(`publishing ${todo.length} message(s) to ${this.stream}: ${full}`, full.split(' ')[1]);
+            const what = `publishing ${todo.length} message(s) to ${this.stream}: ${full}`;
+            throw full.startsWith('OOM') ? new RedisOutOfMemory(what) : new ShardFull(what, full.split(' ')[1]);
           }
           await sleep(Math.min(1000, 50 * 2 ** Math.min(waits++, 5)) * (0.5 + Math.random() * 0.5));
         } else if (todo.length) {

@@ -18,7 +18,7 @@ from coredis.tokens import PureToken
 from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
 from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
-from rsc.events.wire import dead_letter_key, seal_key
+from rsc.events.wire import cap_key, dead_letter_key, seal_key, trimmed_key
 from rsc.lua import script
 from rsc.resp import Multiplexed
 
@@ -89,6 +89,12 @@ def shard_key_pattern(stream_prefix: str, namespace: str) -> ShardKeyPattern:
     return ShardKeyPattern(escaped + "*}", regex)
 
 
+def shard_companions(key: str) -> tuple[str, ...]:
+    """A shard key and every key rsc keeps beside it (same slot): owner tokens, seal, dead
+    letters, retention's cap and counts. They go together (deleted, or expired once retired)."""
+    return (key, owner_key(key), seal_key(key), dead_letter_key(key), cap_key(key), trimmed_key(key))
+
+
 class RedisShardKeys(RedisEffectsBase):
     """`ShardKeys` on Redis: one script or command per key, pipelined in chunks per node."""
 
@@ -126,7 +132,7 @@ class RedisShardKeys(RedisEffectsBase):
         for chunk in chunks(shard_keys):
             async with self._pipeline() as pipe:
                 for key in chunk:
-                    for each in (key, owner_key(key), seal_key(key)):
+                    for each in shard_companions(key):
                         pipe.pexpire(each, after_ms, condition=PureToken.NX)
 
     async def delete_streams(self, shard_keys: Iterable[str]) -> None:
@@ -134,7 +140,7 @@ class RedisShardKeys(RedisEffectsBase):
         for chunk in chunks(shard_keys):
             async with self._pipeline() as pipe:
                 for key in chunk:
-                    pipe.delete([key, owner_key(key), seal_key(key), dead_letter_key(key)])
+                    pipe.delete(list(shard_companions(key)))
 
     async def find_shard_keys(self, stream_prefix: str) -> dict[int, str]:
         """See `ShardKeys.find_shard_keys`."""

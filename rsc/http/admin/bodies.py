@@ -25,7 +25,7 @@ from rsc.events.model import (
     StartFrom,
     wire_field,
 )
-from rsc.events.retention import Retention
+from rsc.events.retention import MAX_ENTRIES, MAX_RETENTION_MS, Keep, Retention, WhenFull
 from rsc.events.stream import MAX_CONCURRENCY, MAX_REASON, MAX_SHARDS, StreamState
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party
 from rsc.http.errors import ApiError
@@ -67,13 +67,25 @@ class AbortRequest:
 
 
 @attrs.frozen
+class RetentionPatch:
+    """A merge patch of a stream's retention policy: the fields to change; null: the default."""
+
+    keep: Keep | None = None
+    max_age_ms: int | None = wire_field(None, minimum=1, maximum=MAX_RETENTION_MS, nullable=True)
+    max_entries_per_shard: int | None = wire_field(None, minimum=1, maximum=MAX_ENTRIES, nullable=True)
+    when_full: WhenFull | None = None
+    inactive_group_ms: int | None = wire_field(None, minimum=1, maximum=MAX_RETENTION_MS, nullable=True)
+    dead_letter_max_entries: int | None = wire_field(None, minimum=1, maximum=MAX_ENTRIES, nullable=True)
+
+
+@attrs.frozen
 class StreamPatch:
     """Body of `PATCH /v1/admin/streams/{p}` (RFC 7396): the fields to change; null: default."""
 
     shard_count: int | None = wire_field(None, minimum=0, maximum=MAX_SHARDS, nullable=True)
     reshard_mode: ReshardMode | None = None
     #: A merge patch of the policy (its fields); null: the default policy.
-    retention: Retention | None = wire_field(None, nullable=True)
+    retention: RetentionPatch | None = wire_field(None, nullable=True)
 
 
 @attrs.frozen
@@ -188,7 +200,18 @@ def stream_spec(state: StreamState) -> StreamSpec:
 #: Admin request bodies: a field they do not have is refused (`strict`), so their schemas
 #: say `additionalProperties: false`.
 STRICT_BODIES: frozenset[type] = frozenset(
-    {StreamSpec, StreamPatch, GroupSpec, GroupPatch, PauseRequest, AbortRequest, ReplayRequest, FeatureChange}
+    {
+        StreamSpec,
+        StreamPatch,
+        Retention,
+        RetentionPatch,
+        GroupSpec,
+        GroupPatch,
+        PauseRequest,
+        AbortRequest,
+        ReplayRequest,
+        FeatureChange,
+    }
 )
 
 
