@@ -41,15 +41,16 @@ run: setup
 clean-demo: setup
 	$(BIN)/rsc purge --key-prefix '$(DEMO_PREFIX)' --yes
 
-# Every tier: the in-process ones on two processes, then the tiers of real processes (processes,
-# chaos, browser, compat, conformance) on two processes as well (each test starts servers and
-# processes of its own on free ports; the long ones are listed first so they start early), then
-# the Node.js client's own tests. Every part runs; the target fails if any did.
+# Every tier in one pytest session on three processes (pytest-xdist, work stealing): the tiers
+# of real processes first (chaos, conformance, processes, compat, browser), so that their long
+# runs start early while the in-process tiers fill the CPU their waits leave; then the Node.js
+# client's own tests. Each test starts servers and processes of its own on free ports. Every
+# part runs; the target fails if any did.
 test: setup
-	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
-	$(BIN)/pytest -n 2 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
+	@$(BIN)/pytest -n 3 --dist worksteal tests/chaos tests/conformance tests/processes tests/compat \
+		tests/browser tests/actors tests/clients tests/http tests/core; first=$$?; \
 	if command -v npm >/dev/null; then (cd $(NODE_DIR) && npm test --silent); else true; fi; node=$$?; \
-	exit $$(( first || second || node ))
+	exit $$(( first || node ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
 # the modules tests/conftest.py marks slow, 10 examples per property, on two processes.
