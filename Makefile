@@ -41,16 +41,15 @@ run: setup
 clean-demo: setup
 	$(BIN)/rsc purge --key-prefix '$(DEMO_PREFIX)' --yes
 
-# Every tier in one pytest session on three processes (pytest-xdist, work stealing): the tiers
-# of real processes first (chaos, conformance, processes, compat, browser), so that their long
-# runs start early while the in-process tiers fill the CPU their waits leave; then the Node.js
-# client's own tests. Each test starts servers and processes of its own on free ports. Every
-# part runs; the target fails if any did.
+# Every tier: the in-process ones on two processes, then the tiers of real processes (chaos,
+# conformance, processes, compat, browser: the long ones first, so that they start early) on
+# two processes as well (each test starts servers and processes of its own on free ports),
+# then the Node.js client's own tests. Every part runs; the target fails if any did.
 test: setup
-	@$(BIN)/pytest -n 3 --dist worksteal tests/chaos tests/conformance tests/processes tests/compat \
-		tests/browser tests/actors tests/clients tests/http tests/core; first=$$?; \
+	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
+	$(BIN)/pytest -n 2 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
 	if command -v npm >/dev/null; then (cd $(NODE_DIR) && npm test --silent); else true; fi; node=$$?; \
-	exit $$(( first || node ))
+	exit $$(( first || second || node ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
 # the modules tests/conftest.py marks slow, 10 examples per property, on two processes.
