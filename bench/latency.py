@@ -137,8 +137,10 @@ def create_stream(url: str, stream: str) -> list[str]:
     return [s["key"] for s in layout["shards"]]
 
 
-def wait_assigned(url: str, stream: str, group: str, members: int, timeout: float = 60) -> None:
-    """Until `members` members hold the stream's shards, balanced, and nothing moves for 2 s."""
+def wait_assigned(
+    url: str, stream: str, group: str, members: int, timeout: float = 60, shards: int = SHARDS
+) -> None:
+    """Until `members` members hold the stream's `shards` shards, balanced, and nothing moves for 2 s."""
     deadline = time.monotonic() + timeout
     stable_since = None
     last = None
@@ -146,7 +148,7 @@ def wait_assigned(url: str, stream: str, group: str, members: int, timeout: floa
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
             answer = httpx.get(f"{url}/v1/streams/{stream}/groups/{group}", timeout=2).json()
             owned = sorted(len(m.get("assigned", [])) for m in answer["members"])
-            balanced = len(owned) == members and sum(owned) == SHARDS and owned[-1] - owned[0] <= 1
+            balanced = len(owned) == members and sum(owned) == shards and owned[-1] - owned[0] <= 1
             if balanced and owned == last:
                 stable_since = stable_since or time.monotonic()
                 if time.monotonic() - stable_since >= 2:

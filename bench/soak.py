@@ -97,7 +97,7 @@ def main() -> None:  # noqa: PLR0915  (one straight run: setup, publish, sample,
                     redis.Redis.from_url(redis_url) as publisher,
                     SyncProducer(SyncCoordinator(url), publisher, stream, "bench/soak") as producer,
                 ):
-                    wait_assigned(url, stream, GROUP, 1)
+                    wait_assigned(url, stream, GROUP, 1, shards=args.shards)
                     payload = os.urandom(args.payload // 2 + 1).hex()[: args.payload]
                     start = time.monotonic()
                     end = start + args.minutes * 60

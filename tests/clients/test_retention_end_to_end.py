@@ -60,11 +60,22 @@ async def publish(producer: Producer, first: int, count: int) -> list[str]:
     return ids
 
 
-async def create(http: httpx.AsyncClient, prefix: str, retention: dict[str, Any]) -> None:
-    """The stream of `SHARDS` shards with the policy `retention`."""
-    body = {"shardCount": SHARDS, "retention": retention}
+async def create(
+    http: httpx.AsyncClient, prefix: str, retention: dict[str, Any] | None, groups: tuple[str, ...]
+) -> dict[str, Any]:
+    """The stream of `SHARDS` shards with the policy `retention` (None: the default), and its
+    `groups`, before anything is published: a group created later does not hold back what
+    retention removed before it existed (what the others had acknowledged)."""
+    body: dict[str, Any] = {"shardCount": SHARDS}
+    if retention is not None:
+        body["retention"] = retention
     put = await http.put(f"/v1/admin/streams/{prefix}", json=body, auth=AUTH)
     assert put.status_code == 200, put.text
+    for group in groups:
+        made = await http.put(f"/v1/admin/streams/{prefix}/groups/{group}", json={}, auth=AUTH)
+        assert made.status_code == 200, made.text
+    spec: dict[str, Any] = put.json()["spec"]
+    return spec
 
 
 async def shard_keys(http: httpx.AsyncClient, prefix: str) -> list[str]:
@@ -81,8 +92,8 @@ async def test_acknowledged_entries_go_and_a_stopped_group_keeps_its_own(
     http: httpx.AsyncClient, redis_url: str, prefix: str, checker: Any
 ) -> None:
     base = str(http.base_url)
-    put = await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": SHARDS}, auth=AUTH)
-    assert put.json()["spec"]["retention"]["keep"] == "acknowledged"  # the default at level 5
+    spec = await create(http, prefix, None, ("fast", "slow"))
+    assert spec["retention"]["keep"] == "acknowledged"  # the default at level 5
     fast: list[str] = []
     slow: list[str] = []
     async with Coordinator(base) as coordinator, open_redis(redis_url) as r, trio.open_nursery() as nursery:
@@ -120,7 +131,7 @@ async def test_a_capped_stream_counts_exactly_what_a_stopped_group_lost(
 ) -> None:
     base = str(http.base_url)
     retention = {"keep": "all", "maxEntriesPerShard": 500, "whenFull": "drop-oldest"}
-    await create(http, prefix, retention)
+    await create(http, prefix, retention, ("billing",))
     handled: list[str] = []
     async with Coordinator(base) as coordinator, open_redis(redis_url) as r, trio.open_nursery() as nursery:
         app = worker(base, redis_url, prefix, "billing", handled)
@@ -173,7 +184,7 @@ async def test_refuse_never_exceeds_the_cap_blocks_then_raises_and_loses_nothing
 ) -> None:
     base = str(http.base_url)
     retention = {"keep": "acknowledged", "maxEntriesPerShard": 300, "whenFull": "refuse"}
-    await create(http, prefix, retention)
+    await create(http, prefix, retention, ("billing",))
     handled: list[str] = []
     published: list[str] = []
     async with Coordinator(base) as coordinator, open_redis(redis_url) as r, trio.open_nursery() as nursery:
@@ -213,7 +224,7 @@ async def test_max_age_removes_what_is_older_and_nothing_younger_counting_the_lo
 ) -> None:
     base = str(http.base_url)
     retention = {"keep": "all", "maxAgeMs": 2_500}
-    await create(http, prefix, retention)
+    await create(http, prefix, retention, ("billing",))
     async with Coordinator(base) as coordinator, open_redis(redis_url) as r:
         async with trio.open_nursery() as first:  # a group that reads nothing of what follows
             app = worker(base, redis_url, prefix, "billing", [])

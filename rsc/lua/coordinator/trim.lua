@@ -13,6 +13,8 @@
 --         {group, entries it lost, ...}, dead letters removed,
 --         {group, ms of its oldest entry not acknowledged before this trim (-1: none), ...}};
 --         refused with 'FENCED owner token of <key> fence <stored token>' when fenced.
+-- A missing shard key has nothing to trim, and nothing is written for it (not even the fence).
+if redis.call('EXISTS', KEYS[2]) == 0 then return {0, 0, {}, 0, {}} end
 -- begin owner-fence
 if ARGV[2] ~= '' then
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
@@ -36,7 +38,6 @@ local dead_removed = 0
 if dlq_max ~= '' then
   dead_removed = redis.call('XTRIM', KEYS[5], 'MAXLEN', '~', dlq_max)
 end
-if redis.call('EXISTS', shard) == 0 then return {0, 0, {}, dead_removed, {}} end
 
 -- Ids compare as (ms, seq), each a decimal string of any length: by length, then by text.
 local function split(id)
