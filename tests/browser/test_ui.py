@@ -37,6 +37,8 @@ def every_stream_and_the_docs(page: Any, base: str, prefix: str) -> None:
     page.wait_for_selector("#unknown-streams", timeout=10_000)
     assert page.inner_text("#unknown-streams") == f"no stream named {prefix}-typo"
     page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=10_000)
+    # its retention policy, in one line (a stream created at feature level 5: the default)
+    assert page.inner_text(f'p[data-retention="{prefix}"]') == "retention: keep acknowledged"
     page.goto(f"{base}/ui")  # every stream, this one among them
     page.wait_for_selector(f'div[data-stream-card="{prefix}"]', timeout=20_000)
     page.goto(f"{base}/docs")

@@ -108,7 +108,7 @@ async def test_acknowledged_entries_go_and_a_stopped_group_keeps_its_own(
                 slow_app.stop()  # its group stays; nothing it has not acknowledged may go
             keys = await shard_keys(http, prefix)
             await wait_until(lambda: _async(sum(checker.xlen(k) for k in keys) <= SHARDS * 100))
-            second = await publish(producer, 2_000, 10_000)
+            second = await publish(producer, 2_000, 3_000)
         await wait_until(lambda: _async(set(second) <= set(fast)))
         await trio.sleep(1)  # several retention rounds: the stopped group holds everything it has not seen
         assert sum(checker.xlen(k) for k in keys) >= len(second)
@@ -141,7 +141,7 @@ async def test_a_capped_stream_counts_exactly_what_a_stopped_group_lost(
             await wait_until(lambda: _async(set(first) <= set(handled)))
             app.stop()
             await trio.sleep(0.5)  # the member leaves; its acknowledgements are in
-            meanwhile = await publish(producer, 500, 8_000)
+            meanwhile = await publish(producer, 500, 3_000)
         keys = await shard_keys(http, prefix)
         view_path = f"/v1/streams/{prefix}/groups/billing"
 

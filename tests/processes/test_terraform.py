@@ -154,28 +154,6 @@ async def test_terraform_plans_applies_detects_drift_imports_and_destroys(  # no
         (work / "main.tf").write_text(configuration(prefix, 2))
         assert (await tf("apply", "-auto-approve")).returncode == 0
 
-        # A retention attribute set is managed (sent, read back, drift shown); the others are not.
-        retained = configuration(prefix, 2).replace(
-            "shard_count  = 2", "shard_count  = 2\n  retention_max_age_ms = 60000"
-        )
-        assert "retention_max_age_ms" in retained
-        (work / "main.tf").write_text(retained)
-        assert (await tf("apply", "-auto-approve")).returncode == 0
-        policy = (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).json()["spec"]["retention"]
-        assert (policy["maxAgeMs"], policy["keep"]) == (60000, "acknowledged")
-        assert (await tf("plan", "-detailed-exitcode")).returncode == 0
-        await http.patch(f"/v1/admin/streams/{prefix}", json={"retention": {"maxAgeMs": 5}}, auth=AUTH)
-        drift = await tf("plan", "-detailed-exitcode")
-        assert drift.returncode == 2, drift.stdout + drift.stderr
-        assert "retention_max_age_ms = 5 -> 60000" in drift.stdout
-        assert (await tf("apply", "-auto-approve")).returncode == 0
-        (work / "main.tf").write_text(retained.replace("60000", "0"))
-        refused = await tf("plan")
-        assert refused.returncode == 1
-        assert "retention_max_age_ms must be an integer" in refused.stderr + refused.stdout
-        (work / "main.tf").write_text(configuration(prefix, 2))
-        assert (await tf("apply", "-auto-approve")).returncode == 0
-
         # Import a group made outside Terraform.
         await http.put(f"/v1/admin/streams/{prefix}/groups/audit", json={"maxConcurrency": 2}, auth=AUTH)
         audit_block = (
@@ -195,6 +173,22 @@ async def test_terraform_plans_applies_detects_drift_imports_and_destroys(  # no
         assert gone.returncode == 2
         assert "rsc_group.audit will be created" in gone.stdout
 
+        # A retention attribute set is managed (sent, read back, drift shown); the others are not.
+        retained = configuration(prefix, 2, audit_block).replace(
+            "shard_count  = 2", "shard_count  = 2\n  retention_max_age_ms = 60000"
+        )
+        assert "retention_max_age_ms" in retained
+        (work / "main.tf").write_text(retained)
+        assert (await tf("apply", "-auto-approve")).returncode == 0
+        policy = (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).json()["spec"]["retention"]
+        assert (policy["maxAgeMs"], policy["keep"]) == (60000, "acknowledged")
+        assert (await tf("plan", "-detailed-exitcode")).returncode == 0
+        await http.patch(f"/v1/admin/streams/{prefix}", json={"retention": {"maxAgeMs": 5}}, auth=AUTH)
+        drift = await tf("plan", "-detailed-exitcode")
+        assert drift.returncode == 2, drift.stdout + drift.stderr
+        assert "retention_max_age_ms = 5 -> 60000" in drift.stdout
+        assert (await tf("apply", "-auto-approve")).returncode == 0
+
         destroyed = await tf("destroy", "-auto-approve")
         assert destroyed.returncode == 0, destroyed.stdout + destroyed.stderr
         assert (await http.get(f"/v1/admin/streams/{prefix}", auth=AUTH)).status_code == 404
@@ -213,3 +207,24 @@ async def test_the_example_configuration_is_valid(tmp_path: Path) -> None:
     env = {**os.environ, "TF_CLI_CONFIG_FILE": str(cli_config(tmp_path)), "CHECKPOINT_DISABLE": "1"}
     result = await Terraform(work, env)("validate")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_retention_attributes_are_checked_at_plan_time_naming_each() -> None:
+    """What the coordinator would refuse is refused by `terraform plan` already (the provider's
+    own check, without the binary): each retention attribute by its range or choices."""
+    from tf.utils import Diagnostics
+
+    from rsc.tools.terraform import _validate
+
+    diagnostics = Diagnostics()
+    config = {
+        "shard_count": 2,
+        "retention_max_age_ms": 0,
+        "retention_keep": "x",
+        "retention_when_full": "refuse",
+    }
+    _validate(diagnostics, config)
+    assert sorted(d.summary for d in diagnostics.diagnostics) == [
+        "retention_keep must be one of 'acknowledged', 'all'",
+        "retention_max_age_ms must be an integer from 1 to 3153600000000",
+    ]
