@@ -47,7 +47,7 @@ clean-demo: setup
 # then the Node.js client's own tests. Every part runs; the target fails if any did.
 test: setup
 	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
-	$(BIN)/pytest -n 2 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
+	$(BIN)/pytest -n 3 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
 	if command -v npm >/dev/null; then (cd $(NODE_DIR) && npm test --silent); else true; fi; node=$$?; \
 	exit $$(( first || second || node ))
 
