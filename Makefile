@@ -41,10 +41,11 @@ run: setup
 clean-demo: setup
 	$(BIN)/rsc purge --key-prefix '$(DEMO_PREFIX)' --yes
 
-# Every tier: the in-process ones on two processes, then the tiers of real processes (chaos,
-# conformance, processes, compat, browser: the long ones first, so that they start early) on
-# two processes as well (each test starts servers and processes of its own on free ports),
-# then the Node.js client's own tests. Every part runs; the target fails if any did.
+# Every tier: the in-process ones on two processes (they keep both cores busy), then the tiers
+# of real processes (chaos, conformance, processes, compat, browser: the long ones first, so
+# that they start early) three at a time (they mostly wait on their servers and processes, each
+# of its own on free ports), then the Node.js client's own tests. Every part runs; the target
+# fails if any did.
 test: setup
 	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
 	$(BIN)/pytest -n 3 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
