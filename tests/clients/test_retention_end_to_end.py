@@ -8,6 +8,8 @@ and trio producers against real Redis (standalone and the 3-primary cluster).
   `ShardFull` while the group is stopped; back, the group makes room and handles everything.
 * `maxAgeMs`: what is older goes within a round or so, nothing younger, and the stopped
   group's loss is counted.
+* Through a scale-out and a scale-in: draining shards are trimmed by the same rules and still
+  retire, and nothing is lost.
 * `maxEntriesPerShard` with `drop-oldest` and a stopped group: every shard ends within the cap,
   and what the group handles after its restart plus its `trimmedUnseen` is exactly what was
   published while it was stopped; `/metrics` agrees.
@@ -244,3 +246,34 @@ async def test_max_age_removes_what_is_older_and_nothing_younger_counting_the_lo
             assert {e for k in keys for e, _ in checker.xrange(k)} == young_ids  # none younger
     view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert view["trimmedUnseen"] == len(old)  # the stopped group never saw them
+
+
+async def test_acknowledged_retention_through_a_scale_out_and_a_scale_in_loses_nothing(
+    http: httpx.AsyncClient, redis_url: str, prefix: str, checker: Any
+) -> None:
+    """Draining shards are trimmed by the same rules and still retire; nothing is lost."""
+    base = str(http.base_url)
+    await create(http, prefix, {"keep": "acknowledged"}, ("billing",))
+    handled: list[str] = []
+    published: list[str] = []
+    stream = f"/v1/admin/streams/{prefix}"
+    async with Coordinator(base) as coordinator, open_redis(redis_url) as r, trio.open_nursery() as nursery:
+        app = worker(base, redis_url, prefix, "billing", handled)
+        await nursery.start(app.run)
+        async with open_producer(coordinator, r, prefix, "api") as producer:
+            published += await publish(producer, 0, 1_000)
+            assert (await http.put(stream, json={"shardCount": 6}, auth=AUTH)).status_code == 200
+            published += await publish(producer, 1_000, 1_000)
+            assert (await http.put(stream, json={"shardCount": 2}, auth=AUTH)).status_code == 200
+            published += await publish(producer, 2_000, 1_000)
+
+        async def retired_and_trimmed() -> bool:
+            view = (await http.get(f"/v1/streams/{prefix}")).json()
+            states = [s["state"] for s in view["shards"]]
+            live = [s["key"] for s in view["shards"] if s["state"] != "RETIRED"]
+            done = set(published) <= set(handled) and states.count("RETIRED") == 4
+            return done and sum(checker.xlen(k) for k in live) <= 2 * 100
+
+        await wait_until(retired_and_trimmed)
+        assert (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()["trimmedUnseen"] == 0
+        app.stop()
