@@ -209,11 +209,13 @@ async def test_refuse_never_exceeds_the_cap_blocks_then_raises_and_loses_nothing
             assert full is not None
             assert full.shard in keys
             assert max(checker.xlen(k) for k in keys) == 300  # full, never past it
-            # the group comes back: what it acknowledges makes room, a waiting publish goes through
-            again = worker(base, redis_url, prefix, "billing", handled)
-            await nursery.start(again.run)
+        # the group comes back: what it acknowledges makes room, a waiting publish goes through
+        # (a producer that waits long enough for a rebalance and a retention round)
+        again = worker(base, redis_url, prefix, "billing", handled)
+        await nursery.start(again.run)
+        async with open_producer(coordinator, r, prefix, "api-2", delivery_timeout_s=30) as patient:
             for n in range(10_000, 10_600):
-                await producer.publish({"id": f"m{n}"}, f"m{n}")
+                await patient.publish({"id": f"m{n}"}, f"m{n}")
                 published.append(f"m{n}")
         await wait_until(lambda: _async(set(published) <= set(handled)))
         assert all(checker.xlen(k) <= 300 for k in keys)
