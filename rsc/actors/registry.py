@@ -49,7 +49,7 @@ from rsc.actors.errors import ActorStopped
 from rsc.actors.features import FeatureState
 from rsc.actors.keys import AggregateId
 from rsc.actors.layout_push import LayoutPush
-from rsc.actors.retention import RetentionFigures, watch_retention
+from rsc.actors.retention import RetentionFigures, TrimRequests, watch_retention
 from rsc.actors.store import Store
 from rsc.events.commands import GroupCommand, StreamCommand
 from rsc.events.errors import (
@@ -131,6 +131,8 @@ class Registry:
         self.actors: dict[AggregateId, _Entry] = {}
         #: What retention did (`rsc.actors.retention`), for `/metrics`.
         self.retention_figures = RetentionFigures()
+        #: Shards producers reported full, trimmed early by the retention schedule.
+        self.trim_requests = TrimRequests()
         #: Told of every persisted batch of group events (metrics hook).
         self.group_observers: list[GroupObserver] = []
         #: Asked of every decided batch of group events, before it is written: commands it

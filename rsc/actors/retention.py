@@ -13,6 +13,12 @@ with no member, is idle from the first round that sees it so; a restarted coordi
 counting again, so a group is never released early). A deleted group's consumer group is
 destroyed with it, so it stops holding at once.
 
+Early trims: a producer whose append a full shard refused (`whenFull: refuse`) says so in its
+next heartbeat (`fullShards`, sent at once), and a stream whose policy changes asks for all of
+its shards (a new cap is written at once); `TrimRequests` collects them and the schedule trims
+them before its next round, at most once every `REQUEST_GAP_S` (the same pace,
+the same rules: a request can only bring a trim the schedule would do anyway forward).
+
 What a trim lost for a group is journaled (`RetentionLoss`, through the stream's actor), logged
 as a warning, and added to `RetentionFigures` (`/metrics`: `rsc_group_trimmed_unseen_total`,
 `rsc_stream_trimmed_total`, `rsc_group_oldest_unacked_age_seconds`).
@@ -21,7 +27,7 @@ as a warning, and added to `RetentionFigures` (`/metrics`: `rsc_group_trimmed_un
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -41,6 +47,9 @@ log = logging.getLogger("rsc.retention")
 
 #: Trim calls sent together (one round trip per node).
 BATCH = 256
+#: The least time between two passes over the shards producers reported full (bounds what a
+#: stream of reports, genuine or not, can cost).
+REQUEST_GAP_S = 0.25
 #: How many times one round calls a shard again that has more to remove (each call removes at
 #: most `TRIM_LIMIT` one by one); the rest waits for the next round.
 MORE_ROUNDS = 8
@@ -59,11 +68,47 @@ class RetentionFigures:
     loaded: set[str] = attrs.field(factory=set)
 
 
+class TrimRequests:
+    """Shards to trim before the next round, per stream (see the module): those producers
+    reported full, or every shard of a stream whose policy just changed."""
+
+    def __init__(self) -> None:
+        #: stream prefix -> the shard indexes asked for (None: all of them).
+        self.pending: dict[str, set[int] | None] = {}
+        self._arrived = trio.Event()
+        #: Whether a schedule takes them (`watch_retention` running with an interval): else a
+        #: request is dropped, never kept.
+        self.taken = False
+
+    def ask(self, stream_prefix: str, shards: Iterable[int] | None = None) -> None:
+        """Trim these shard indexes of the stream soon (None: every shard; an index the stream
+        does not have is ignored)."""
+        if not self.taken:
+            return
+        if shards is None:
+            self.pending[stream_prefix] = None
+        elif (found := self.pending.setdefault(stream_prefix, set())) is not None:
+            found.update(shards)
+        self._arrived.set()
+
+    async def wait(self) -> None:
+        """Return once some request is pending."""
+        await self._arrived.wait()
+
+    def take(self) -> dict[str, frozenset[int] | None]:
+        """The pending requests, forgotten here."""
+        taken = {p: None if s is None else frozenset(s) for p, s in self.pending.items()}
+        self.pending.clear()
+        self._arrived = trio.Event()
+        return taken
+
+
 class Streams(drain_watch.Streams, Protocol):
     """What retention needs of the registry (`rsc.actors.registry.Registry`): what the drain
-    watch needs, and where to say what it did."""
+    watch needs, where to say what it did, and the early trims asked for."""
 
     retention_figures: RetentionFigures
+    trim_requests: TrimRequests
 
 
 @attrs.define
@@ -98,8 +143,19 @@ class Retainer:
             except (CoordinationError, StoreError, ActorStopped) as exc:
                 log.debug("retention of %s: %s", prefix, exc)
 
-    async def trim_stream(self, stream_prefix: str) -> None:
-        """Apply the stream's policy to each readable shard key (nothing without a policy)."""
+    async def requested(self) -> None:
+        """Trim the shards reported full since the last call (see `TrimRequests`)."""
+        for prefix, shards in self.streams.trim_requests.take().items():
+            try:
+                await self.trim_stream(prefix, only=shards)
+            except TermFenced:
+                raise
+            except (CoordinationError, StoreError, ActorStopped) as exc:
+                log.debug("early retention of %s: %s", prefix, exc)
+
+    async def trim_stream(self, stream_prefix: str, only: frozenset[int] | None = None) -> None:
+        """Apply the stream's policy to each readable shard key (nothing without a policy), or
+        to those of them whose index is in `only`."""
         actor: Any = self.streams.running_actor(AggregateId(stream_prefix))
         if actor is None:
             actor = await self.streams.stream(stream_prefix, create=False)
@@ -109,7 +165,7 @@ class Retainer:
         policy = state.retention
         now = self.streams.clock.now_ms()
         released = self.released(state, policy, now)
-        shards = [s for s in state.layout.shards if s.readable]
+        shards = [s for s in state.layout.shards if s.readable and (only is None or s.index in only)]
         figures = self.streams.retention_figures
         if stream_prefix not in figures.loaded:
             await self._load_totals(stream_prefix, shards)
@@ -128,6 +184,8 @@ class Retainer:
                 todo = [s for s, r in zip(todo, results, strict=True) if r.more]
                 if not todo:
                     break
+        if only is not None:
+            return  # the ages are of every shard: the scheduled round says them
         for group in state.groups:
             found = oldest.get(group)
             age = 0.0 if found is None else max(0.0, (now - found) / 1000)
@@ -196,15 +254,25 @@ async def watch_retention(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Trim every stream with a retention policy every `every_s` (0: never), forever, at most
-    `shards_per_s` trim calls a second. Raises nothing: a failed round is tried again."""
+    `shards_per_s` trim calls a second, and the shards reported full in between
+    (`Streams.trim_requests`) as they are reported. Raises nothing: a failed round is tried
+    again."""
     task_status.started()
     if every_s <= 0:
         return
     retainer = Retainer(streams, shards_per_s)
+    streams.trim_requests.taken = True
+    next_round = trio.current_time() + every_s
     while True:
-        await trio.sleep(every_s)
+        with trio.move_on_at(next_round):
+            await streams.trim_requests.wait()
         try:
-            await retainer.round()
+            if trio.current_time() >= next_round:
+                await retainer.round()
+                next_round = trio.current_time() + every_s
+            else:
+                await retainer.requested()
+                await trio.sleep(REQUEST_GAP_S)
         except TermFenced:
             retainer.idle_since.clear()  # a standby: once active again, idle times start anew
         except StoreError as exc:

@@ -172,7 +172,9 @@ class Producer(RoutingView):
 
         Raises as `Coordinator.producer_heartbeat`: `CoordinatorUnavailable` (no answer after the
         retries), `CoordinatorUnintelligible` (an answer it cannot read), `CoordinatorRejected`."""
-        change = self.state.apply(await self.coordinator.producer_heartbeat(self.state.request()))
+        request = self.state.request()
+        change = self.state.apply(await self.coordinator.producer_heartbeat(request))
+        self.state.sent(request)
         self._ready.set()
         if change.paused:
             self._resumed = trio.Event()
@@ -228,6 +230,7 @@ class Producer(RoutingView):
                 elif replies.sealed:
                     await self._refresh_layout(retries, len(todo))
                 elif (held := held_back(self.stream_prefix, len(todo), replies)) is not None:
+                    await self._report_full(replies.full_targets)
                     await self._retry_later(retries, len(todo), held, give_up=held)  # room comes: back off
             done = [i for i in ids if i is not None]
             state.published += len(done)
@@ -272,6 +275,17 @@ class Producer(RoutingView):
                     log.warning("%s: could not refresh the layout: %s", self.producer_id, exc)
         if self.state.layout.metadata_version == before:
             await self._retry_later(retries, count, RscError("the shard is sealed and no new layout came"))
+
+    async def _report_full(self, targets: list[str]) -> None:
+        """Shards refused appends as full: tell the coordinator now (a heartbeat, at most one
+        every `FULL_REPORT_GAP_S`), so that it trims them before its next retention round."""
+        if not self.state.note_full(targets, trio.current_time()):
+            return
+        async with self._refreshing:
+            try:
+                await self.heartbeat()
+            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+                log.debug("%s: could not report full shards: %s", self.producer_id, exc)
 
     async def _retry_later(
         self,

@@ -25,6 +25,8 @@ from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
 log = logging.getLogger("rsc.client.producer")
 
+#: The least time between two heartbeats a producer sends early to report full shards.
+FULL_REPORT_GAP_S = 0.5
 #: How many partition keys a producer remembers the shard of (the memo empties when full).
 ROUTE_CACHE = 65_536
 #: What a message's fields may hold (Redis stores every value as bytes).
@@ -180,6 +182,8 @@ class Replies:
     noscript: bool = False
     #: The refusal of a full shard (its cap, `whenFull: refuse`): its text, naming the shard.
     full: str | None = None
+    #: Every shard key that refused as full.
+    full_targets: list[str] = attrs.field(factory=list)
     #: Redis refused for want of memory (`OOM`): its text.
     oom: str | None = None
     #: A refusal of a Redis that may answer soon (`LOADING`, `READONLY`, `BUSY`...): its text.
@@ -203,6 +207,7 @@ def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[s
             out.again.extend(call.positions)
             if why == "FULL":
                 out.full = str(result)
+                out.full_targets.append(call.target)
             elif why == "OOM":
                 out.oom = str(result)
             out.sealed |= why == "SEALED"
@@ -280,6 +285,10 @@ class ProducerState:
         self.in_flight = 0
         self.published = 0
         self._round_robin = itertools.count()
+        #: Indexes of shards that refused appends as full, for the next heartbeat to report.
+        self.full: set[int] = set()
+        #: When a heartbeat last went early to report them (the caller's monotonic clock).
+        self._full_reported_s: float | None = None
 
     def request(self, *, leave: bool = False) -> ProducerHeartbeatRequest:
         """The next heartbeat: the version routed with, and `quiesced` once paused and idle."""
@@ -291,7 +300,23 @@ class ProducerState:
             quiesced=self.paused and self.in_flight == 0,
             client=self.client,
             leave=leave,
+            full_shards=frozenset(self.full),
         )
+
+    def sent(self, request: ProducerHeartbeatRequest) -> None:
+        """`request` was answered: the full shards it reported are reported."""
+        self.full -= request.full_shards
+
+    def note_full(self, targets: Iterable[str], now_s: float) -> bool:
+        """Shard keys refused appends as full: report them. True when a heartbeat should go
+        now (at most one every `FULL_REPORT_GAP_S`), so the coordinator trims them early."""
+        index = {shard.key: shard.index for shard in self.layout.shards}
+        self.full.update(index[t] for t in targets if t in index)
+        last = self._full_reported_s
+        if not self.full or (last is not None and now_s - last < FULL_REPORT_GAP_S):
+            return False
+        self._full_reported_s = now_s
+        return True
 
     def apply(self, response: ProducerHeartbeatResponse) -> Change:
         """Take the answer's interval, layout (when sent) and pause flag."""

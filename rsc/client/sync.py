@@ -335,6 +335,7 @@ class SyncProducer(RoutingView):
         response = self.coordinator.producer_heartbeat(request)
         with self._lock:
             change = self.state.apply(response)
+            self.state.sent(request)
         self._ready.set()
         if change.paused:
             self._resumed.clear()
@@ -386,6 +387,7 @@ class SyncProducer(RoutingView):
                 elif replies.sealed:
                     self._refresh_layout(retries, len(todo))
                 elif (held := held_back(self.stream_prefix, len(todo), replies)) is not None:
+                    self._report_full(replies.full_targets)
                     self._retry_later(retries, len(todo), held, give_up=held)  # room comes: back off
             done = [i for i in ids if i is not None]
             with self._lock:
@@ -406,6 +408,19 @@ class SyncProducer(RoutingView):
         if replies.failure is not None:
             raise publish_failed(self.stream_prefix, len(ids), RscError(replies.failure))
         return replies
+
+    def _report_full(self, targets: list[str]) -> None:
+        """Shards refused appends as full: tell the coordinator now (a heartbeat, at most one
+        every `FULL_REPORT_GAP_S`), so that it trims them before its next retention round."""
+        with self._lock:
+            now = self.state.note_full(targets, time.monotonic())
+        if not now:
+            return
+        with self._refreshing:
+            try:
+                self.heartbeat()
+            except (CoordinatorUnavailable, CoordinatorRejected) as exc:
+                log.debug("%s: could not report full shards: %s", self.producer_id, exc)
 
     def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
         """A shard was sealed under us: learn the new layout now (a heartbeat), or wait a little."""

@@ -27,10 +27,10 @@ abort of a migration, ticks); beside it, `stream_state` holds the state and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import assert_never
 
-from rsc.events import quotas
+from rsc.events import codec, quotas
 from rsc.events.commands import (
     AbortMigration,
     AdvanceMigration,
@@ -53,6 +53,7 @@ from rsc.events.commands import (
 from rsc.events.errors import (
     AggregateNotFound,
     Deleted,
+    FeatureLevelNotSupported,
     InvalidCommand,
     MigrationConflict,
     NoMigration,
@@ -82,6 +83,7 @@ from rsc.events.events import (
 from rsc.events.liveness import expired
 from rsc.events.migration import advance, reshard, stall_if_late, then_advance, unswitched
 from rsc.events.model import (
+    ClientInfo,
     DrainCheck,
     Layout,
     Shard,
@@ -94,6 +96,7 @@ from rsc.events.model import (
 )
 from rsc.events.placement import place
 from rsc.events.stream_state import StreamState, evolve, fold, folded, stale_producers
+from rsc.events.versions import RETENTION_LEVEL, Party
 
 #: The aggregate's API: its state, deciding and applying events, what the Admin API and the
 #: drain watcher ask of it, and the limits on what it is asked.
@@ -180,6 +183,9 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
                 )
             return [ProducersResumed(command.now_ms)] if state.paused is not None else []
         case SetRetention():
+            if command.retention.refuses:
+                producers = [(p.producer_id, p.client) for p in state.producers.values()]
+                _check_producers_check_the_cap(state.stream_prefix, producers)
             return [] if state.retention == command.retention else [RetentionSet(command.retention)]
         case RecordRetentionLoss():
             indexes = {s.index for s in state.layout.shards}
@@ -228,6 +234,8 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     # producer learnt of a resume still says quiesced, and is publishing again after it.
     quiesced = command.quiesced and state.paused is not None
     events: list[StreamEvent] = []
+    if known is None and state.retention is not None and state.retention.refuses:
+        _check_producers_check_the_cap(state.stream_prefix, [(command.producer_id, command.client)])
     if known is None and command.max_producers and len(state.producers) >= command.max_producers:
         raise QuotaExceeded(
             f"the stream has {command.max_producers} live producers, as many as this caller's "
@@ -245,6 +253,25 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     # Its lease starts (a registration) or is renewed: liveness for the lease table.
     events.append(ProducerHeartbeated(command.producer_id, command.now_ms + command.lease_ttl_ms))
     return events
+
+
+def _check_producers_check_the_cap(stream_prefix: str, producers: Iterable[tuple[str, ClientInfo]]) -> None:
+    """A stream whose retention refuses appends to full shards takes no producer whose client
+    does not check the cap (below feature level 5 it runs the append script without it and
+    would go past it). Raises `FeatureLevelNotSupported`, naming them."""
+    old = [
+        Party("producer", producer_id, client.version, client.feature_level)
+        for producer_id, client in producers
+        if client.feature_level < RETENTION_LEVEL
+    ]
+    if old:
+        names = ", ".join(f"{p.name} ({p.version}, up to level {p.feature_level})" for p in old)
+        raise FeatureLevelNotSupported(
+            f"stream {stream_prefix!r}'s retention refuses appends to full shards (whenFull refuse), "
+            f"which only producers of feature level {RETENTION_LEVEL} or above check; not {names}: "
+            "upgrade them, or choose whenFull drop-oldest",
+            [codec.wire.unstructure(p) for p in old],
+        )
 
 
 def _create(state: StreamState | None, command: CreateStream) -> list[StreamEvent]:

@@ -164,6 +164,11 @@ class ProducerHeartbeatRequest:
     quiesced: bool = False
     client: ClientInfo = ClientInfo()
     leave: bool = False
+    #: Shards that refused its appends as full (`FULL`: the stream's `maxEntriesPerShard` with
+    #: `whenFull: refuse`) since its last heartbeat, which it then sends at once: the
+    #: coordinator trims them early by the stream's policy (feature level 5; older coordinators
+    #: ignore it; left out while empty).
+    full_shards: frozenset[int] = wire_field(frozenset(), omit_if_default=True, items=_SHARD_INDEX)
 
     def to_command(self, now_ms: int, lease_ttl_ms: int) -> ProducerHeartbeat:
         check_protocol_version(self.protocol_version)

@@ -2,8 +2,9 @@
 
 A producer's heartbeat is parsed, authorized on its stream, rate limited (a leave never is)
 and handed to its stream's actor, which answers with the stream's layout and routing
-(`rsc.events.respond.respond_producer`). What it may create or rebuild and the answer's
-shape are `rsc.events.heartbeat_rules`'.
+(`rsc.events.respond.respond_producer`). Shards it reports full (`fullShards`) are handed to
+the retention schedule for an early trim (`Registry.trim_requests`). What it may create or
+rebuild and the answer's shape are `rsc.events.heartbeat_rules`'.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def add_producer_routes(
                 seen_version=heartbeat_rules.producer_seen_version(body, may_create),
                 quota=quota,
             )
+            if body.full_shards:  # its appends found these shards full: trim them early
+                registry.trim_requests.ask(body.stream_prefix, body.full_shards)
             response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
             level = registry.known_feature_level()
             return json_response(answered_in(response, body.protocol_version, level))

@@ -126,12 +126,14 @@ async def check_against_rules(
     left = {tuple(int(x) for x in e[0].split("-")) for e in checker.xrange(key)}
     gone = [e for e in entries if e not in left]
     # An acknowledged cut that loses nothing may keep a macro node's margin (`XTRIM ... ~`), but
-    # never an entry older than the age; every other cut is exact: what the rules remove.
-    if policy.keep is Keep.ACKNOWLEDGED and not any(expected_loss.values()):
+    # never an entry older than the age, nor under a refusing cap (producers wait for that
+    # room); every other cut is exact: what the rules remove.
+    cap = policy.max_entries_per_shard
+    refusing = cap is not None and policy.when_full is WhenFull.REFUSE
+    if policy.keep is Keep.ACKNOWLEDGED and not any(expected_loss.values()) and not refusing:
         assert set(gone) <= set(expected)
         if policy.max_age_ms is not None:
             assert not [e for e in left if e < (NOW - policy.max_age_ms, 0)]
-        cap = policy.max_entries_per_shard
         if cap is not None and policy.when_full is WhenFull.DROP_OLDEST:
             assert len(left) <= cap
     else:

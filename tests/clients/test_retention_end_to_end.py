@@ -24,12 +24,14 @@ import attrs
 import httpx
 import pytest
 import trio
+from redis.cluster import RedisCluster
 
 from rsc.actors.store_connection import open_redis
 from rsc.client.coordinator import Coordinator
 from rsc.client.member import MemberSettings
 from rsc.client.poller import Message, PollerSettings
 from rsc.client.producer import Producer, ShardFull, open_producer
+from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.client.worker import App
 from rsc.events.wire import cap_key
 from tests.httpkit import FAST, serve_on
@@ -279,3 +281,58 @@ async def test_acknowledged_retention_through_a_scale_out_and_a_scale_in_loses_n
         await wait_until(retired_and_trimmed)
         assert (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()["trimmedUnseen"] == 0
         app.stop()
+
+
+@pytest.mark.parametrize("client", ["trio", "sync"])
+async def test_a_full_shard_reported_by_a_producer_is_trimmed_before_the_next_round(
+    redis_url: str, prefix: str, checker: Any, client: str
+) -> None:
+    """With a round every 10 minutes, only the early trims make room: the new policy's caps are
+    written at once, and each shard a producer finds full (it says so in a heartbeat sent at
+    once) is trimmed as the group acknowledges, so publishing 4 times the capacity goes through
+    within seconds, never past the cap, nothing lost."""
+    if client == "sync" and isinstance(checker, RedisCluster):
+        pytest.skip(
+            "the sync producer's early reports are the trio one's (ProducerState): standalone is enough"
+        )
+    settings = attrs.evolve(FAST, redis_url=redis_url, admin_password="pw", retention_interval_ms=600_000)
+    async with serve_on(settings) as http:
+        base = str(http.base_url)
+        retention = {"keep": "acknowledged", "maxEntriesPerShard": 50, "whenFull": "refuse"}
+        await create(http, prefix, retention, ("billing",))
+        keys = await shard_keys(http, prefix)
+        await wait_until(lambda: _async(all(checker.get(cap_key(k)) == "50" for k in keys)), timeout_s=5)
+        handled: list[str] = []
+        ids = [f"m{n}" for n in range(4 * 50 * SHARDS)]
+        async with (
+            Coordinator(base) as coordinator,
+            open_redis(redis_url) as r,
+            trio.open_nursery() as nursery,
+        ):
+            app = worker(base, redis_url, prefix, "billing", handled)
+            await nursery.start(app.run)
+            with trio.fail_after(30):
+                if client == "trio":
+                    async with open_producer(
+                        coordinator, r, prefix, "api", delivery_timeout_s=20
+                    ) as producer:
+                        for start in range(0, len(ids), 20):
+                            await producer.publish_many([({"id": i}, i) for i in ids[start : start + 20]])
+                            assert max(checker.xlen(k) for k in keys) <= 50
+                else:
+                    await trio.to_thread.run_sync(_publish_sync, base, prefix, ids, keys, checker)
+            await wait_until(lambda: _async(set(ids) <= set(handled)))
+            app.stop()
+        assert (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()["trimmedUnseen"] == 0
+
+
+def _publish_sync(base: str, prefix: str, ids: list[str], keys: list[str], checker: Any) -> None:
+    """The sync producer's publishes, through the checker's client (a `RedisCluster` on the
+    cluster)."""
+    with (
+        SyncCoordinator(base) as coordinator,
+        SyncProducer(coordinator, checker, prefix, "api-sync", delivery_timeout_s=20) as producer,
+    ):
+        for start in range(0, len(ids), 20):
+            producer.publish_many([({"id": i}, i) for i in ids[start : start + 20]])
+            assert max(checker.xlen(k) for k in keys) <= 50

@@ -8,6 +8,7 @@ import pytest
 from rsc.client import producer_state
 from rsc.client.errors import RscError
 from rsc.client.producer_state import ProducerState, UnsupportedRouting
+from rsc.events import codec
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, Shard, ShardState
 from rsc.events.placement import shard_key
 from rsc.events.routing import route
@@ -82,3 +83,20 @@ def test_a_routing_protocol_it_does_not_know_stops_publishing_instead_of_misrout
     assert state.request().metadata_version == 1  # it still routes (acknowledges) nothing newer
     state.apply(answer(layout(3, 8)))  # back to jump-v1 (a rollback of the coordinator)
     assert state.shard_key("k") == route(state.layout, b"k").key
+
+
+def test_full_shards_are_reported_early_at_most_every_gap_and_once_sent_forgotten() -> None:
+    state = ProducerState("s", "p", ClientInfo())
+    state.apply(answer(layout(1, 4)))
+    assert "fullShards" not in codec.wire.unstructure(state.request())  # an N-1 coordinator's shape
+    assert state.note_full([shard_key("s", 2), "not-a-shard-of-the-layout"], now_s=10.0)
+    assert not state.note_full([shard_key("s", 3)], now_s=10.0 + producer_state.FULL_REPORT_GAP_S / 2)
+    request = state.request()
+    assert request.full_shards == {2, 3}
+    assert sorted(codec.wire.unstructure(request)["fullShards"]) == [2, 3]
+    state.note_full([shard_key("s", 1)], now_s=10.1)  # while that heartbeat is on its way
+    state.sent(request)
+    assert state.request().full_shards == {1}  # reported: only the newer one is left
+    assert state.note_full([shard_key("s", 1)], now_s=10.0 + producer_state.FULL_REPORT_GAP_S)
+    state.sent(state.request())
+    assert not state.note_full([], now_s=99.0)  # nothing to report: no early heartbeat

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from rsc.events.commands import (
@@ -13,10 +14,11 @@ from rsc.events.commands import (
     RestartTimers,
     ResumeProducers,
     RetireShards,
+    SetRetention,
     StreamCommand,
     Tick,
 )
-from rsc.events.errors import AggregateNotFound, InvalidCommand
+from rsc.events.errors import AggregateNotFound, FeatureLevelNotSupported, InvalidCommand
 from rsc.events.events import (
     ProducerAcknowledged,
     ProducerExpired,
@@ -26,8 +28,10 @@ from rsc.events.events import (
     ProducerRegistered,
 )
 from rsc.events.liveness import Leases
-from rsc.events.model import DrainCheck, PauseState, ShardState, StartFrom
+from rsc.events.model import ClientInfo, DrainCheck, PauseState, ShardState, StartFrom
+from rsc.events.retention import Retention, WhenFull
 from rsc.events.stream import StreamState, decide, fold
+from rsc.events.versions import RETENTION_LEVEL
 
 
 def run(state: StreamState | None, *commands: StreamCommand, leases: Leases | None = None) -> StreamState:
@@ -202,3 +206,22 @@ def test_pause_and_resume_are_idempotent_and_keep_the_first_reason() -> None:
 def test_bad_producer_commands_are_refused(command: StreamCommand) -> None:
     with pytest.raises(InvalidCommand):
         decide(run(None, CreateStream("orders", 4)), command)
+
+
+def test_a_refusing_cap_takes_no_producer_that_would_not_check_it() -> None:
+    """`whenFull: refuse` is checked by the append script of level-5 producers only: a stream
+    with it refuses an older producer's registration (an already registered one keeps going
+    once it is), and the policy is refused while such a producer is live."""
+    refusing = Retention(max_entries_per_shard=10, when_full=WhenFull.REFUSE)
+    old, new = ClientInfo("rsc-python", "0.1.0", 4), ClientInfo("rsc-python", "0.2.0", RETENTION_LEVEL)
+    s = run(None, CreateStream("orders", 2), attrs.evolve(beat("p-old", 0, now=100), client=old))
+    with pytest.raises(FeatureLevelNotSupported, match="p-old") as refused:
+        decide(s, SetRetention(refusing))
+    assert refused.value.details == {
+        "blockers": [{"kind": "producer", "name": "p-old", "version": "0.1.0", "featureLevel": 4}]
+    }
+    assert decide(s, SetRetention(Retention(max_entries_per_shard=10)))  # drop-oldest needs nothing
+    s = run(s, ProducerHeartbeat("p-old", 0, False, 100, 1_000, old, leave=True), SetRetention(refusing))
+    with pytest.raises(FeatureLevelNotSupported, match="p-late"):
+        decide(s, attrs.evolve(beat("p-late", 1, now=200), client=old))
+    assert decide(s, attrs.evolve(beat("p-new", 1, now=200), client=new))

@@ -187,3 +187,36 @@ async def test_a_claim_at_the_counters_limit_is_not_rebuilt_above_it(
     assert r["status"] == "SYNC_METADATA"
     assert r["layout"]["metadataVersion"] == 1
     assert (await produce(client, pb(prefix, "api-1", 1)))["status"] == "OK"
+
+
+async def test_full_shards_a_producer_reports_are_trimmed_before_the_next_round(
+    standalone_url: str, prefix: str, sync_redis: Any
+) -> None:
+    """`fullShards` (feature level 5): the shards are trimmed by the stream's policy at once, not
+    at the next round (10 minutes away here); an index the stream does not have is ignored, one
+    outside the shard range refused."""
+    settings = attrs.evolve(
+        FAST, redis_url=standalone_url, admin_password="s3cret", retention_interval_ms=600_000
+    )
+    async with serve_on(settings) as http:
+        for bad in ([-1], [16_384], ["0"], 3):
+            refused = await http.post("/v1/producers/heartbeat", json=pb(prefix, "api", 0, fullShards=bad))
+            assert refused.status_code == 400, (bad, refused.text)
+            assert refused.json()["error"] == "INVALID_REQUEST"
+        policy = {"keep": "all", "maxEntriesPerShard": 3, "whenFull": "drop-oldest"}
+        made = await http.put(
+            f"/v1/admin/streams/{prefix}", json={"shardCount": 2, "retention": policy}, auth=AUTH
+        )
+        assert made.status_code == 200, made.text
+        first = await produce(http, pb(prefix, "api", 0))
+        keys = [s["key"] for s in first["layout"]["shards"]]
+        for key in keys:
+            for n in range(10):
+                sync_redis.xadd(key, {"n": str(n)})
+        await trio.sleep(0.5)
+        assert [sync_redis.xlen(k) for k in keys] == [10, 10]  # no round in between
+        await produce(http, pb(prefix, "api", 1, fullShards=[1, 9_999]))
+        with trio.fail_after(5):
+            while sync_redis.xlen(keys[1]) != 3:
+                await trio.sleep(0.05)
+        assert sync_redis.xlen(keys[0]) == 10  # only what was reported

@@ -67,6 +67,9 @@ export class Producer {
     this.timer = null;
     /** @type {Promise<void>|null} */
     this.beating = null;
+    /** @type {Set<number>} shard indexes that refused appends as full, for the next heartbeat */
+    this.fullShards = new Set();
+    this.fullReportedAt = 0;
   }
 
   /** Register (the first heartbeat) and keep heartbeating in the background. */
@@ -104,6 +107,9 @@ export class Producer {
     };
     if (this.paused && this.inFlight === 0) body.quiesced = true;
     if (leave) body.leave = true;
+    // full shards (feature level 5): the coordinator trims them early; older ones ignore it
+    const reported = [...this.fullShards];
+    if (reported.length) body.fullShards = reported;
     let answer;
     try {
       answer = await this.coordinator.post('/v1/producers/heartbeat', body);
@@ -111,6 +117,7 @@ export class Producer {
       if (err instanceof CoordinatorAuthError || err instanceof CoordinatorRejected) this.fatal = err;
       throw err;
     }
+    for (const index of reported) this.fullShards.delete(index);
     if (answer.layout) this.layout = answer.layout;
     if (typeof answer.metadataVersion === 'number' && this.layout?.metadataVersion === answer.metadataVersion) {
       this.metadataVersion = answer.metadataVersion;
@@ -173,6 +180,7 @@ export class Producer {
               again.push(...idx);
             } else if (err instanceof Error && /^(FULL|OOM)\b/.test(err.message)) {
               full = err.message;
+              if (full.startsWith('FULL')) this.#noteFull(shardKey);
               again.push(...idx);
             } else {
               throw err;
@@ -186,6 +194,7 @@ export class Producer {
             const what = `publishing ${todo.length} message(s) to ${this.stream}: ${full}`;
             throw full.startsWith('OOM') ? new RedisOutOfMemory(what) : new ShardFull(what, full.split(' ')[1]);
           }
+          await this.#reportFull();
           await sleep(Math.min(1000, 50 * 2 ** Math.min(waits++, 5)) * (0.5 + Math.random() * 0.5));
         } else if (todo.length) {
           if (refresh >= this.maxRefreshes) throw new Error(`still refused after ${refresh} layout refreshes: ${sealed}`);
@@ -199,6 +208,23 @@ export class Producer {
       this.inFlight--;
     }
     return ids;
+  }
+
+  /** @param {string} shardKey a shard that refused appends as full */
+  #noteFull(shardKey) {
+    const shard = this.layout?.shards?.find((/** @type {any} */ s) => s.key === shardKey);
+    if (shard) this.fullShards.add(shard.index);
+  }
+
+  /** Report full shards now (a heartbeat, at most one every 500 ms): the coordinator trims them early. */
+  async #reportFull() {
+    if (!this.fullShards.size || Date.now() - this.fullReportedAt < 500) return;
+    this.fullReportedAt = Date.now();
+    try {
+      await this.heartbeat();
+    } catch (err) {
+      if (this.fatal) throw err;
+    }
   }
 
   async #refresh() {

@@ -96,7 +96,7 @@ test('a sealed shard refuses appends; the producer refreshes its layout and re-r
   assert.deepEqual((await redis.xrange(b, '-', '+')).map((e) => e[0]), ids);
 });
 
-test('a full shard (retention whenFull refuse) refuses appends; the producer waits for room, then ShardFull', async (t) => {
+test('a full shard (retention whenFull refuse) refuses appends; the producer reports it, waits for room, then ShardFull', async (t) => {
   if (!redis) return t.skip('no Redis');
   const a = `${p}full:{full:0}`;
   await redis.set(capKey(a), '2');
@@ -104,26 +104,35 @@ test('a full shard (retention whenFull refuse) refuses appends; the producer wai
   await assert.rejects(runScript(redis, 'append', [a, sealKey(a), capKey(a)], [1, 2, 'k', 'v']), /FULL/);
   assert.equal(await redis.xlen(a), 2);
   const layout = { metadataVersion: 1, routing: 'jump-v1', shards: [{ index: 0, key: a, state: 'ACTIVE' }] };
+  /** @type {any[]} */
+  const reports = [];
+  let trims = false;
   const coordinator = new Coordinator({
     urls: 'http://fake',
     fetch: async (_url, init) => {
       const body = JSON.parse(String(init?.body));
+      if (body.fullShards) {
+        reports.push(body.fullShards);
+        if (trims) await redis?.xtrim(a, 'MAXLEN', 0); // the coordinator's early trim
+      }
       const answer = {
         status: 'OK', producerId: body.producerId, metadataVersion: 1, routing: 'jump-v1', shardCount: 1,
-        paused: false, heartbeatIntervalMs: 1000, leaseTtlMs: 5000, layout: body.metadataVersion === 1 ? null : layout,
+        paused: false, heartbeatIntervalMs: 60_000, leaseTtlMs: 5000, layout: body.metadataVersion === 1 ? null : layout,
       };
       return new Response(JSON.stringify(answer), { status: 200 });
     },
   });
   const producer = new Producer({ coordinator, redis, stream: 'full', deliveryTimeoutMs: 300, log: () => {} });
   await producer.heartbeat();
+  assert.deepEqual(reports, []); // nothing full yet: no fullShards sent
   await assert.rejects(producer.publish('x', { n: '1' }), (err) => err instanceof ShardFull && err.shard === a);
-  // room comes (a group consumed, retention trimmed): the waiting publish goes through
+  assert.deepEqual(reports[0], [0]); // reported at once, not at the next (60 s) heartbeat
+  assert.ok(reports.length <= 2, `at most one report every 500 ms: ${reports.length}`);
+  // the report makes room (the coordinator trims): the waiting publish goes through
+  trims = true;
   const waiting = new Producer({ coordinator, redis, stream: 'full', deliveryTimeoutMs: 5000, log: () => {} });
   await waiting.heartbeat();
-  const publish = waiting.publish('x', { n: '2' });
-  setTimeout(() => { redis?.xtrim(a, 'MAXLEN', 0); }, 200);
-  const id = await publish;
+  const id = await waiting.publish('x', { n: '2' });
   assert.deepEqual((await redis.xrange(a, '-', '+')).map((e) => e[0]), [id]);
 });
 

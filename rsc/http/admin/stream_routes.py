@@ -153,6 +153,7 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     retention = admin_rules.retention_for(spec.retention, state.retention)
     if retention is not None:
         await registry.ask_stream(stream_prefix, SetRetention(retention), expect=expect)
+        registry.trim_requests.ask(stream_prefix)  # the new policy (a cap) applies at once
         expect = None  # the change below follows this one, which the precondition let through
     if reshard is not None:
         await admin_changes.change_shard_count(

@@ -155,7 +155,10 @@ if below ~= nil then
     if by_age then -- nothing older than the age stays, whatever the margin of the rest
       removed = removed + redis.call('XTRIM', shard, 'MINID', by_age)
     end
-    if not exact then
+    if not exact and max_entries ~= '' and when_full == 'refuse' then
+      -- a refusing cap: the margin would be room producers wait for, so the cut is exact
+      removed = removed + redis.call('XTRIM', shard, 'MINID', below)
+    elseif not exact then
       removed = removed + redis.call('XTRIM', shard, 'MINID', '~', below)
     end
   else
