@@ -38,6 +38,7 @@ from rsc.client.errors import (
 )
 from rsc.client.member import CLIENT
 from rsc.client.producer_state import (
+    MIN_WINDOW_S,
     SEALED_APPEND,
     SEALED_APPEND_SHA,
     Append,
@@ -45,18 +46,18 @@ from rsc.client.producer_state import (
     Fields,
     Key,
     NoWritableShards,
+    ProducerFenced,
     ProducerPaused,
     ProducerState,
+    Publish,
     PublishFailed,
     RedisOutOfMemory,
     Replies,
     RoutingView,
     ShardFull,
     UnsupportedRouting,
-    appends,
     held_back,
     publish_failed,
-    take_replies,
 )
 from rsc.client.redis_calls import redis_call
 from rsc.outage import OutageLog
@@ -66,6 +67,7 @@ __all__ = [
     "NoWritableShards",
     "Key",
     "Producer",
+    "ProducerFenced",
     "ProducerPaused",
     "PublishFailed",
     "RedisOutOfMemory",
@@ -94,6 +96,7 @@ class Producer(RoutingView):
         *,
         pause_timeout_s: float = 30.0,
         delivery_timeout_s: float = 30.0,
+        idempotent: bool = True,
     ) -> None:
         self.coordinator = coordinator
         self.redis = redis
@@ -103,6 +106,10 @@ class Producer(RoutingView):
         #: How long a publish retries while Redis is unavailable before `PublishFailed`.
         self.delivery_timeout_s = delivery_timeout_s
         self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
+        #: Idempotence (feature level 6): each message appended once however often it is sent
+        #: again, within a window of twice the delivery timeout (at least 2 minutes).
+        self.state.idempotent = idempotent
+        self.state.window_ms = int(max(MIN_WINDOW_S, 2 * delivery_timeout_s) * 1000)
         #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
         #: one line when each begins and one when it ends, not a line per retry.
         self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis", clock=trio.current_time)
@@ -135,6 +142,9 @@ class Producer(RoutingView):
                 try:
                     await self.heartbeat()
                 except CoordinatorRejected as exc:
+                    if exc.code == "PRODUCER_FENCED":  # another process has our id: stop
+                        self.state.fence(exc.message)
+                        return
                     if not started and exc.status in REFUSED_FOR_GOOD:
                         raise  # a wrong or insufficient credential: waiting will not help
                     log.warning("%s: producer heartbeat refused: %s", self.producer_id, exc)
@@ -203,22 +213,20 @@ class Producer(RoutingView):
         state = self.state
         state.in_flight += 1
         self._idle = trio.Event() if state.in_flight == 1 else self._idle
+        publish = Publish(state, messages)
         try:
             retries = DeliveryRetries(trio.current_time(), self.delivery_timeout_s)
-            ids: list[str | None] = [None] * len(messages)
-            todo = list(range(len(messages)))
-            while todo:
-                # Routed again on each try: the layout may have changed.
-                calls = appends([(i, state.shard_key(messages[i][1])) for i in todo], messages)
+            while publish.pending:
+                calls = publish.calls()  # those not answered as they were; the sealed ones routed again
+                todo = [p for call in calls for p in call.positions]
                 try:
                     results = await self._send(calls)
                     self.redis_outage.ok()
-                    replies = self._written(calls, results, ids)
-                    todo = replies.again  # the others are written: never sent again
+                    replies = self._written(publish, results)
                     if replies.noscript:  # a restarted or new Redis node: load it, send them again
                         with redis_call("SCRIPT LOAD"):
                             await self.redis.script_load(SEALED_APPEND)
-                except RedisUnavailable as exc:
+                except RedisUnavailable as exc:  # unanswered: sent again as they are
                     await self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
                 except RedisCommandFailed as exc:
@@ -232,10 +240,9 @@ class Producer(RoutingView):
                 elif (held := held_back(self.stream_prefix, len(todo), replies)) is not None:
                     await self._report_full(replies.full_targets)
                     await self._retry_later(retries, len(todo), held, give_up=held)  # room comes: back off
-            done = [i for i in ids if i is not None]
-            state.published += len(done)
-            return done
+            return publish.done()
         finally:
+            publish.close()
             state.in_flight -= 1
             if not state.in_flight:
                 self._idle.set()
@@ -252,14 +259,18 @@ class Producer(RoutingView):
                     pipe.evalsha(SEALED_APPEND_SHA, keys=call.keys, args=call.args())
             return pipe.results or ()
 
-    def _written(self, calls: list[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
+    def _written(self, publish: Publish, results: Sequence[object]) -> Replies:
         """Note the ids written; what is to be sent again, and why.
 
-        Raises `PublishFailed` when Redis refused a call for another reason than a seal or an
-        unknown script (some of its messages may have been written)."""
-        replies = take_replies(calls, results, ids)
+        Raises `ProducerFenced` when a shard refused this producer's epoch, `PublishFailed` when
+        Redis refused a call for another reason than a seal or an unknown script (some of its
+        messages may have been written)."""
+        replies = publish.take(results)
+        if replies.fenced is not None:
+            raise self.state.fence(replies.fenced)
         if replies.failure is not None:
-            raise publish_failed(self.stream_prefix, len(ids), RedisCommandFailed(replies.failure))
+            count = len(publish.ids)
+            raise publish_failed(self.stream_prefix, count, RedisCommandFailed(replies.failure))
         return replies
 
     async def _refresh_layout(self, retries: DeliveryRetries, count: int) -> None:
@@ -315,6 +326,8 @@ class Producer(RoutingView):
         after `pause_timeout_s`."""
         if self._closing.is_set():
             raise RscError(f"producer {self.producer_id!r} is closed")
+        if self.state.fenced is not None:
+            raise self.state.fenced_error()
         if not self._ready.is_set():
             raise RscError(
                 f"producer {self.producer_id!r} is not started: await nursery.start(producer.run) "

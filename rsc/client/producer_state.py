@@ -19,8 +19,15 @@ from rsc.client.coordinator import Backoff
 from rsc.client.errors import RscError
 from rsc.events.model import EMPTY_LAYOUT, ClientInfo, Layout
 from rsc.events.routing import JUMP_V1, Router, jump, key_hash
-from rsc.events.versions import PROTOCOL_VERSION
-from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse, cap_key, seal_key
+from rsc.events.versions import IDEMPOTENCE_LEVEL, PROTOCOL_VERSION
+from rsc.events.wire import (
+    ProducerHeartbeatRequest,
+    ProducerHeartbeatResponse,
+    cap_key,
+    producer_key,
+    seal_key,
+    sent_key,
+)
 from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
 log = logging.getLogger("rsc.client.producer")
@@ -92,33 +99,49 @@ def entry_ids(results: Iterable[object]) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in results]
 
 
-#: How producers append (feature level 2): `rsc/lua/member/append.lua` (refused while the shard
-#: is sealed, else the messages' XADDs in order, atomic with the check). One EVALSHA per shard a
-#: call writes to, in one pipeline: the seal is checked once per shard and call, not per message.
+#: How producers append (feature level 2; idempotent from 6): `rsc/lua/member/append.lua` (a
+#: repeat answered with its first ids, then the seal and the cap checked, then the messages'
+#: XADDs in order, atomic with the checks). One EVALSHA per shard a call writes to, in one
+#: pipeline: the checks are made once per shard and call, not per message.
 SEALED_APPEND = lua.script("member/append")
 SEALED_APPEND_SHA = lua.sha1("member/append")
+#: The least time a producer's record of its appends to a shard is kept after its last append
+#: (the dedupe window is this, or twice the producer's delivery timeout if longer).
+MIN_WINDOW_S = 120.0
 
 
 #: A Redis command's arguments, as the client libraries take them.
 Arg = str | bytes | int | float
 
 
-@attrs.frozen
+@attrs.define
 class Append:
     """One `SEALED_APPEND` call: the messages (their positions in the publish) for one shard.
 
     Its arguments are built when it is sent (`args`, `command`), so a sender can write the
-    first shard's call while it builds the next."""
+    first shard's call while it builds the next. Idempotent (an `epoch`), it carries the
+    sequence of its first message, which identifies the call on its shard: sent again as it
+    is (never re-routed) until it is answered, it is appended once."""
 
     target: str
     positions: list[int]
     keys: list[str]
     #: The messages' fields, in the order of `positions`.
     fields: list[Fields]
+    #: The producer epoch (None: not idempotent), the call's first sequence, the producer's
+    #: floor when it is sent (`Publish.stamp`) and the record's lifetime (ms).
+    epoch: int | None = None
+    seq: int = 0
+    low: int = 0
+    window_ms: int = 0
 
     def args(self) -> list[Arg]:
-        """ARGV: the number of messages, then per message its number of field values and them."""
-        args: list[Arg] = [len(self.fields)]
+        """ARGV: epoch, first sequence, floor, window; the number of messages, then per
+        message its number of field values and them."""
+        head: list[Arg] = (
+            ["", 0, 0, 0] if self.epoch is None else [self.epoch, self.seq, self.low, self.window_ms]
+        )
+        args: list[Arg] = [*head, len(self.fields)]
         append = args.append
         for fields in self.fields:
             append(2 * len(fields))
@@ -131,7 +154,20 @@ class Append:
         return ("EVALSHA", SEALED_APPEND_SHA, len(self.keys), *self.keys, *self.args())
 
 
-def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Key]]) -> list[Append]:
+@attrs.frozen
+class Ident:
+    """Who appends: the producer id, its epoch (None: not idempotent), the sequence of the
+    publish's first message (message `i` has `first + i`) and the record's lifetime."""
+
+    producer_id: str
+    epoch: int | None = None
+    first: int = 0
+    window_ms: int = 0
+
+
+def appends(
+    todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Key]], ident: Ident | None = None
+) -> list[Append]:
     """The calls for messages at positions `todo` routed to their shards, one per shard."""
     by_shard: dict[str, list[int]] = {}
     for position, target in todo:
@@ -140,12 +176,23 @@ def appends(todo: Iterable[tuple[int, str]], messages: Sequence[tuple[Fields, Ke
             by_shard[target] = [position]
         else:
             positions.append(position)
+    ident = ident or Ident("")
     return [
         Append(
             target,
             positions,
-            [target, seal_key(target), cap_key(target)],
+            [
+                target,
+                seal_key(target),
+                cap_key(target),
+                producer_key(target, ident.producer_id),
+                sent_key(target, ident.producer_id),
+            ],
             [messages[p][0] for p in positions],
+            ident.epoch,
+            ident.first + positions[0],
+            0,
+            ident.window_ms,
         )
         for target, positions in by_shard.items()
     ]
@@ -165,7 +212,7 @@ def refusal(result: object) -> str | None:
     if "NoScript" in type(result).__name__:  # redis-py and coredis strip the code from this one
         return "NOSCRIPT"
     code = reply_code(result)  # by its code, wherever the library puts it; never by its words
-    if code in ("NOSCRIPT", "SEALED", "FULL", "OOM"):
+    if code in ("NOSCRIPT", "SEALED", "FULL", "OOM", "FENCED"):
         return code
     if code in TRANSIENT_CODES or type(result).__name__ in _TRANSIENT_CLASSES:
         return "UNAVAILABLE"
@@ -178,6 +225,15 @@ class Replies:
 
     #: Positions of the messages to send again (their shard was sealed, or the script unknown).
     again: list[int] = attrs.field(factory=list)
+    #: The calls to send again as they are (refused before anything was appended: the script
+    #: unknown, the shard full, Redis busy or out of memory), to the same shard.
+    resend: list[Append] = attrs.field(factory=list)
+    #: Positions of the messages whose shard was sealed: routed again with a newer layout.
+    reroute: list[int] = attrs.field(factory=list)
+    #: Calls answered as repeats of an append already made (nothing appended again).
+    repeats: int = 0
+    #: The producer's epoch was refused (another process took its id over): its text.
+    fenced: str | None = None
     sealed: bool = False
     noscript: bool = False
     #: The refusal of a full shard (its cap, `whenFull: refuse`): its text, naming the shard.
@@ -195,16 +251,27 @@ class Replies:
 def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
     """Note in `ids` the entry ids written; what is to be sent again, and why."""
     out = Replies()
-    for call, result in zip(calls, results, strict=True):
+    for call, reply in zip(calls, results, strict=True):
+        result = reply
         why = refusal(result)
         if why is None:
+            if isinstance(result, list | tuple) and result and result[0] in (b"REPEAT", "REPEAT"):
+                out.repeats += 1
+                result = result[1:]
             if not isinstance(result, list | tuple) or len(result) != len(call.positions):
                 out.failure = f"unexpected reply {result!r}"
                 return out
             for position, entry_id in zip(call.positions, entry_ids(result), strict=True):
                 ids[position] = entry_id
+        elif why == "FENCED":
+            out.fenced = str(result)
+            return out
         elif why in ("SEALED", "NOSCRIPT", "UNAVAILABLE", "FULL", "OOM"):
             out.again.extend(call.positions)
+            if why == "SEALED":
+                out.reroute.extend(call.positions)
+            else:
+                out.resend.append(call)
             if why == "FULL":
                 out.full = str(result)
                 out.full_targets.append(call.target)
@@ -218,6 +285,60 @@ def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[s
             out.failure = why
             return out
     return out
+
+
+class Publish:
+    """One `publish_many` of a producer, across its tries (both producers drive it).
+
+    Idempotent (the producer has an epoch), its messages get their sequences when it begins
+    and keep them on every try. A call whose answer did not come (the connection failed) is
+    sent again as it is, to the same shard, so that the shard answers a repeat with the ids it
+    gave; one refused before anything was appended (full, busy, script unknown) likewise; only
+    the messages of a call refused as SEALED (nothing appended, and a late copy is refused by
+    the seal too) are routed again, with the layout a heartbeat brings."""
+
+    def __init__(self, state: ProducerState, messages: Sequence[tuple[Fields, Key]]) -> None:
+        self.state = state
+        self.messages = messages
+        self.ids: list[str | None] = [None] * len(messages)
+        self.ident = state.begin(len(messages))
+        self._calls: list[Append] = []
+        self._route: list[int] = list(range(len(messages)))
+
+    @property
+    def pending(self) -> bool:
+        """Whether some message is still to be appended."""
+        return bool(self._calls or self._route)
+
+    def calls(self) -> list[Append]:
+        """The calls of the next try: those to send again as they are, and the messages to
+        route (with the current layout; raises as `ProducerState.shard_key`)."""
+        if self._route:
+            routed = [(i, self.state.shard_key(self.messages[i][1])) for i in self._route]
+            self._calls += appends(routed, self.messages, self.ident)
+            self._route = []
+        low = self.state.floor()
+        for call in self._calls:
+            call.low = low
+        return self._calls
+
+    def take(self, results: Sequence[object]) -> Replies:
+        """Note the answers to the calls of this try (`calls()`); what is left, and why."""
+        replies = take_replies(self._calls, results, self.ids)
+        if replies.failure is None and replies.fenced is None:
+            self._calls, self._route = replies.resend, replies.reroute
+            self.state.repeats += replies.repeats
+        return replies
+
+    def done(self) -> list[str]:
+        """The ids written, in order (each message once)."""
+        written = [i for i in self.ids if i is not None]
+        self.state.published += len(written)
+        return written
+
+    def close(self) -> None:
+        """The publish ended (returned or raised): its sequences no longer hold the floor."""
+        self.state.end(self.ident)
 
 
 class NoWritableShards(RscError):
@@ -251,6 +372,12 @@ class RedisOutOfMemory(PublishFailed):
     """Redis refused the messages with `OOM` (its used memory is above `maxmemory`) for
     `delivery_timeout_s`: they were not written. Memory comes back as groups consume and the
     streams' retention trims, or with a larger Redis (docs/operations.md, Retention and memory)."""
+
+
+class ProducerFenced(PublishFailed):
+    """Another process registered this producer's id (a restart of it, or a second copy): this
+    one's epoch is fenced, by the coordinator and on every shard the newer one wrote. It must
+    stop; nothing more it publishes is written."""
 
 
 class ProducerPaused(RscError):
@@ -289,6 +416,16 @@ class ProducerState:
         self.full: set[int] = set()
         #: When a heartbeat last went early to report them (the caller's monotonic clock).
         self._full_reported_s: float | None = None
+        #: Idempotence (feature level 6): asked for (the producer's setting), the epoch the
+        #: coordinator gave (None: none yet, or an older coordinator), the next sequence, the
+        #: first sequences of the publishes in flight, and how many repeats Redis dropped.
+        self.idempotent = True
+        self.epoch: int | None = None
+        self.fenced: str | None = None
+        self.window_ms = int(MIN_WINDOW_S * 1000)
+        self._next_seq = 1
+        self._open: dict[int, int] = {}
+        self.repeats = 0
 
     def request(self, *, leave: bool = False) -> ProducerHeartbeatRequest:
         """The next heartbeat: the version routed with, and `quiesced` once paused and idle."""
@@ -301,7 +438,42 @@ class ProducerState:
             client=self.client,
             leave=leave,
             full_shards=frozenset(self.full),
+            producer_epoch=(self.epoch or 0) if self.idempotent else None,
         )
+
+    def fence(self, why: str) -> ProducerFenced:
+        """Another process took this producer's id over: it publishes nothing more."""
+        if self.fenced is None:
+            log.error("%s: fenced, publishing nothing more: %s", self.producer_id, why)
+        self.fenced = why
+        return self.fenced_error()
+
+    def fenced_error(self) -> ProducerFenced:
+        """What a publish raises once the producer is fenced."""
+        return ProducerFenced(
+            f"producer {self.producer_id!r} of {self.stream_prefix!r} is fenced (another process "
+            f"registered its id): {self.fenced}; nothing was published"
+        )
+
+    def begin(self, count: int) -> Ident:
+        """A publish of `count` messages begins: their sequences (when idempotent)."""
+        first = self._next_seq
+        self._next_seq += count
+        self._open[first] = self._open.get(first, 0) + 1
+        return Ident(self.producer_id, self.epoch if self.idempotent else None, first, self.window_ms)
+
+    def end(self, ident: Ident) -> None:
+        """The publish that began with `ident` ended."""
+        left = self._open.get(ident.first, 0) - 1
+        if left > 0:
+            self._open[ident.first] = left
+        else:
+            self._open.pop(ident.first, None)
+
+    def floor(self) -> int:
+        """The lowest sequence a publish in flight holds (else the next one): every call of a
+        lower first sequence has been answered, so Redis may forget it."""
+        return min(self._open, default=self._next_seq)
 
     def sent(self, request: ProducerHeartbeatRequest) -> None:
         """`request` was answered: the full shards it reported are reported."""
@@ -319,8 +491,24 @@ class ProducerState:
         return True
 
     def apply(self, response: ProducerHeartbeatResponse) -> Change:
-        """Take the answer's interval, layout (when sent) and pause flag."""
+        """Take the answer's interval, layout (when sent), pause flag and producer epoch."""
         change = Change()
+        if self.idempotent and response.producer_epoch is not None and response.producer_epoch != self.epoch:
+            if self.epoch is not None:
+                log.warning(
+                    "%s: the coordinator gave producer epoch %s (it held %s)",
+                    self.producer_id,
+                    response.producer_epoch,
+                    self.epoch,
+                )
+            self.epoch = response.producer_epoch
+        elif self.idempotent and response.producer_epoch is None and not self.known:
+            log.info(
+                "%s: the coordinator gives no producer epoch (feature level below %d, or an older "
+                "release): publishing without idempotence (a retry may append a message twice)",
+                self.producer_id,
+                IDEMPOTENCE_LEVEL,
+            )
         self.interval_s = response.heartbeat_interval_ms / 1000
         layout = response.layout
         if layout is not None and layout.routing != JUMP_V1:

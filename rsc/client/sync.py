@@ -44,6 +44,7 @@ from rsc.client.coordinator import (
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.producer_state import (
+    MIN_WINDOW_S,
     SEALED_APPEND,
     Append,
     DeliveryRetries,
@@ -52,16 +53,15 @@ from rsc.client.producer_state import (
     NoWritableShards,
     ProducerPaused,
     ProducerState,
+    Publish,
     PublishFailed,
     RedisOutOfMemory,
     Replies,
     RoutingView,
     ShardFull,
     UnsupportedRouting,
-    appends,
     held_back,
     publish_failed,
-    take_replies,
 )
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
@@ -270,6 +270,7 @@ class SyncProducer(RoutingView):
         pause_timeout_s: float = 30.0,
         start_timeout_s: float = 10.0,
         delivery_timeout_s: float = 30.0,
+        idempotent: bool = True,
     ) -> None:
         self.coordinator = coordinator
         self.redis = redis
@@ -278,6 +279,10 @@ class SyncProducer(RoutingView):
         self.delivery_timeout_s = delivery_timeout_s
         self.start_timeout_s = start_timeout_s
         self.state = ProducerState(stream_prefix, producer_id or f"producer/{uuid.uuid4().hex[:12]}", CLIENT)
+        #: Idempotence (feature level 6): each message appended once however often it is sent
+        #: again, within a window of twice the delivery timeout (at least 2 minutes).
+        self.state.idempotent = idempotent
+        self.state.window_ms = int(max(MIN_WINDOW_S, 2 * delivery_timeout_s) * 1000)
         #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
         #: one line when each begins and one when it ends, not a line per retry.
         self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis")
@@ -362,19 +367,17 @@ class SyncProducer(RoutingView):
         self._wait_until_open()
         with self._lock:
             self.state.in_flight += 1
+            publish = Publish(self.state, messages)
         try:
             retries = DeliveryRetries(time.monotonic(), self.delivery_timeout_s)
-            ids: list[str | None] = [None] * len(messages)
-            todo = list(range(len(messages)))
-            while todo:
-                with self._lock:  # routed again on each try: the layout may change
-                    routed = [(i, self.state.shard_key(messages[i][1])) for i in todo]
-                calls = appends(routed, messages)
+            while publish.pending:
+                with self._lock:  # not answered: sent again as they were; the sealed ones routed again
+                    calls = publish.calls()
+                todo = [p for call in calls for p in call.positions]
                 try:
                     results = send_appends(self.redis, calls)
                     self.redis_outage.ok()
-                    replies = self._written(calls, results, ids)
-                    todo = replies.again  # the others are written: never sent again
+                    replies = self._written(publish, results)
                     if replies.noscript:  # a restarted or new Redis node: load it, send them again
                         self.redis.script_load(SEALED_APPEND)
                 except REDIS_ERRORS as exc:
@@ -389,24 +392,27 @@ class SyncProducer(RoutingView):
                 elif (held := held_back(self.stream_prefix, len(todo), replies)) is not None:
                     self._report_full(replies.full_targets)
                     self._retry_later(retries, len(todo), held, give_up=held)  # room comes: back off
-            done = [i for i in ids if i is not None]
             with self._lock:
-                self.state.published += len(done)
-            return done
+                return publish.done()
         finally:
             with self._lock:
+                publish.close()
                 self.state.in_flight -= 1
                 if not self.state.in_flight:
                     self._idle.notify_all()
 
-    def _written(self, calls: list[Append], results: Sequence[object], ids: list[str | None]) -> Replies:
+    def _written(self, publish: Publish, results: Sequence[object]) -> Replies:
         """Note the ids written; what is to be sent again, and why.
 
-        Raises `PublishFailed` when Redis refused a call for another reason than a seal or an
-        unknown script (some of its messages may have been written)."""
-        replies = take_replies(calls, results, ids)
+        Raises `ProducerFenced` when a shard refused this producer's epoch, `PublishFailed` when
+        Redis refused a call for another reason than a seal or an unknown script (some of its
+        messages may have been written)."""
+        with self._lock:
+            replies = publish.take(results)
+            if replies.fenced is not None:
+                raise self.state.fence(replies.fenced)
         if replies.failure is not None:
-            raise publish_failed(self.stream_prefix, len(ids), RscError(replies.failure))
+            raise publish_failed(self.stream_prefix, len(publish.ids), RscError(replies.failure))
         return replies
 
     def _report_full(self, targets: list[str]) -> None:
@@ -480,6 +486,10 @@ class SyncProducer(RoutingView):
             try:
                 self.heartbeat()
             except CoordinatorRejected as exc:
+                if exc.code == "PRODUCER_FENCED":  # another process has our id: stop
+                    with self._lock:
+                        self.state.fence(exc.message)
+                    return
                 if not self._ready.is_set() and exc.status in REFUSED_FOR_GOOD:
                     self._refused = exc
                     return
@@ -493,6 +503,8 @@ class SyncProducer(RoutingView):
     def _wait_until_open(self) -> None:
         if self._closing.is_set():
             raise RscError(f"producer {self.producer_id!r} is closed")
+        if self.state.fenced is not None:
+            raise self.state.fenced_error()
         if not self._ready.is_set():
             raise RscError(f"producer {self.producer_id!r} is not started (call start() or use `with`)")
         if not self._resumed.wait(self.pause_timeout_s):

@@ -267,6 +267,11 @@ class ProducerHeartbeat:
     leave: bool = False
     #: A new producer is refused (`QuotaExceeded`) when the stream has this many (0: no limit).
     max_producers: int = 0
+    #: The producer epoch it holds (feature level 6): None from a client without epochs, 0 from
+    #: a new process asking for one.
+    epoch: int | None = None
+    #: Whether epochs are given (the deployment is at feature level 6 or above).
+    epochs: bool = False
 
 
 @attrs.frozen

@@ -25,6 +25,7 @@ HTTP_STATUS: Mapping[str, int] = {
     "IMMUTABLE_FIELD": 409,
     "FEATURE_LEVEL_REQUIRED": 409,
     "FEATURE_LEVEL_NOT_SUPPORTED": 409,
+    "PRODUCER_FENCED": 409,
     "UNSUPPORTED_FEATURE_LEVEL": 400,
     "PRECONDITION_FAILED": 412,
 }
@@ -163,6 +164,18 @@ class FeatureLevelRequired(CoordinationError):
     def __init__(self, message: str, required: int, finalized: int) -> None:
         super().__init__(message)
         self.details = {"required": required, "finalized": finalized}
+
+
+class ProducerFenced(CoordinationError):
+    """A producer heartbeat of an epoch older than the one its id holds now: another process
+    registered the id since (feature level 6). The older process must stop, not register
+    again; `details.epoch`: the current one."""
+
+    code = "PRODUCER_FENCED"
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.details = {"epoch": epoch}
 
 
 class UnknownFeatureLevel(CoordinationError):

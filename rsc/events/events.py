@@ -330,6 +330,17 @@ class ProducerRegistered:
 
 
 @attrs.frozen
+class ProducerEpochAssigned:
+    """Producer `producer_id` (a process of it) appends with `epoch` from now on: a heartbeat
+    of an older epoch is refused (`PRODUCER_FENCED`) and so are its appends to every shard a
+    newer epoch wrote (feature level 6)."""
+
+    durable: ClassVar[bool] = True
+    producer_id: str
+    epoch: int
+
+
+@attrs.frozen
 class ProducerAcknowledged:
     """The producer now routes with `acked_version` (and is, or is no longer, quiesced)."""
 
@@ -468,6 +479,7 @@ StreamEvent = (
     | GroupUnregistered
     | StreamDeleted
     | ProducerRegistered
+    | ProducerEpochAssigned
     | ProducerAcknowledged
     | ProducerHeartbeated
     | ProducerExpired

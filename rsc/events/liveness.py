@@ -52,6 +52,7 @@ from rsc.events.events import (
     MigrationStalled,
     MigrationStarted,
     ProducerAcknowledged,
+    ProducerEpochAssigned,
     ProducerExpired,
     ProducerHeartbeated,
     ProducerLeasesRestarted,
@@ -173,6 +174,7 @@ class Leases(Mapping[str, int]):
                     | GroupRegistered()
                     | GroupUnregistered()
                     | ProducerRegistered()
+                    | ProducerEpochAssigned()
                     | ProducerAcknowledged()
                     | ProducersPaused()
                     | ProducersResumed()

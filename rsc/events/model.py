@@ -478,6 +478,8 @@ class Producer:
     lease_ttl_ms: int
     registered_at_ms: int
     client: ClientInfo = ClientInfo()
+    #: The epoch its process appends with (feature level 6; 0: none).
+    epoch: int = attrs.field(default=0, metadata={"omit_if_default": True})
 
 
 @attrs.frozen

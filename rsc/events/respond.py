@@ -76,4 +76,13 @@ def respond_producer(
         heartbeat_interval_ms=heartbeat_interval_ms,
         lease_ttl_ms=command.lease_ttl_ms,
         layout=layout if stale else None,
+        producer_epoch=_epoch(state, command),
     )
+
+
+def _epoch(state: StreamState, command: ProducerHeartbeat) -> int | None:
+    """The epoch the producer appends with (feature level 6, to a client that asked), else None."""
+    if not command.epochs or command.epoch is None or command.leave:
+        return None
+    producer = state.producers.get(command.producer_id)
+    return None if producer is None or not producer.epoch else producer.epoch

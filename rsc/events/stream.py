@@ -58,6 +58,7 @@ from rsc.events.errors import (
     MigrationConflict,
     NoMigration,
     NotEmpty,
+    ProducerFenced,
     QuotaExceeded,
 )
 from rsc.events.events import (
@@ -66,6 +67,7 @@ from rsc.events.events import (
     MigrationAborted,
     MigrationResumed,
     ProducerAcknowledged,
+    ProducerEpochAssigned,
     ProducerExpired,
     ProducerHeartbeated,
     ProducerLeasesRestarted,
@@ -229,7 +231,10 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     acked = command.metadata_version if command.metadata_version <= current else 0
     known = state.producers.get(command.producer_id)
     if command.leave:
-        return [] if known is None else [ProducerLeft(command.producer_id, command.now_ms)]
+        superseded = known is not None and command.epochs and (command.epoch or 0) < known.epoch
+        if known is None or superseded:  # a fenced process leaving leaves its successor be
+            return []
+        return [ProducerLeft(command.producer_id, command.now_ms)]
     # Quiet means something only while the stream is paused: a heartbeat built before the
     # producer learnt of a resume still says quiesced, and is publishing again after it.
     quiesced = command.quiesced and state.paused is not None
@@ -243,16 +248,41 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
             quotas.PRODUCERS_PER_STREAM,
             command.max_producers,
         )
-    if known is None:
+    epoch = _producer_epoch(state, command)
+    new_process = epoch is not None and (known is None or known.epoch != epoch)
+    if known is None or new_process:
         registered = ProducerRegistered(
             command.producer_id, acked, quiesced, command.lease_ttl_ms, command.client, command.now_ms
         )
         events.append(registered)
     elif (known.acked_version, known.quiesced) != (acked, quiesced):
         events.append(ProducerAcknowledged(command.producer_id, acked, quiesced))
+    if new_process and epoch is not None:
+        events.append(ProducerEpochAssigned(command.producer_id, epoch))
     # Its lease starts (a registration) or is renewed: liveness for the lease table.
     events.append(ProducerHeartbeated(command.producer_id, command.now_ms + command.lease_ttl_ms))
     return events
+
+
+def _producer_epoch(state: StreamState, command: ProducerHeartbeat) -> int | None:
+    """The epoch the producer appends with after this heartbeat (None: no epochs: below
+    feature level 6, or a client that asks for none). A new process (epoch 0) gets the next
+    one of the stream, fencing an older process of the same id; a process already holding one
+    keeps it, or is refused (`ProducerFenced`) when a newer process took its id since. An epoch
+    the stream does not know (its producer expired, or the coordinator's state was rebuilt) is
+    taken back as it is: the data plane refuses what is older than its shards saw."""
+    if not command.epochs or command.epoch is None:
+        return None
+    known = state.producers.get(command.producer_id)
+    if command.epoch == 0:
+        return state.producer_epoch + 1
+    if known is not None and known.epoch > command.epoch:
+        raise ProducerFenced(
+            f"producer {command.producer_id!r} epoch {command.epoch} is fenced: another process "
+            f"registered the id since (epoch {known.epoch}); this one must stop",
+            known.epoch,
+        )
+    return command.epoch
 
 
 def _check_producers_check_the_cap(stream_prefix: str, producers: Iterable[tuple[str, ClientInfo]]) -> None:

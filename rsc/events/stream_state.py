@@ -28,6 +28,7 @@ from rsc.events.events import (
     MigrationStalled,
     MigrationStarted,
     ProducerAcknowledged,
+    ProducerEpochAssigned,
     ProducerExpired,
     ProducerHeartbeated,
     ProducerLeasesRestarted,
@@ -76,6 +77,8 @@ class StreamState:
     migration: Migration | None = attrs.field(default=None, metadata={"omit_if_default": True})
     #: The retention policy (feature level 5); None: none stored, the stream keeps everything.
     retention: Retention | None = attrs.field(default=None, metadata={"omit_if_default": True})
+    #: The highest producer epoch given on this stream (feature level 6; 0: none yet).
+    producer_epoch: int = attrs.field(default=0, metadata={"omit_if_default": True})
 
     @property
     def policy(self) -> Retention:
@@ -123,6 +126,13 @@ def evolve(state: StreamState | None, event: StreamEvent) -> StreamState:
                 event.client,
             )
             return attrs.evolve(state, producers={**producers, event.producer_id: producer})
+        case ProducerEpochAssigned():
+            producer = attrs.evolve(_producer(state, event.producer_id), epoch=event.epoch)
+            return attrs.evolve(
+                state,
+                producers={**producers, event.producer_id: producer},
+                producer_epoch=max(state.producer_epoch, event.epoch),
+            )
         case ProducerAcknowledged():
             producer = _producer(state, event.producer_id)
             changed = attrs.evolve(producer, acked_version=event.acked_version, quiesced=event.quiesced)

@@ -126,6 +126,16 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         "cap producers' append script checks (producers of 0.2.0 do not check it)",
         journal_schema=2,
     ),
+    FeatureLevel(
+        6,
+        "0.3.0",
+        "idempotent producers: the coordinator gives each producer process an epoch "
+        "(ProducerEpochAssigned; a newer registration of the same id fences the older process) "
+        "and producers' append script drops a repeat of an append it already made (per "
+        "producer, shard and sequence, in a window), so a retry after a lost reply is appended "
+        "once (producers of 0.2.0 publish without it)",
+        journal_schema=2,
+    ),
 )
 #: The level from which shards are sealed when they drain, and scale-in is allowed.
 SEAL_LEVEL = 2
@@ -136,6 +146,8 @@ STATIC_LEVEL = 4
 #: The level from which streams have a retention policy, trimmed and counted (and from which
 #: producers check a shard's entry cap).
 RETENTION_LEVEL = 5
+#: The level from which producers get epochs and appends are deduplicated (idempotent producers).
+IDEMPOTENCE_LEVEL = 6
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
@@ -209,6 +221,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     ),
     **dict.fromkeys(("AssignmentHeld", "HoldEnded", "ShardsQuarantined", "QuarantineEnded"), STATIC_LEVEL),
     **dict.fromkeys(("RetentionSet", "RetentionLoss"), RETENTION_LEVEL),
+    "ProducerEpochAssigned": IDEMPOTENCE_LEVEL,
 }
 
 #: An upcaster turns the JSON data of one version of an event into the next version's.

@@ -169,6 +169,11 @@ class ProducerHeartbeatRequest:
     #: coordinator trims them early by the stream's policy (feature level 5; older coordinators
     #: ignore it; left out while empty).
     full_shards: frozenset[int] = wire_field(frozenset(), omit_if_default=True, items=_SHARD_INDEX)
+    #: Idempotent producers (feature level 6): 0 asks for an epoch (a new process), else the
+    #: epoch it was given; left out by a client without them (older coordinators ignore it).
+    producer_epoch: int | None = wire_field(
+        None, omit_if_default=True, nullable=True, minimum=0, maximum=MAX_COUNTER
+    )
 
     def to_command(self, now_ms: int, lease_ttl_ms: int) -> ProducerHeartbeat:
         check_protocol_version(self.protocol_version)
@@ -180,6 +185,7 @@ class ProducerHeartbeatRequest:
             lease_ttl_ms,
             self.client,
             self.leave,
+            epoch=self.producer_epoch,
         )
 
 
@@ -205,6 +211,9 @@ class ProducerHeartbeatResponse:
     #: From protocol version 2: the version this answer is in, and the deployment's feature level.
     protocol_version: int | None = omitted_unless_set()
     feature_level: int | None = omitted_unless_set()
+    #: Idempotent producers (feature level 6, to a request with `producerEpoch`): the epoch
+    #: this process appends with.
+    producer_epoch: int | None = omitted_unless_set()
 
 
 @attrs.frozen
@@ -266,3 +275,21 @@ def cap_key(shard_key: str) -> str:
 def trimmed_key(shard_key: str) -> str:
     """The counts of what retention removed from one shard, per group and in all."""
     return f"{shard_key}{TRIMMED_SUFFIX}"
+
+
+#: What one producer appended to a shard (same hash slot; feature level 6): a hash with its
+#: epoch (`e`) and floor (`f`: every sequence below it is settled), and beside it (`:sent`) a
+#: sorted set of its appends, score = the first sequence of a script call, member =
+#: `<sequence>:<entry ids, space separated>`. Both expire `window` after its last append.
+PRODUCER_SUFFIX = ":rsc:v1:producer:"
+SENT_SUFFIX = ":sent"
+
+
+def producer_key(shard_key: str, producer_id: str) -> str:
+    """The epoch and floor of producer `producer_id` on one shard (a hash)."""
+    return f"{shard_key}{PRODUCER_SUFFIX}{producer_id}"
+
+
+def sent_key(shard_key: str, producer_id: str) -> str:
+    """The appends producer `producer_id` made to one shard, by sequence (a sorted set)."""
+    return f"{producer_key(shard_key, producer_id)}{SENT_SUFFIX}"

@@ -18,6 +18,7 @@ from rsc.events import heartbeat_rules
 from rsc.events.auth import Action
 from rsc.events.heartbeat_rules import answered_in
 from rsc.events.respond import respond_producer
+from rsc.events.versions import IDEMPOTENCE_LEVEL
 from rsc.events.wire import ProducerHeartbeatRequest
 from rsc.http.authenticate import Gate
 from rsc.http.callers import QuotaTable, caller_key
@@ -42,7 +43,12 @@ def add_producer_routes(
                 rates.check(HEARTBEATS, caller_key(caller))
                 rates.check(PARTY, heartbeat_rules.producer_key(caller, body))
             quota = quota_of(caller)
-            command = attrs.evolve(command, max_producers=quota.limits.producers_per_stream)
+            level = registry.known_feature_level()
+            command = attrs.evolve(
+                command,
+                max_producers=quota.limits.producers_per_stream,
+                epochs=level >= IDEMPOTENCE_LEVEL,
+            )
             may_create = gate.may_create(caller)
             reply = await registry.ask_stream(
                 body.stream_prefix,
@@ -54,5 +60,4 @@ def add_producer_routes(
             if body.full_shards:  # its appends found these shards full: trim them early
                 registry.trim_requests.ask(body.stream_prefix, body.full_shards)
             response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
-            level = registry.known_feature_level()
             return json_response(answered_in(response, body.protocol_version, level))

@@ -181,7 +181,7 @@ def test_a_refusal_of_a_redis_that_may_answer_soon_is_sent_again_not_failed() ->
     ids: list[str | None] = [None, None]
     readonly = redis.exceptions.ReadOnlyError("READONLY You can't write against a read only replica.")
     replies = take_replies(calls, [["1-0"], readonly], ids)
-    assert replies == Replies(again=[1], unavailable=str(readonly))
+    assert replies == Replies(again=[1], resend=[calls[1]], unavailable=str(readonly))
     assert ids == ["1-0", None]
     assert refusal(coredis.exceptions.ResponseError("LOADING Redis is loading")) == "UNAVAILABLE"
     assert refusal(coredis.exceptions.ResponseError("WRONGTYPE Operation")) == "WRONGTYPE Operation"

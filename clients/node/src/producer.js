@@ -7,7 +7,7 @@ import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable } fro
 import { PROTOCOL_VERSION } from './machine.js';
 import { CLIENT } from './member.js';
 import { route } from './routing.js';
-import { capKey, runScript, sealKey } from './scripts.js';
+import { appendKeys, runScript } from './scripts.js';
 
 /** The stream stayed paused past the producer's pause timeout. */
 export class ProducerPaused extends Error {}
@@ -166,13 +166,14 @@ export class Producer {
         /** @type {string|null} */
         let full = null;
         await Promise.all([...byShard].map(async ([shardKey, idx]) => {
-          const args = [idx.length];
+          // no producer epoch: not idempotent (feature level 6 is the Python clients' so far)
+          const args = ['', 0, 0, 0, idx.length];
           for (const i of idx) {
             const flat = flatten(items[i].fields);
             args.push(flat.length, ...flat);
           }
           try {
-            const reply = await runScript(this.redis, 'append', [shardKey, sealKey(shardKey), capKey(shardKey)], args);
+            const reply = await runScript(this.redis, 'append', appendKeys(shardKey, this.producerId), args);
             idx.forEach((i, n) => { ids[i] = String(reply[n]); });
           } catch (err) {
             if (err instanceof Error && err.message.startsWith('SEALED')) {

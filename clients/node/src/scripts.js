@@ -28,6 +28,15 @@ export const capKey = (shardKey) => shardKey + CAP_SUFFIX;
 export const ownersKey = (shardKey) => shardKey + OWNERS_SUFFIX;
 /** @param {string} shardKey */
 export const sealKey = (shardKey) => shardKey + SEAL_SUFFIX;
+export const PRODUCER_SUFFIX = ':rsc:v1:producer:';
+/**
+ * The keys of append.lua: the shard, its seal, its cap, the producer's record and its appends.
+ * @param {string} shardKey @param {string} producerId
+ */
+export const appendKeys = (shardKey, producerId) => [
+  shardKey, sealKey(shardKey), capKey(shardKey),
+  shardKey + PRODUCER_SUFFIX + producerId, shardKey + PRODUCER_SUFFIX + producerId + ':sent',
+];
 /** @param {string} shardKey */
 export const deadLetterKey = (shardKey) => shardKey + DEAD_LETTER_SUFFIX;
 

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { Coordinator } from '../src/coordinator.js';
 import { Producer, ShardFull } from '../src/producer.js';
 import { parseRedisUrl } from '../src/redis.js';
-import { SCRIPTS, capKey, ownersKey, runScript, sealKey } from '../src/scripts.js';
+import { SCRIPTS, appendKeys, capKey, ownersKey, runScript, sealKey } from '../src/scripts.js';
 import { deleteKeys, prefix, redisOrNull } from './helpers.js';
 
 /** @type {import('ioredis').Redis | null} */
@@ -41,7 +41,7 @@ test('redis URL forms', () => {
 
 test('append, read and ack by the owner; refused for another incarnation', async (t) => {
   if (!redis) return t.skip('no Redis');
-  const ids = await runScript(redis, 'append', [shard, sealKey(shard), capKey(shard)], [2, 2, 'mid', 'a', 4, 'mid', 'b', 'x', 'y']);
+  const ids = await runScript(redis, 'append', appendKeys(shard, 'p'), ['', 0, 0, 0, 2, 2, 'mid', 'a', 4, 'mid', 'b', 'x', 'y']);
   assert.equal(ids.length, 2);
   const [[refused, entries, tail]] = await runScript(redis, 'read', [shard, owners],
     [group, 'm1', 'i1', 'm1', 10, '0-0', '']);
@@ -67,7 +67,7 @@ test('a sealed shard refuses appends; the producer refreshes its layout and re-r
   const a = `${p}st:{st:0}`;
   const b = `${p}st:{st:1}`;
   await redis.set(sealKey(a), '2');
-  await assert.rejects(runScript(redis, 'append', [a, sealKey(a), capKey(a)], [1, 2, 'k', 'v']), /^ReplyError: SEALED|SEALED/);
+  await assert.rejects(runScript(redis, 'append', appendKeys(a, 'p'), ['', 0, 0, 0, 1, 2, 'k', 'v']), /^ReplyError: SEALED|SEALED/);
   // A fake coordinator: version 1 routes everything to shard a, version 2 has a DRAINING.
   let version = 1;
   const layouts = {
@@ -100,8 +100,8 @@ test('a full shard (retention whenFull refuse) refuses appends; the producer rep
   if (!redis) return t.skip('no Redis');
   const a = `${p}full:{full:0}`;
   await redis.set(capKey(a), '2');
-  await runScript(redis, 'append', [a, sealKey(a), capKey(a)], [2, 2, 'k', 'v', 2, 'k', 'w']);
-  await assert.rejects(runScript(redis, 'append', [a, sealKey(a), capKey(a)], [1, 2, 'k', 'v']), /FULL/);
+  await runScript(redis, 'append', appendKeys(a, 'p'), ['', 0, 0, 0, 2, 2, 'k', 'v', 2, 'k', 'w']);
+  await assert.rejects(runScript(redis, 'append', appendKeys(a, 'p'), ['', 0, 0, 0, 1, 2, 'k', 'v']), /FULL/);
   assert.equal(await redis.xlen(a), 2);
   const layout = { metadataVersion: 1, routing: 'jump-v1', shards: [{ index: 0, key: a, state: 'ACTIVE' }] };
   /** @type {any[]} */

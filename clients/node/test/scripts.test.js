@@ -11,7 +11,7 @@ const rsc = join(pkg, '..', '..', 'rsc');
 // The SHA1s docs/protocol.md lists.
 const SHAS = {
   ack: '1160a2e50b459d38b03200483a7d647b1cd309d2',
-  append: '91a80b6acf421df839d891fc01b2645be43c2ec3',
+  append: '44febad5c08989bd9d79f66a2d4ca2c7e48daef5',
   claim: 'f6052e57b9d79e694b9bf5a7a3099def00dadc79',
   dead_letter: '52db476d90e15e367e53d80c85c94bbf9c80f12f',
   read: '6408da3732ff8d55c4dae898bd012ef23308286d',
