@@ -143,7 +143,6 @@ class Producer(RoutingView):
                     await self.heartbeat()
                 except CoordinatorRejected as exc:
                     if exc.code == "PRODUCER_FENCED":  # another process has our id: stop
-                        self.state.fence(exc.message)
                         return
                     if not started and exc.status in REFUSED_FOR_GOOD:
                         raise  # a wrong or insufficient credential: waiting will not help
@@ -183,7 +182,13 @@ class Producer(RoutingView):
         Raises as `Coordinator.producer_heartbeat`: `CoordinatorUnavailable` (no answer after the
         retries), `CoordinatorUnintelligible` (an answer it cannot read), `CoordinatorRejected`."""
         request = self.state.request()
-        change = self.state.apply(await self.coordinator.producer_heartbeat(request))
+        try:
+            response = await self.coordinator.producer_heartbeat(request)
+        except CoordinatorRejected as exc:
+            if exc.code == "PRODUCER_FENCED":  # another process registered our id since
+                self.state.fence(exc.message)
+            raise
+        change = self.state.apply(response)
         self.state.sent(request)
         self._ready.set()
         if change.paused:

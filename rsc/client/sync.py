@@ -337,7 +337,13 @@ class SyncProducer(RoutingView):
         `CoordinatorUnintelligible`, `CoordinatorRejected`."""
         with self._lock:
             request = self.state.request()
-        response = self.coordinator.producer_heartbeat(request)
+        try:
+            response = self.coordinator.producer_heartbeat(request)
+        except CoordinatorRejected as exc:
+            if exc.code == "PRODUCER_FENCED":  # another process registered our id since
+                with self._lock:
+                    self.state.fence(exc.message)
+            raise
         with self._lock:
             change = self.state.apply(response)
             self.state.sent(request)
@@ -487,8 +493,6 @@ class SyncProducer(RoutingView):
                 self.heartbeat()
             except CoordinatorRejected as exc:
                 if exc.code == "PRODUCER_FENCED":  # another process has our id: stop
-                    with self._lock:
-                        self.state.fence(exc.message)
                     return
                 if not self._ready.is_set() and exc.status in REFUSED_FOR_GOOD:
                     self._refused = exc

@@ -43,7 +43,7 @@ def add_producer_routes(
                 rates.check(HEARTBEATS, caller_key(caller))
                 rates.check(PARTY, heartbeat_rules.producer_key(caller, body))
             quota = quota_of(caller)
-            level = registry.known_feature_level()
+            level = await registry.feature_level()  # read once a term: epochs from the first heartbeat
             command = attrs.evolve(
                 command,
                 max_producers=quota.limits.producers_per_stream,
