@@ -20,36 +20,32 @@
 -- <key>: the shard has seen epoch <n>' (another process took the producer id over); error
 -- 'STALE sequence <s> of <key> is below the floor <f>' (a late copy of a settled call: never
 -- appended).
+-- Every write comes after the first XADD: Redis refuses a script under `maxmemory` (OOM) only
+-- at its first write of a command that may grow memory, so nothing may be written before it.
 local epoch = ARGV[1]
-local seq = nil
+local seq, fresh, floor = nil, false, 0
 if epoch ~= '' then
   epoch, seq = tonumber(epoch), tonumber(ARGV[2])
   local meta = redis.call('HMGET', KEYS[4], 'e', 'f')
   local seen = tonumber(meta[1] or '0')
-  local floor = tonumber(meta[2] or '0')
+  floor = tonumber(meta[2] or '0')
   if epoch < seen then
     return redis.error_reply('FENCED producer epoch ' .. epoch .. ' of ' .. KEYS[4] .. ': the shard has seen epoch ' .. seen)
   end
-  if epoch > seen then
-    redis.call('DEL', KEYS[5])
+  fresh = epoch > seen
+  if fresh then
     floor = 0
-    redis.call('HSET', KEYS[4], 'e', epoch, 'f', 0)
-    redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  end
-  local sent = redis.call('ZRANGEBYSCORE', KEYS[5], seq, seq, 'LIMIT', 0, 1)
-  if sent[1] then
-    local reply = {'REPEAT'}
-    local ids = string.sub(sent[1], string.find(sent[1], ':', 1, true) + 1)
-    for id in string.gmatch(ids, '%S+') do reply[#reply + 1] = id end
-    return reply
-  end
-  if seq < floor then
-    return redis.error_reply('STALE sequence ' .. seq .. ' of ' .. KEYS[4] .. ' is below the floor ' .. floor)
-  end
-  local low = tonumber(ARGV[3])
-  if low > floor then
-    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. low)
-    redis.call('HSET', KEYS[4], 'f', low)
+  else
+    local sent = redis.call('ZRANGEBYSCORE', KEYS[5], seq, seq, 'LIMIT', 0, 1)
+    if sent[1] then
+      local reply = {'REPEAT'}
+      local ids = string.sub(sent[1], string.find(sent[1], ':', 1, true) + 1)
+      for id in string.gmatch(ids, '%S+') do reply[#reply + 1] = id end
+      return reply
+    end
+    if seq < floor then
+      return redis.error_reply('STALE sequence ' .. seq .. ' of ' .. KEYS[4] .. ' is below the floor ' .. floor)
+    end
   end
 end
 local sealed = redis.call('GET', KEYS[2])
@@ -68,6 +64,15 @@ for n = 1, tonumber(ARGV[5]) do
   at = at + count + 1
 end
 if seq then
+  if fresh then  -- a newer epoch (a new process of this producer id): its records start afresh
+    redis.call('DEL', KEYS[5])
+    redis.call('HSET', KEYS[4], 'e', epoch, 'f', 0)
+  end
+  local low = tonumber(ARGV[3])
+  if low > floor then
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. low)
+    redis.call('HSET', KEYS[4], 'f', low)
+  end
   redis.call('ZADD', KEYS[5], seq, seq .. ':' .. table.concat(ids, ' '))
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
   redis.call('PEXPIRE', KEYS[5], ARGV[4])
