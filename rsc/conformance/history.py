@@ -201,6 +201,9 @@ class Report:
     stale_starts: tuple[StaleStart, ...]
     order_violations: tuple[OrderViolation, ...]
     lost: tuple[Publish, ...]
+    #: Messages (by `mid`) found under more than one entry id: appended twice by a producer
+    #: (a retry after a lost reply, without idempotence); one per extra entry.
+    producer_duplicates: tuple[str, ...] = ()
 
     def figures(self) -> dict[str, int]:
         return {
@@ -215,6 +218,7 @@ class Report:
             "stale starts": len(self.stale_starts),
             "order violations": len(self.order_violations),
             "lost": len(self.lost),
+            "producer duplicates": len(self.producer_duplicates),
         }
 
     def problems(self, examples: int = 5) -> list[str]:
@@ -225,6 +229,7 @@ class Report:
             ("c. overlapping handler calls on one shard", self.overlaps),
             ("d. handler starts after the shard moved away", self.stale_starts),
             ("e. first handlings out of entry-id order", self.order_violations),
+            ("f. messages a producer appended twice", self.producer_duplicates),
         ):
             if found:
                 lines = [f"{name}: {len(found)}"]
@@ -234,7 +239,13 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.overlaps or self.stale_starts or self.order_violations)
+        return not (
+            self.lost
+            or self.overlaps
+            or self.stale_starts
+            or self.order_violations
+            or self.producer_duplicates
+        )
 
 
 def intervals(records: Sequence[Record], faults: Sequence[Fault]) -> list[Interval]:
@@ -359,4 +370,19 @@ def check(
         stale_starts=tuple(stale_starts(records, ownership, tolerance_s)),
         order_violations=tuple(order_violations(records)),
         lost=tuple(p for p in acked if (p.id, p.mid) not in done),
+        producer_duplicates=appended_twice(records),
+    )
+
+
+def appended_twice(records: Sequence[Record]) -> tuple[str, ...]:
+    """The messages (`mid`) handled under more than one entry id, once per extra entry: a
+    producer appended them more than once."""
+    entries: dict[str, set[tuple[int, str]]] = {}
+    for r in records:
+        if r.mid:
+            entries.setdefault(r.mid, set()).add((r.shard, r.id))
+    return tuple(
+        f"{mid} as {' and '.join(f'shard {shard} {entry}' for shard, entry in sorted(found))}"
+        for mid, found in sorted(entries.items())
+        if len(found) > 1
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import attrs
+
 from rsc.conformance.history import (
     Fault,
     Ownership,
@@ -73,7 +75,18 @@ def test_a_clean_history_passes_with_its_figures() -> None:
         "stale starts": 0,
         "order violations": 0,
         "lost": 0,
+        "producer duplicates": 0,
     }
+
+
+def test_a_message_appended_twice_by_a_producer_is_a_violation() -> None:
+    """The same message (`mid`) handled under two entry ids: a producer appended it twice."""
+    records = [*call("a", "1-0", 1.0, 1.1), *call("a", "2-0", 1.2, 1.3)]
+    twice = [attrs.evolve(r, mid="m-1-0") for r in records]
+    report = check(twice, [], [], HANDOFF)
+    assert not report.ok
+    assert report.producer_duplicates == ("m-1-0 as shard 0 1-0 and shard 0 2-0",)
+    assert report.problems()[-1].startswith("f. messages a producer appended twice: 1")
 
 
 def test_an_acknowledged_publish_without_an_end_record_is_lost() -> None:
