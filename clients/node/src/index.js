@@ -12,7 +12,7 @@ export { Coordinator, CoordinatorAuthError, CoordinatorError, CoordinatorRejecte
 export { CLIENT, Member, MemberReplaced, CoordinatorUnintelligible } from './member.js';
 export { MemberMachine, PROTOCOL_VERSION } from './machine.js';
 export { Poller, monotonic } from './poller.js';
-export { Producer, ProducerPaused, RedisOutOfMemory, ShardFull } from './producer.js';
+export { Producer, ProducerFenced, ProducerPaused, RedisOutOfMemory, ShardFull } from './producer.js';
 export { connectRedis, createRedis, parseRedisUrl } from './redis.js';
 export { jump, route, routingHash } from './routing.js';
 export { SCRIPTS, runScript } from './scripts.js';

@@ -1,7 +1,10 @@
 // The producer: registers with the coordinator (POST /v1/producers/heartbeat) for the layout,
 // routes with jump-v1 over the ACTIVE shards, appends through member/append.lua one call per
 // shard; a SEALED refusal means the layout is stale: heartbeat, take the new layout, route
-// those messages again (P1-P5).
+// those messages again (P1-P5). Idempotent (P6, feature level 6, on by default): the
+// coordinator gives the process an epoch, each message keeps the sequence it got when its
+// publish began, and a call whose answer was lost is sent again as it was, to the same shard,
+// which answers a repeat with the ids it gave (REPEAT) instead of appending again.
 import { hostname } from 'node:os';
 import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable } from './coordinator.js';
 import { PROTOCOL_VERSION } from './machine.js';
@@ -25,6 +28,9 @@ export class ShardFull extends Error {
   }
 }
 
+/** Another process registered this producer's id: this one is fenced and publishes nothing more. */
+export class ProducerFenced extends Error {}
+
 /** @typedef {Record<string, string | number | Buffer>} Fields */
 /** @typedef {{key: string | Uint8Array, fields: Fields}} Outgoing */
 
@@ -42,7 +48,7 @@ export class Producer {
   /**
    * @param {{coordinator: import('./coordinator.js').Coordinator, redis: any, stream: string,
    *   producerId?: string, pauseTimeoutMs?: number, maxRefreshes?: number, deliveryTimeoutMs?: number,
-   *   log?: (line: string) => void}} o
+   *   idempotent?: boolean, log?: (line: string) => void}} o
    */
   constructor(o) {
     this.coordinator = o.coordinator;
@@ -70,6 +76,19 @@ export class Producer {
     /** @type {Set<number>} shard indexes that refused appends as full, for the next heartbeat */
     this.fullShards = new Set();
     this.fullReportedAt = 0;
+    /** Idempotence (feature level 6): asked for, the epoch given (null: none yet or an older
+     * coordinator), the next sequence, the first sequences of the publishes in flight. */
+    this.idempotent = o.idempotent ?? true;
+    /** @type {number|null} */
+    this.epoch = null;
+    this.nextSeq = 1;
+    /** @type {Map<number, number>} */
+    this.open = new Map();
+    /** How long the shards keep this producer's records after its last append there (ms). */
+    this.windowMs = Math.max(120_000, 2 * this.deliveryTimeoutMs);
+    /** Calls Redis answered as repeats of an append already made (nothing appended again). */
+    this.repeats = 0;
+    this.noEpochLogged = false;
   }
 
   /** Register (the first heartbeat) and keep heartbeating in the background. */
@@ -110,12 +129,22 @@ export class Producer {
     // full shards (feature level 5): the coordinator trims them early; older ones ignore it
     const reported = [...this.fullShards];
     if (reported.length) body.fullShards = reported;
+    if (this.idempotent) body.producerEpoch = this.epoch ?? 0;
     let answer;
     try {
       answer = await this.coordinator.post('/v1/producers/heartbeat', body);
     } catch (err) {
       if (err instanceof CoordinatorAuthError || err instanceof CoordinatorRejected) this.fatal = err;
+      if (/** @type {any} */ (err)?.code === 'PRODUCER_FENCED') {
+        this.fatal = new ProducerFenced(`producer ${this.producerId} is fenced: another process registered its id`);
+      }
       throw err;
+    }
+    if (this.idempotent && typeof answer.producerEpoch === 'number') {
+      this.epoch = answer.producerEpoch;
+    } else if (this.idempotent && this.epoch === null && !this.noEpochLogged) {
+      this.noEpochLogged = true;
+      this.log(`producer ${this.producerId}: the coordinator gives no producer epoch (feature level below 6): publishing without idempotence`);
     }
     for (const index of reported) this.fullShards.delete(index);
     if (answer.layout) this.layout = answer.layout;
@@ -145,59 +174,83 @@ export class Producer {
     const items = messages.map((m) => (Array.isArray(m) ? { key: m[0], fields: m[1] } : m));
     /** @type {string[]} */
     const ids = new Array(items.length);
-    let todo = items.map((_, i) => i);
     await this.#untilOpen();
     this.inFlight++;
+    const first = this.nextSeq;
+    this.nextSeq += items.length;
+    this.open.set(first, (this.open.get(first) ?? 0) + 1);
+    const epoch = this.idempotent ? this.epoch : null;
     const giveUpAt = Date.now() + this.deliveryTimeoutMs;
     try {
-      for (let refresh = 0, waits = 0; todo.length; ) {
+      /** @type {{shardKey: string, idx: number[]}[]} calls not answered yet: sent again as they are */
+      let calls = [];
+      let toRoute = items.map((_, i) => i);
+      for (let refresh = 0, waits = 0; calls.length || toRoute.length; ) {
         /** @type {Map<string, number[]>} */
         const byShard = new Map();
-        for (const i of todo) {
-          const shard = route(this.layout, items[i].key);
-          const list = byShard.get(shard.key) ?? [];
+        for (const i of toRoute) {
+          const shard = /** @type {string} */ (route(this.layout, items[i].key).key);
+          const list = byShard.get(shard) ?? [];
           list.push(i);
-          byShard.set(/** @type {string} */ (shard.key), list);
+          byShard.set(shard, list);
         }
-        /** @type {number[]} */
+        calls = [...calls, ...[...byShard].map(([shardKey, idx]) => ({ shardKey, idx }))];
+        toRoute = [];
+        const low = Math.min(...this.open.keys());
+        /** @type {typeof calls} */
         const again = [];
         /** @type {string|null} */
         let sealed = null;
         /** @type {string|null} */
         let full = null;
-        await Promise.all([...byShard].map(async ([shardKey, idx]) => {
-          // no producer epoch: not idempotent (feature level 6 is the Python clients' so far)
-          const args = ['', 0, 0, 0, idx.length];
+        /** @type {unknown} */
+        let lost = null;
+        await Promise.all(calls.map(async (call) => {
+          const { shardKey, idx } = call;
+          const args = epoch === null ? ['', 0, 0, 0, idx.length] : [epoch, first + idx[0], low, this.windowMs, idx.length];
           for (const i of idx) {
             const flat = flatten(items[i].fields);
             args.push(flat.length, ...flat);
           }
           try {
-            const reply = await runScript(this.redis, 'append', appendKeys(shardKey, this.producerId), args);
+            let reply = await runScript(this.redis, 'append', appendKeys(shardKey, this.producerId), args);
+            if (reply[0] === 'REPEAT') {
+              this.repeats++;
+              reply = reply.slice(1);
+            }
             idx.forEach((i, n) => { ids[i] = String(reply[n]); });
           } catch (err) {
-            if (err instanceof Error && err.message.startsWith('SEALED')) {
-              sealed = err.message;
-              again.push(...idx);
-            } else if (err instanceof Error && /^(FULL|OOM)\b/.test(err.message)) {
-              full = err.message;
+            const text = err instanceof Error ? err.message : '';
+            if (text.startsWith('SEALED')) {
+              sealed = text;
+              toRoute.push(...idx);
+            } else if (/^(FULL|OOM)\b/.test(text)) {
+              full = text;
               if (full.startsWith('FULL')) this.#noteFull(shardKey);
-              again.push(...idx);
+              again.push(call);
+            } else if (text.startsWith('FENCED producer epoch')) {
+              this.fatal = new ProducerFenced(`producer ${this.producerId} is fenced: ${text}`);
+              throw this.fatal;
+            } else if (err instanceof Error && err.name !== 'ReplyError') {
+              lost = err; // no answer (the connection failed): sent again as it is
+              again.push(call);
             } else {
               throw err;
             }
           }
         }));
-        todo = again.sort((a, b) => a - b);
-        if (todo.length && !sealed && full) {
-          // the shard is at its cap: room comes as the groups consume and retention trims
+        calls = again;
+        toRoute.sort((a, b) => a - b);
+        if (calls.length && !toRoute.length) {
+          // full, out of memory or unanswered: room comes as groups consume, Redis comes back
           if (Date.now() >= giveUpAt) {
-            const what = `publishing ${todo.length} message(s) to ${this.stream}: ${full}`;
+            const what = `publishing ${calls.reduce((n, c) => n + c.idx.length, 0)} message(s) to ${this.stream}: ${full ?? lost}`;
+            if (full === null) throw new Error(`${what} (Redis did not answer)`);
             throw full.startsWith('OOM') ? new RedisOutOfMemory(what) : new ShardFull(what, full.split(' ')[1]);
           }
-          await this.#reportFull();
+          if (full !== null) await this.#reportFull();
           await sleep(Math.min(1000, 50 * 2 ** Math.min(waits++, 5)) * (0.5 + Math.random() * 0.5));
-        } else if (todo.length) {
+        } else if (toRoute.length) {
           if (refresh >= this.maxRefreshes) throw new Error(`still refused after ${refresh} layout refreshes: ${sealed}`);
           refresh++;
           const before = this.metadataVersion;
@@ -207,6 +260,8 @@ export class Producer {
       }
     } finally {
       this.inFlight--;
+      const left = (this.open.get(first) ?? 1) - 1;
+      if (left > 0) this.open.set(first, left); else this.open.delete(first);
     }
     return ids;
   }

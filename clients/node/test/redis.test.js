@@ -152,3 +152,46 @@ test('script SHA1s are what Redis computes', async (t) => {
   if (!redis) return t.skip('no Redis');
   for (const s of Object.values(SCRIPTS)) assert.equal(await redis.script('LOAD', s.body), s.sha);
 });
+
+test('idempotent: a reply lost after Redis appended is sent again as it was and answered as a repeat', async (t) => {
+  if (!redis) return t.skip('no Redis');
+  const a = `${p}idem:{idem:0}`;
+  const real = /** @type {any} */ (redis);
+  let cut = 2; // the first two appends run in Redis, then their replies are lost
+  const lossy = {
+    evalsha: async (/** @type {any[]} */ ...args) => {
+      const reply = await real.evalsha(...args);
+      if (cut-- > 0) throw Object.assign(new Error('Connection is closed.'), { name: 'Error' });
+      return reply;
+    },
+    eval: (/** @type {any[]} */ ...args) => real.eval(...args),
+  };
+  const layout = { metadataVersion: 1, routing: 'jump-v1', shards: [{ index: 0, key: a, state: 'ACTIVE' }] };
+  /** @type {any[]} */
+  const bodies = [];
+  const coordinator = new Coordinator({
+    urls: 'http://fake',
+    fetch: async (_url, init) => {
+      const body = JSON.parse(String(init?.body));
+      bodies.push(body);
+      const answer = {
+        status: 'OK', producerId: body.producerId, metadataVersion: 1, routing: 'jump-v1', shardCount: 1,
+        paused: false, heartbeatIntervalMs: 60_000, leaseTtlMs: 5000, layout: body.metadataVersion === 1 ? null : layout,
+        producerEpoch: 7,
+      };
+      return new Response(JSON.stringify(answer), { status: 200 });
+    },
+  });
+  const producer = new Producer({ coordinator, redis: lossy, stream: 'idem', producerId: 'p-idem', log: () => {} });
+  await producer.heartbeat();
+  assert.equal(bodies[0].producerEpoch, 0); // a new process asks for an epoch
+  assert.equal(producer.epoch, 7);
+  const ids = await producer.publishMany([['x', { n: '1' }], ['y', { n: '2' }]]);
+  assert.equal(producer.repeats, 1);
+  assert.deepEqual((await redis.xrange(a, '-', '+')).map((e) => e[0]), ids); // appended once
+  const more = await producer.publish('z', { n: '3' }); // the second cut: also answered once
+  assert.equal(await redis.xlen(a), 3);
+  assert.deepEqual((await redis.xrange(a, '-', '+')).map((e) => e[0]), [...ids, more]);
+  await producer.heartbeat();
+  assert.equal(bodies.at(-1).producerEpoch, 7); // it keeps the epoch it was given
+});
