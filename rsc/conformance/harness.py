@@ -124,6 +124,8 @@ class Client:
         )
         self.pid = self.process.pid
         self.records: list[Record] = []
+        #: What it published (the producer role): its "ack" and "fail" lines.
+        self.publishes: list[Publish] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -135,6 +137,8 @@ class Client:
                 if isinstance(data, dict) and data.get("ev") in ("start", "end", "abort"):
                     data.setdefault("pid", self.pid)
                     self.records.append(Record.from_json(data))
+                elif isinstance(data, dict) and data.get("ev") in ("ack", "fail"):
+                    self.publishes.append(Publish.from_json(data))
             except (ValueError, KeyError, TypeError):
                 continue
 
@@ -351,6 +355,18 @@ class Harness:
             coordinator.close()
             data.close()
         return mids
+
+    def entries_by_mid(self) -> dict[str, int]:
+        """How many entries of the stream's shard keys carry each `mid`."""
+        found: dict[str, int] = {}
+        with self.redis.client() as r:
+            for key in r.scan_iter(match=f"*{self.stream}*", _type="stream"):
+                if key.endswith(":dlq") or "journal" in key:
+                    continue
+                for _, fields in r.xrange(key):
+                    if mid := fields.get("mid"):
+                        found[mid] = found.get(mid, 0) + 1
+        return found
 
     def pending(self) -> int:
         """Entries delivered to the group and not acknowledged, over every shard key."""

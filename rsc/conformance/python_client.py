@@ -6,6 +6,10 @@ coordinator's answer), so RSC_CONCURRENCY is not read.
 
 RSC_MEMBER_ID becomes the worker's instance id (its member ids start with it), and the
 worker is static exactly when RSC_STATIC=1 (an instance id alone would make it static).
+
+With RSC_ROLE=producer it publishes instead (the contract's producer role): RSC_PUBLISH_COUNT
+messages in calls of RSC_PUBLISH_BATCH through the synchronous producer, one "ack" (or
+"fail") line per message, then exits 0.
 """
 
 from __future__ import annotations
@@ -64,8 +68,52 @@ async def handle(message: Message) -> None:
     record("end", message)
 
 
+def produce() -> int:
+    """The producer role: publish, one line per message, exit 0 (2 for a refused credential)."""
+    from rsc.client.errors import CoordinatorRejected, RscError  # noqa: PLC0415
+    from rsc.client.sync import SyncCoordinator, SyncProducer  # noqa: PLC0415
+    from rsc.sync_connect import sync_redis  # noqa: PLC0415
+
+    env = os.environ
+    producer_id = env.get("RSC_PRODUCER_ID") or f"conformance-producer-{os.getpid()}"
+    count, batch = int(env.get("RSC_PUBLISH_COUNT", "200")), int(env.get("RSC_PUBLISH_BATCH", "1"))
+    coordinator = SyncCoordinator(
+        env.get("RSC_COORDINATOR_URL", "http://127.0.0.1:8080"), token=env.get("RSC_TOKEN")
+    )
+    data = sync_redis(env.get("RSC_REDIS_URL", "redis://127.0.0.1:6379"))
+    try:
+        producer = SyncProducer(coordinator, data, env.get("RSC_STREAM", "conformance"), producer_id).start()
+    except CoordinatorRejected as exc:
+        print(f"the coordinator refused the credential: {exc}", file=sys.stderr)
+        return 2
+    with producer:
+        for start in range(1, count + 1, batch):
+            numbers = range(start, min(start + batch, count + 1))
+            messages = [
+                ({"mid": f"{producer_id}-{n}", "bkey": f"k{n % 16}", "seq": str(n)}, f"k{n % 16}")
+                for n in numbers
+            ]
+            try:
+                ids: list[str | None] = list(producer.publish_many(messages))
+                event = "ack"
+            except RscError as exc:
+                print(f"publish failed: {exc}", file=sys.stderr)
+                ids, event = [None] * len(messages), "fail"
+            t = time.clock_gettime(time.CLOCK_MONOTONIC)
+            lines = [
+                json.dumps({"ev": event, "mid": fields["mid"], "id": entry, "t": t}, separators=(",", ":"))
+                + "\n"
+                for (fields, _), entry in zip(messages, ids, strict=True)
+            ]
+            os.write(1, "".join(lines).encode())
+    return 0
+
+
 def main() -> None:
-    """Run the worker CLI on this module's app, the contract's variables mapped to its own."""
+    """Run the worker CLI on this module's app, the contract's variables mapped to its own (or,
+    with RSC_ROLE=producer, the producer role)."""
+    if os.environ.get("RSC_ROLE") == "producer":
+        sys.exit(produce())
     from rsc.cli import main as cli  # noqa: PLC0415  (the CLI imports this module's app)
 
     os.environ["RSC_INSTANCE_ID"] = os.environ.get("RSC_MEMBER_ID") or f"conformance-{os.getpid()}"

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import attrs
 
+from rsc.conformance.cutting_proxy import CuttingProxy
 from rsc.conformance.harness import (
     LEASE_MS,
     MEMBER_TOKEN,
+    PRODUCER_TOKEN,
     REVOKE_TIMEOUT_MS,
     Harness,
     free_port,
@@ -295,6 +297,35 @@ def older_copy(h: Harness) -> None:
     history_clean(h, "M8", journal=False)
 
 
+def producer_cut_replies(h: Harness) -> None:
+    """The client's producer publishes through a proxy that loses a share of the replies to
+    its appends after Redis ran them: every publish returns, every message is once in Redis."""
+    h.start_client()
+    joined(h, 1, "one member")
+    with CuttingProxy(h.redis.port, share=0.15, seed=46) as proxy:
+        producer = h.start_client(
+            RSC_ROLE="producer",
+            RSC_REDIS_URL=proxy.url,
+            RSC_TOKEN=PRODUCER_TOKEN,
+            RSC_PRODUCER_ID="conformance-producer",
+            RSC_PUBLISH_COUNT="300",
+            RSC_PUBLISH_BATCH="5",
+        )
+        code = producer.wait(CATCH_UP_S)
+    expect(code == 0, "P6", f"the producer did not finish and exit 0 ({code}): {producer.stderr_tail()}")
+    expect(proxy.cuts >= 3, "P6", f"kit: only {proxy.cuts} replies were cut")
+    failed = [p for p in producer.publishes if p.ev != "ack"]
+    expect(not failed, "P6", f"{len(failed)} publishes failed while Redis answered (e.g. {failed[:1]})")
+    acked = [p.mid for p in producer.publishes]
+    expect(len(acked) == 300, "P6", f"{len(acked)} of 300 publishes reported")
+    h.publishes += producer.publishes
+    handled_all(h, acked, "P6")
+    twice = {mid: n for mid, n in h.entries_by_mid().items() if n > 1}
+    expect(not twice, "P6", f"{len(twice)} messages appended more than once (e.g. {sorted(twice)[:3]})")
+    no_pending(h)
+    history_clean(h, "P6/M4/M5/M10")
+
+
 def _fault(pid: int, kind: str) -> Fault:
     return Fault(pid, kind, now())
 
@@ -323,6 +354,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("standby-failover", ("M12",), "503 STANDBY first, then the active one dies", standby_failover),
     Scenario("older-copy", ("M8", "M7"), "Redis restored from an older copy: SYNC_METADATA", older_copy),
     Scenario("static-takeover", ("M15",), "a new incarnation takes a static id over", static_takeover),
+    Scenario(
+        "producer-cut-replies",
+        ("P6",),
+        "replies to appends lost after Redis ran them: each message appended once",
+        producer_cut_replies,
+    ),
 )
 
 

@@ -4,7 +4,9 @@ the contract, broken as `RSC_BROKEN` says.
 * `after-lease`: no self-fencing (the member's safety margin far below zero, and shards it
   loses are not stopped): after a pause past its lease it goes on handling what it had queued;
 * `ignore-revokes`: a revoke is never carried out (the shards are neither stopped nor
-  acknowledged), so the coordinator fences it when the revoke timeout ends.
+  acknowledged), so the coordinator fences it when the revoke timeout ends;
+* `not-idempotent`: its producer publishes without idempotence (a retry after a lost reply
+  appends again).
 
 The kit must fail it on the scenarios that check those rules (tests/conformance/test_kit.py).
 """
@@ -34,8 +36,12 @@ elif BROKEN == "ignore-revokes":
         await trio.sleep_forever()
 
     Poller.revoke = never  # type: ignore[method-assign]
+elif BROKEN == "not-idempotent":
+    from rsc.client.producer_state import ProducerState
+
+    ProducerState.idempotent = property(lambda self: False, lambda self, value: None)  # type: ignore[assignment]
 else:
-    raise SystemExit(f"RSC_BROKEN={BROKEN!r}: after-lease or ignore-revokes")
+    raise SystemExit(f"RSC_BROKEN={BROKEN!r}: after-lease, ignore-revokes or not-idempotent")
 
 if __name__ == "__main__":
     python_client.main()

@@ -2,8 +2,12 @@
 // The Node.js client under the conformance contract (docs/clients.md): one JSON line on stdout
 // when each handler call starts and ends (or is aborted), logs on stderr; SIGTERM leaves
 // gracefully and exits 0; a refused credential (401/403) exits 2 with one line on stderr.
+// With RSC_ROLE=producer it publishes instead: RSC_PUBLISH_COUNT messages in calls of
+// RSC_PUBLISH_BATCH, one "ack" (or "fail") line per message, then exits 0.
 import { writeSync } from 'node:fs';
-import { CoordinatorAuthError, CoordinatorRejected, MemberReplaced, createWorker } from '../src/index.js';
+import {
+  Coordinator, CoordinatorAuthError, CoordinatorRejected, MemberReplaced, Producer, connectRedis, createWorker,
+} from '../src/index.js';
 
 const env = process.env;
 const handlerMs = Number(env.RSC_HANDLER_MS || 0);
@@ -31,6 +35,42 @@ function sleep(ms, signal) {
     const onAbort = () => { clearTimeout(timer); reject(signal.reason); };
     signal.addEventListener('abort', onAbort, { once: true });
   });
+}
+
+if (env.RSC_ROLE === 'producer') {
+  const producerId = env.RSC_PRODUCER_ID || `node-conformance-producer-${process.pid}`;
+  const count = Number(env.RSC_PUBLISH_COUNT || 200);
+  const batch = Number(env.RSC_PUBLISH_BATCH || 1);
+  const coordinator = new Coordinator({ urls: env.RSC_COORDINATOR_URL || 'http://127.0.0.1:8080', token: env.RSC_TOKEN || undefined });
+  const redis = await connectRedis(env.RSC_REDIS_URL || 'redis://127.0.0.1:6379');
+  const producer = new Producer({ coordinator, redis, stream: env.RSC_STREAM || 'conformance', producerId, log });
+  try {
+    await producer.start();
+  } catch (err) {
+    process.stderr.write(`rsc-node: the coordinator refused the producer: ${err instanceof Error ? err.message : err}\n`);
+    process.exit(2);
+  }
+  for (let start = 1; start <= count; start += batch) {
+    const messages = [];
+    for (let n = start; n < Math.min(start + batch, count + 1); n++) {
+      messages.push({ key: `k${n % 16}`, fields: { mid: `${producerId}-${n}`, bkey: `k${n % 16}`, seq: String(n) } });
+    }
+    /** @type {(string|null)[]} */
+    let ids;
+    let ev = 'ack';
+    try {
+      ids = await producer.publishMany(messages);
+    } catch (err) {
+      log(`publish failed: ${err instanceof Error ? err.message : err}`);
+      ids = messages.map(() => null);
+      ev = 'fail';
+    }
+    const t = Number(process.hrtime.bigint()) / 1e9;
+    writeSync(1, messages.map((m, i) => JSON.stringify({ ev, mid: m.fields.mid, id: ids[i], t }) + '\n').join(''));
+  }
+  await producer.close();
+  redis.disconnect();
+  process.exit(0);
 }
 
 const worker = createWorker({
