@@ -6,7 +6,9 @@ creates a stream of 16 shards, then, in this one process:
 * trio: `Producer.publish_many` (routes each message by key with jump-v1,
   one pipeline per call) next to a hand-written coredis loop that pipelines
   XADD to the shard keys round robin;
-* sync: `SyncProducer.publish_many` next to the same loop on redis-py.
+* sync: `SyncProducer.publish_many` next to the same loop on redis-py;
+* each producer with idempotence off (`idempotent=False`) next to it on (the default): the
+  cost of dedupe per append, measured side by side in the same rounds.
 
 Each contender sends the same messages (100-byte body, 1,000 distinct keys)
 in batches of `--batch`. Over `--rounds` rounds each producer runs next to
@@ -62,6 +64,8 @@ KEYS = 1_000
 MOVE_KEYS = 100_000
 #: Each producer and the raw loop it is measured against.
 PAIRS = (("rsc-trio", "raw-coredis"), ("rsc-sync", "raw-redis-py"))
+#: Each producer (idempotent, the default) and itself with idempotence off.
+IDEMPOTENCE = (("rsc-trio", "rsc-trio-off"), ("rsc-sync", "rsc-sync-off"))
 #: The anchor, run once in every round: what Redis takes without rsc (`redis_benchmark`).
 ANCHOR = "redis-benchmark"
 
@@ -75,11 +79,11 @@ def messages(count: int, batch: int) -> list[list[tuple[dict[str, str], str]]]:
 # --- trio: Producer vs raw coredis ---------------------------------------------
 
 
-async def trio_producer(url: str, redis_url: str, batches: list[Any]) -> float:
+async def trio_producer(url: str, redis_url: str, batches: list[Any], idempotent: bool = True) -> float:
     async with (
         Coordinator(url) as coordinator,
         open_redis(redis_url) as r,
-        open_producer(coordinator, r, STREAM, "bench/trio") as producer,
+        open_producer(coordinator, r, STREAM, "bench/trio", idempotent=idempotent) as producer,
     ):
         start = time.perf_counter()
         for batch in batches:
@@ -102,11 +106,11 @@ async def trio_raw(redis_url: str, keys: list[str], batches: list[Any]) -> float
 # --- sync: SyncProducer vs raw redis-py ------------------------------------------
 
 
-def sync_producer(url: str, redis_url: str, batches: list[Any]) -> float:
+def sync_producer(url: str, redis_url: str, batches: list[Any], idempotent: bool = True) -> float:
     with (
         redis.Redis.from_url(redis_url) as r,
         SyncCoordinator(url) as coordinator,
-        SyncProducer(coordinator, r, STREAM, "bench/sync") as producer,
+        SyncProducer(coordinator, r, STREAM, "bench/sync", idempotent=idempotent) as producer,
     ):
         start = time.perf_counter()
         for batch in batches:
@@ -199,6 +203,23 @@ def report_anchor(
         )
 
 
+def report_idempotence(results: dict[str, dict[str, Any]], runs: dict[str, list[float]], count: int) -> None:
+    """Each producer with idempotence on (the default) next to off, in the same rounds: the
+    throughput ratio and the time each message costs more (median of the rounds)."""
+    print("\nidempotence (on, the default, vs off): throughput ratio and cost per message")
+    for on, off in IDEMPOTENCE:
+        per_round = ratios(runs[on], runs[off])
+        cost_us = [(a - b) / count * 1e6 for a, b in zip(runs[on], runs[off], strict=True)]
+        results[on]["vsIdempotenceOffPerRound"] = [round(x, 3) for x in per_round]
+        results[on]["vsIdempotenceOff"] = round(statistics.median(per_round), 3)
+        results[on]["idempotenceCostUsPerMessage"] = round(statistics.median(cost_us), 3)
+        print(
+            f"{on:<14} {statistics.median(per_round):.2f}x of {off} "
+            f"({results[off]['messagesPerSecond']} msg/s off), "
+            f"{statistics.median(cost_us):+.2f} us a message"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=50_000)
@@ -222,6 +243,8 @@ def main() -> None:
                 "raw-coredis": lambda: trio.run(trio_raw, redis_url, keys, batches),
                 "rsc-sync": lambda: sync_producer(url, redis_url, batches),
                 "raw-redis-py": lambda: sync_raw(redis_url, keys, batches),
+                "rsc-trio-off": lambda: trio.run(trio_producer, url, redis_url, batches, False),
+                "rsc-sync-off": lambda: sync_producer(url, redis_url, batches, False),
             }
 
             def run(name: str, round_: int) -> float:
@@ -233,7 +256,8 @@ def main() -> None:
                 return seconds
 
             # ABBA: who goes first alternates, so a drifting machine favours neither
-            runs = run_rounds(args.rounds, (*PAIRS, (ANCHOR,)), run)
+            offs = tuple((off,) for _, off in IDEMPOTENCE)
+            runs = run_rounds(args.rounds, (*PAIRS, *offs, (ANCHOR,)), run)
             anchor_runs = runs.pop(ANCHOR)
             anchor = args.messages / statistics.median(anchor_runs)
             with contextlib.suppress(redis.RedisError):
@@ -254,6 +278,7 @@ def main() -> None:
             print(f"{name:<14} {row['messagesPerSecond']:>10} {ratio:>8.2f}   {shown}")
     for producer, raw in PAIRS:
         print(f"{producer} / {raw}: {results[producer]['vsRaw']:.2f} (median)")
+    report_idempotence(results, runs, args.messages)
     report_anchor(results, runs, anchor_runs, args.messages)
 
     moved = keys_moved()

@@ -356,6 +356,7 @@ async def open_producer(
     pause_timeout_s: float = 30.0,
     start_timeout_s: float = 10.0,
     delivery_timeout_s: float = 30.0,
+    idempotent: bool = True,
 ) -> AsyncIterator[Producer]:
     """A registered `Producer` (its layout known), heartbeating until the block ends, then closed.
 
@@ -372,6 +373,7 @@ async def open_producer(
         producer_id,
         pause_timeout_s=pause_timeout_s,
         delivery_timeout_s=delivery_timeout_s,
+        idempotent=idempotent,
     )
     try:
         async with trio.open_nursery() as nursery:
