@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
+from prometheus_client import Counter
 
 from rsc import lua
 from rsc.client.coordinator import Backoff
@@ -32,6 +33,14 @@ from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
 log = logging.getLogger("rsc.client.producer")
 
+#: Appends Redis answered as repeats (idempotent producers: a call sent again after its reply
+#: was lost, appended once), per stream; in prometheus_client's default registry, so that an
+#: application's own `/metrics` (e.g. `prometheus_client.start_http_server`) shows them.
+REPEATS = Counter(
+    "rsc_producer_repeats",
+    "Append calls Redis answered as repeats of an append already made (nothing appended again)",
+    ["stream"],
+)
 #: The least time between two heartbeats a producer sends early to report full shards.
 FULL_REPORT_GAP_S = 0.5
 #: How many partition keys a producer remembers the shard of (the memo empties when full).
@@ -327,7 +336,9 @@ class Publish:
         replies = take_replies(self._calls, results, self.ids)
         if replies.failure is None and replies.fenced is None:
             self._calls, self._route = replies.resend, replies.reroute
-            self.state.repeats += replies.repeats
+            if replies.repeats:
+                self.state.repeats += replies.repeats
+                REPEATS.labels(self.state.stream_prefix).inc(replies.repeats)
         return replies
 
     def done(self) -> list[str]:
@@ -587,6 +598,13 @@ class RoutingView:
     def published(self) -> int:
         """Messages this producer has appended."""
         return self.state.published
+
+    @property
+    def repeats(self) -> int:
+        """Append calls Redis answered as repeats (sent again after a lost reply; nothing was
+        appended twice); also `rsc_producer_repeats_total{stream}` in prometheus_client's
+        default registry."""
+        return self.state.repeats
 
     def shard_key(self, key: Key) -> str:
         """The Redis key a message with `key` goes to under the current layout.

@@ -299,7 +299,8 @@ def older_copy(h: Harness) -> None:
 
 def producer_cut_replies(h: Harness) -> None:
     """The client's producer publishes through a proxy that loses a share of the replies to
-    its appends after Redis ran them: every publish returns, every message is once in Redis."""
+    its appends after Redis ran them, through a scale-out 4 -> 6: every publish returns, every
+    message is once in Redis."""
     h.start_client()
     joined(h, 1, "one member")
     with CuttingProxy(h.redis.port, share=0.15, seed=46) as proxy:
@@ -311,6 +312,10 @@ def producer_cut_replies(h: Harness) -> None:
             RSC_PUBLISH_COUNT="300",
             RSC_PUBLISH_BATCH="5",
         )
+        # a scale-out while it publishes: a retry is never re-routed into a second copy
+        wait_for(lambda: len(producer.publishes) >= 100, CATCH_UP_S, 0.05)
+        answer = h.admin("PUT", f"/v1/admin/streams/{h.stream}", json={"shardCount": 6})
+        expect(answer.status_code == 200, "P6", f"kit: the reshard was refused: {answer.text}")
         code = producer.wait(CATCH_UP_S)
     expect(code == 0, "P6", f"the producer did not finish and exit 0 ({code}): {producer.stderr_tail()}")
     expect(proxy.cuts >= 3, "P6", f"kit: only {proxy.cuts} replies were cut")
