@@ -27,7 +27,6 @@ from rsc.events.wire import (
     cap_key,
     producer_key,
     seal_key,
-    sent_key,
 )
 from rsc.redis_errors import TRANSIENT_CODES, reply_code
 
@@ -195,7 +194,6 @@ def appends(
                 seal_key(target),
                 cap_key(target),
                 producer_key(target, ident.producer_id),
-                sent_key(target, ident.producer_id),
             ],
             [messages[p][0] for p in positions],
             ident.epoch,

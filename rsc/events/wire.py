@@ -278,18 +278,12 @@ def trimmed_key(shard_key: str) -> str:
 
 
 #: What one producer appended to a shard (same hash slot; feature level 6): a hash with its
-#: epoch (`e`) and floor (`f`: every sequence below it is settled), and beside it (`:sent`) a
-#: sorted set of its appends, score = the first sequence of a script call, member =
-#: `<sequence>:<entry ids, space separated>`. Both expire `window` after its last append.
+#: epoch (`e`), its floor (`f`: every call of a lower first sequence is settled) and one field
+#: per script call, its first sequence -> its entry ids (`member/append.lua`). It expires
+#: `window` after the producer's last append to the shard.
 PRODUCER_SUFFIX = ":rsc:v1:producer:"
-SENT_SUFFIX = ":sent"
 
 
 def producer_key(shard_key: str, producer_id: str) -> str:
-    """The epoch and floor of producer `producer_id` on one shard (a hash)."""
+    """The record of producer `producer_id`'s appends to one shard (a hash)."""
     return f"{shard_key}{PRODUCER_SUFFIX}{producer_id}"
-
-
-def sent_key(shard_key: str, producer_id: str) -> str:
-    """The appends producer `producer_id` made to one shard, by sequence (a sorted set)."""
-    return f"{producer_key(shard_key, producer_id)}{SENT_SUFFIX}"

@@ -30,14 +30,14 @@ from rsc.client.producer import Producer, ProducerFenced, open_producer
 from rsc.client.producer_state import SEALED_APPEND
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.conformance.cutting_proxy import CuttingProxy
-from rsc.events.wire import cap_key, producer_key, seal_key, sent_key
+from rsc.events.wire import cap_key, producer_key, seal_key
 from tests.httpkit import FAST, serve_on
 
 AUTH = ("admin", "pw")
 
 
 def append(r: redis.Redis, shard: str, epoch: int, seq: int, low: int, *values: str) -> Any:
-    keys = [shard, seal_key(shard), cap_key(shard), producer_key(shard, "p"), sent_key(shard, "p")]
+    keys = [shard, seal_key(shard), cap_key(shard), producer_key(shard, "p")]
     args: list[Any] = [epoch, seq, low, 60_000, len(values)]
     for value in values:
         args += [2, "v", value]
@@ -46,7 +46,7 @@ def append(r: redis.Redis, shard: str, epoch: int, seq: int, low: int, *values: 
 
 def test_the_script_answers_a_repeat_refuses_old_epochs_and_late_copies(sync_redis: redis.Redis) -> None:
     shard = "idem:{idem:0}"
-    sync_redis.delete(shard, seal_key(shard), producer_key(shard, "p"), sent_key(shard, "p"))
+    sync_redis.delete(shard, seal_key(shard), producer_key(shard, "p"))
     ids = append(sync_redis, shard, 1, 1, 1, "a", "b")
     assert len(ids) == 2
     assert append(sync_redis, shard, 1, 1, 1, "a", "b") == ["REPEAT", *ids]  # nothing appended again
@@ -59,27 +59,33 @@ def test_the_script_answers_a_repeat_refuses_old_epochs_and_late_copies(sync_red
     with pytest.raises(redis.ResponseError, match=r"^SEALED"):
         append(sync_redis, shard, 1, 10, 1, "e")
     sync_redis.delete(seal_key(shard))
-    # the floor moves to 9: records below it go; a late copy of one is refused, never appended
-    append(sync_redis, shard, 1, 10, 9, "e")
-    assert sorted(sync_redis.zrange(sent_key(shard, "p"), 0, -1)) == sorted(
-        [f"9:{later[0]}", f"10:{sync_redis.xrevrange(shard, count=1)[0][0]}"]
-    )
+    # the stored floor follows the producer's once the record holds 128 calls: until then every
+    # record stays (a late copy is answered as the repeat it is); then what is below the
+    # producer's floor goes, and a late copy of it is refused
+    third = sync_redis.xrevrange(shard, count=1)[0][0]
+    assert append(sync_redis, shard, 1, 3, 9, "d") == ["REPEAT", third]
+    for n in range(100, 224):  # 124 more calls: 127 recorded
+        append(sync_redis, shard, 1, n, 9, "x")
+    assert sync_redis.hget(producer_key(shard, "p"), "n") == "127"
+    newest = append(sync_redis, shard, 1, 1100, 224, "e")  # the 128th: pruned below 224
+    record = sync_redis.hgetall(producer_key(shard, "p"))
+    assert (record["f"], record["n"], record["1100"]) == ("224", "1", newest[0])
+    assert sorted(record) == ["1100", "e", "f", "n"]
     with pytest.raises(redis.ResponseError, match=r"^STALE"):
-        append(sync_redis, shard, 1, 3, 9, "d")
-    assert sync_redis.xlen(shard) == 5
+        append(sync_redis, shard, 1, 3, 1100, "d")
+    assert sync_redis.xlen(shard) == 129
     # a newer epoch (a restarted process) starts afresh; the older one is refused from then on
     assert append(sync_redis, shard, 2, 1, 1, "f")[0] != "REPEAT"
     with pytest.raises(redis.ResponseError, match=r"^FENCED producer epoch 1"):
-        append(sync_redis, shard, 1, 11, 9, "g")
-    assert sync_redis.xlen(shard) == 6
+        append(sync_redis, shard, 1, 1101, 1100, "g")
+    assert sync_redis.xlen(shard) == 130
     assert 0 < sync_redis.pttl(producer_key(shard, "p")) <= 60_000
-    assert 0 < sync_redis.pttl(sent_key(shard, "p")) <= 60_000
     # not idempotent (no epoch): appended every time, nothing recorded
-    keys = [shard, seal_key(shard), cap_key(shard), producer_key(shard, "q"), sent_key(shard, "q")]
+    keys = [shard, seal_key(shard), cap_key(shard), producer_key(shard, "q")]
     for _ in range(2):
-        sync_redis.eval(SEALED_APPEND, 5, *keys, "", 0, 0, 0, 1, 2, "v", "h")
-    assert sync_redis.xlen(shard) == 8
-    assert not sync_redis.exists(producer_key(shard, "q"), sent_key(shard, "q"))
+        sync_redis.eval(SEALED_APPEND, 4, *keys, "", 0, 0, 0, 1, 2, "v", "h")
+    assert sync_redis.xlen(shard) == 132
+    assert not sync_redis.exists(producer_key(shard, "q"))
 
 
 @pytest.fixture

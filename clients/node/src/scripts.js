@@ -30,12 +30,11 @@ export const ownersKey = (shardKey) => shardKey + OWNERS_SUFFIX;
 export const sealKey = (shardKey) => shardKey + SEAL_SUFFIX;
 export const PRODUCER_SUFFIX = ':rsc:v1:producer:';
 /**
- * The keys of append.lua: the shard, its seal, its cap, the producer's record and its appends.
+ * The keys of append.lua: the shard, its seal, its cap, and the producer's record on it.
  * @param {string} shardKey @param {string} producerId
  */
 export const appendKeys = (shardKey, producerId) => [
-  shardKey, sealKey(shardKey), capKey(shardKey),
-  shardKey + PRODUCER_SUFFIX + producerId, shardKey + PRODUCER_SUFFIX + producerId + ':sent',
+  shardKey, sealKey(shardKey), capKey(shardKey), shardKey + PRODUCER_SUFFIX + producerId,
 ];
 /** @param {string} shardKey */
 export const deadLetterKey = (shardKey) => shardKey + DEAD_LETTER_SUFFIX;
