@@ -113,6 +113,8 @@ class Producer(RoutingView):
         #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
         #: one line when each begins and one when it ends, not a line per retry.
         self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis", clock=trio.current_time)
+        #: Heartbeats, one at a time (the next one is built from the answer to the last).
+        self._beating = trio.Lock()
         #: Layout refreshes, one at a time (those waiting use the layout the first one learnt).
         self._refreshing = trio.Lock()
         self.coordinator_outage = OutageLog(
@@ -181,15 +183,16 @@ class Producer(RoutingView):
 
         Raises as `Coordinator.producer_heartbeat`: `CoordinatorUnavailable` (no answer after the
         retries), `CoordinatorUnintelligible` (an answer it cannot read), `CoordinatorRejected`."""
-        request = self.state.request()
-        try:
-            response = await self.coordinator.producer_heartbeat(request)
-        except CoordinatorRejected as exc:
-            if exc.code == "PRODUCER_FENCED":  # another process registered our id since
-                self.state.fence(exc.message)
-            raise
-        change = self.state.apply(response)
-        self.state.sent(request)
+        async with self._beating:  # one at a time: a new process asks for its epoch once
+            request = self.state.request()
+            try:
+                response = await self.coordinator.producer_heartbeat(request)
+            except CoordinatorRejected as exc:
+                if exc.code == "PRODUCER_FENCED":  # another process registered our id since
+                    self.state.fence(exc.message)
+                raise
+            change = self.state.apply(response)
+            self.state.sent(request)
         self._ready.set()
         if change.paused:
             self._resumed = trio.Event()
@@ -222,6 +225,8 @@ class Producer(RoutingView):
         try:
             retries = DeliveryRetries(trio.current_time(), self.delivery_timeout_s)
             while publish.pending:
+                if state.fenced is not None:  # a heartbeat learnt it meanwhile
+                    raise state.fenced_error()
                 calls = publish.calls()  # those not answered as they were; the sealed ones routed again
                 todo = [p for call in calls for p in call.positions]
                 try:

@@ -286,6 +286,8 @@ class SyncProducer(RoutingView):
         #: Outages of Redis (publishes retried) and of the coordinator (heartbeats failing):
         #: one line when each begins and one when it ends, not a line per retry.
         self.redis_outage = OutageLog(log, f"{self.producer_id}: Redis")
+        #: Heartbeats, one at a time (the next one is built from the answer to the last).
+        self._beating = threading.Lock()
         #: Layout refreshes, one at a time (those waiting use the layout the first one learnt).
         self._refreshing = threading.Lock()
         self.coordinator_outage = OutageLog(
@@ -335,18 +337,19 @@ class SyncProducer(RoutingView):
 
         Raises as `SyncCoordinator.producer_heartbeat`: `CoordinatorUnavailable`,
         `CoordinatorUnintelligible`, `CoordinatorRejected`."""
-        with self._lock:
-            request = self.state.request()
-        try:
-            response = self.coordinator.producer_heartbeat(request)
-        except CoordinatorRejected as exc:
-            if exc.code == "PRODUCER_FENCED":  # another process registered our id since
-                with self._lock:
-                    self.state.fence(exc.message)
-            raise
-        with self._lock:
-            change = self.state.apply(response)
-            self.state.sent(request)
+        with self._beating:  # one at a time: a new process asks for its epoch once
+            with self._lock:
+                request = self.state.request()
+            try:
+                response = self.coordinator.producer_heartbeat(request)
+            except CoordinatorRejected as exc:
+                if exc.code == "PRODUCER_FENCED":  # another process registered our id since
+                    with self._lock:
+                        self.state.fence(exc.message)
+                raise
+            with self._lock:
+                change = self.state.apply(response)
+                self.state.sent(request)
         self._ready.set()
         if change.paused:
             self._resumed.clear()
@@ -378,6 +381,8 @@ class SyncProducer(RoutingView):
             retries = DeliveryRetries(time.monotonic(), self.delivery_timeout_s)
             while publish.pending:
                 with self._lock:  # not answered: sent again as they were; the sealed ones routed again
+                    if self.state.fenced is not None:  # a heartbeat learnt it meanwhile
+                        raise self.state.fenced_error()
                     calls = publish.calls()
                 todo = [p for call in calls for p in call.positions]
                 try:

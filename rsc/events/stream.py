@@ -231,7 +231,7 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
     acked = command.metadata_version if command.metadata_version <= current else 0
     known = state.producers.get(command.producer_id)
     if command.leave:
-        superseded = known is not None and command.epochs and (command.epoch or 0) < known.epoch
+        superseded = known is not None and command.epochs and 0 < (command.epoch or 0) < known.epoch
         if known is None or superseded:  # a fenced process leaving leaves its successor be
             return []
         return [ProducerLeft(command.producer_id, command.now_ms)]
@@ -267,15 +267,18 @@ def _producer_heartbeat(state: StreamState, command: ProducerHeartbeat) -> list[
 def _producer_epoch(state: StreamState, command: ProducerHeartbeat) -> int | None:
     """The epoch the producer appends with after this heartbeat (None: no epochs: below
     feature level 6, or a client that asks for none). A new process (epoch 0) gets the next
-    one of the stream, fencing an older process of the same id; a process already holding one
-    keeps it, or is refused (`ProducerFenced`) when a newer process took its id since. An epoch
+    one of the stream, at least the time in ms (epochs of an earlier incarnation of the stream,
+    whose records in Redis may outlive it, are lower), fencing an older process of the same id;
+    a process already holding one keeps it, or is refused (`ProducerFenced`) when a newer
+    process took its id since. An epoch
     the stream does not know (its producer expired, or the coordinator's state was rebuilt) is
     taken back as it is: the data plane refuses what is older than its shards saw."""
     if not command.epochs or command.epoch is None:
         return None
     known = state.producers.get(command.producer_id)
-    if command.epoch == 0:
-        return state.producer_epoch + 1
+    if command.epoch == 0:  # never lower than now in ms: unique across a deleted and recreated
+        # stream, a rebuilt one, a restored older copy (whose records in Redis outlive them)
+        return max(state.producer_epoch + 1, command.now_ms)
     if known is not None and known.epoch > command.epoch:
         raise ProducerFenced(
             f"producer {command.producer_id!r} epoch {command.epoch} is fenced: another process "

@@ -80,6 +80,12 @@ def test_the_script_answers_a_repeat_refuses_old_epochs_and_late_copies(sync_red
         append(sync_redis, shard, 1, 1101, 1100, "g")
     assert sync_redis.xlen(shard) == 130
     assert 0 < sync_redis.pttl(producer_key(shard, "p")) <= 60_000
+    # a bad window (or epoch, sequence, floor) is refused before anything is written
+    keys = [shard, seal_key(shard), cap_key(shard), producer_key(shard, "p")]
+    for head in ([2, 5, 1, 0], [2, 5, 1, "soon"], ["x", 5, 1, 60_000], [2, "y", 1, 60_000]):
+        with pytest.raises(redis.ResponseError, match=r"^INVALID"):
+            sync_redis.eval(SEALED_APPEND, 4, *keys, *head, 1, 2, "v", "i")
+    assert sync_redis.xlen(shard) == 130
     # not idempotent (no epoch): appended every time, nothing recorded
     keys = [shard, seal_key(shard), cap_key(shard), producer_key(shard, "q")]
     for _ in range(2):

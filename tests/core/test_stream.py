@@ -18,7 +18,7 @@ from rsc.events.commands import (
     StreamCommand,
     Tick,
 )
-from rsc.events.errors import AggregateNotFound, FeatureLevelNotSupported, InvalidCommand
+from rsc.events.errors import AggregateNotFound, FeatureLevelNotSupported, InvalidCommand, ProducerFenced
 from rsc.events.events import (
     ProducerAcknowledged,
     ProducerExpired,
@@ -225,3 +225,39 @@ def test_a_refusing_cap_takes_no_producer_that_would_not_check_it() -> None:
     with pytest.raises(FeatureLevelNotSupported, match="p-late"):
         decide(s, attrs.evolve(beat("p-late", 1, now=200), client=old))
     assert decide(s, attrs.evolve(beat("p-new", 1, now=200), client=new))
+
+
+def test_producer_epochs_fence_an_older_process_and_outlive_the_stream() -> None:
+    """Feature level 6: a new process (epoch 0) gets an epoch at least the time in ms, above
+    every earlier one of the id; the older process is fenced; a leave of a fenced process
+    leaves its successor be; a deleted and recreated stream never hands out an epoch again."""
+
+    def hello(producer: str, epoch: int | None, now: int, leave: bool = False) -> ProducerHeartbeat:
+        return attrs.evolve(beat(producer, 1, now=now), epoch=epoch, epochs=True, leave=leave)
+
+    s = run(None, CreateStream("orders", 2))
+    assert decide(s, attrs.evolve(beat("api", 1, now=5), epoch=0)) == [  # below level 6: none
+        ProducerRegistered("api", 1, False, 1_000, ClientInfo(), 5),
+        ProducerHeartbeated("api", 1_005),
+    ]
+    s = run(s, hello("api", 0, now=5_000))
+    first = s.producers["api"].epoch
+    assert first >= 5_000
+    s = run(s, hello("api", first, now=5_100))  # a renewal: nothing journaled
+    assert [type(e) for e in decide(s, hello("api", first, now=5_200))] == [ProducerHeartbeated]
+    s = run(s, hello("api", 0, now=5_000))  # a second process of the id, the same millisecond
+    second = s.producers["api"].epoch
+    assert second > first
+    with pytest.raises(ProducerFenced) as fenced:
+        decide(s, hello("api", first, now=5_300))
+    assert fenced.value.details == {"epoch": second}
+    assert decide(s, hello("api", first, now=5_300, leave=True)) == []  # its successor stays
+    s = run(s, hello("api", second, now=5_400, leave=True))
+    assert "api" not in s.producers
+    # the stream deleted and created again (its shard keys' records outlive it): higher epochs
+    again = run(None, CreateStream("orders", 2), hello("api", 0, now=9_000))
+    assert again.producers["api"].epoch > second
+    # an epoch the stream does not know (state rebuilt) is taken back, and counted
+    rebuilt = run(None, CreateStream("orders", 2), hello("api", 123_456, now=9_000))
+    assert rebuilt.producers["api"].epoch == 123_456
+    assert rebuilt.producer_epoch == 123_456

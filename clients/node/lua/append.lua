@@ -30,6 +30,10 @@ local epoch = ARGV[1]
 local seq, fresh, floor, count = nil, false, 0, 0
 if epoch ~= '' then
   epoch, seq = tonumber(epoch), ARGV[2]
+  local window = tonumber(ARGV[4])
+  if not epoch or not tonumber(seq) or not tonumber(ARGV[3]) or not window or window < 1000 then
+    return redis.error_reply('INVALID epoch, sequence, floor or window (ms, at least 1000)')
+  end
   local meta = redis.call('HMGET', KEYS[4], 'e', 'f', 'n', seq)
   local seen = tonumber(meta[1] or '0')
   floor, count = tonumber(meta[2] or '0'), tonumber(meta[3] or '0')

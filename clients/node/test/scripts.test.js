@@ -11,7 +11,7 @@ const rsc = join(pkg, '..', '..', 'rsc');
 // The SHA1s docs/protocol.md lists.
 const SHAS = {
   ack: '1160a2e50b459d38b03200483a7d647b1cd309d2',
-  append: '1adbf062b5e3a23bb4c250e435f010b7eb842fd1',
+  append: '470b0882e66ce8ed32fbae76750110c2721c0f60',
   claim: 'f6052e57b9d79e694b9bf5a7a3099def00dadc79',
   dead_letter: '52db476d90e15e367e53d80c85c94bbf9c80f12f',
   read: '6408da3732ff8d55c4dae898bd012ef23308286d',
