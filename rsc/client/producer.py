@@ -26,6 +26,15 @@ from typing import Any
 
 import trio
 
+from rsc.client.append_calls import (
+    MIN_WINDOW_S,
+    SEALED_APPEND,
+    SEALED_APPEND_SHA,
+    Append,
+    Fields,
+    Key,
+    Replies,
+)
 from rsc.client.append_writer import AppendWriter
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import (
@@ -38,13 +47,7 @@ from rsc.client.errors import (
 )
 from rsc.client.member import CLIENT
 from rsc.client.producer_state import (
-    MIN_WINDOW_S,
-    SEALED_APPEND,
-    SEALED_APPEND_SHA,
-    Append,
     DeliveryRetries,
-    Fields,
-    Key,
     NoWritableShards,
     ProducerFenced,
     ProducerPaused,
@@ -52,7 +55,6 @@ from rsc.client.producer_state import (
     Publish,
     PublishFailed,
     RedisOutOfMemory,
-    Replies,
     RoutingView,
     ShardFull,
     UnsupportedRouting,

@@ -30,6 +30,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
+from rsc.client.append_calls import (
+    MIN_WINDOW_S,
+    SEALED_APPEND,
+    Append,
+    Fields,
+    Key,
+    Replies,
+)
 from rsc.client.coordinator import (
     AGAIN,
     Backoff,
@@ -44,19 +52,13 @@ from rsc.client.coordinator import (
 from rsc.client.errors import REFUSED_FOR_GOOD, CoordinatorRejected, CoordinatorUnavailable, RscError
 from rsc.client.member import CLIENT
 from rsc.client.producer_state import (
-    MIN_WINDOW_S,
-    SEALED_APPEND,
-    Append,
     DeliveryRetries,
-    Fields,
-    Key,
     NoWritableShards,
     ProducerPaused,
     ProducerState,
     Publish,
     PublishFailed,
     RedisOutOfMemory,
-    Replies,
     RoutingView,
     ShardFull,
     UnsupportedRouting,

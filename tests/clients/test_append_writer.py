@@ -16,11 +16,17 @@ import trio
 from coredis.connection import TCPLocation
 
 from rsc.actors.store_connection import open_redis
+from rsc.client.append_calls import (
+    SEALED_APPEND,
+    Replies,
+    appends,
+    refusal,
+    take_replies,
+)
 from rsc.client.append_writer import AppendWriter, Endpoint
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import RedisCommandFailed, RedisUnavailable
 from rsc.client.producer import Producer, open_producer
-from rsc.client.producer_state import SEALED_APPEND, Replies, appends, refusal, take_replies
 from rsc.client.redis_calls import redis_call
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.events.wire import seal_key

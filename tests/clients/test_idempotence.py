@@ -24,10 +24,12 @@ import trio
 from prometheus_client import REGISTRY
 
 from rsc.actors.store_connection import open_redis
+from rsc.client.append_calls import (
+    SEALED_APPEND,
+)
 from rsc.client.coordinator import Coordinator
 from rsc.client.errors import CoordinatorRejected
 from rsc.client.producer import Producer, ProducerFenced, open_producer
-from rsc.client.producer_state import SEALED_APPEND
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.conformance.cutting_proxy import CuttingProxy
 from rsc.events.wire import cap_key, producer_key, seal_key

@@ -20,7 +20,13 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rsc.client.producer_state import SEALED_APPEND, ProducerState, Publish
+from rsc.client.append_calls import (
+    SEALED_APPEND,
+)
+from rsc.client.producer_state import (
+    ProducerState,
+    Publish,
+)
 from rsc.events.model import ClientInfo, HeartbeatStatus, Layout, Shard, ShardState
 from rsc.events.wire import ProducerHeartbeatResponse, seal_key
 

@@ -17,8 +17,12 @@ import redis
 import trio
 
 from rsc.client import sync
+from rsc.client.append_calls import (
+    SEALED_APPEND,
+    appends,
+    refusal,
+)
 from rsc.client.errors import CoordinatorUnavailable, RscError
-from rsc.client.producer_state import SEALED_APPEND, appends, refusal
 from rsc.client.sync import ProducerPaused, PublishFailed, SyncCoordinator, SyncProducer
 from rsc.events.routing import route
 from rsc.events.wire import seal_key
