@@ -102,10 +102,14 @@ class Creation:
 
         async with self.quota_gate.admitted(counted, stream_prefix, count, missing):
             topology = await self.effects.topology()
-            retention = creation_retention(self.store.features.level)
-            command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology, retention=retention)
             if lost:
                 self.store.features.history_found = True  # a record made now starts at 1
+            # read (made, the first time: after the line above) before deciding: the first stream
+            # of a new deployment gets its level's default retention, a rebuilt one the baseline's
+            level = (await self.store.features.current()).level
+            retention = creation_retention(level)
+            command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology, retention=retention)
+            if lost:
                 command = await self.corrections.rebuild(command, seen_version)
             # Only over what was seen missing: a stream created meanwhile is not created twice.
             reply = await actor.ask(command, seen if only_new else None)

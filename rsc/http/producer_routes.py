@@ -43,7 +43,14 @@ def add_producer_routes(
                 rates.check(HEARTBEATS, caller_key(caller))
                 rates.check(PARTY, heartbeat_rules.producer_key(caller, body))
             quota = quota_of(caller)
-            level = await registry.feature_level()  # read once a term: epochs from the first heartbeat
+            # A new producer (no layout yet) reads the level (made on first use: epochs from its
+            # first heartbeat); one that routes with a layout may be reporting it to a coordinator
+            # whose Redis lost everything: the level is then not made before the stream is
+            # rebuilt (at the baseline, for N-1 readers), so the known one is used.
+            if body.metadata_version == 0:
+                level = await registry.feature_level()
+            else:
+                level = registry.known_feature_level()
             command = attrs.evolve(
                 command,
                 max_producers=quota.limits.producers_per_stream,

@@ -10,6 +10,7 @@ import httpx
 import pytest
 import trio
 
+from tests import redis_servers
 from tests.httpkit import FAST, serve_on
 
 AUTH = ("admin", "s3cret")
@@ -220,3 +221,28 @@ async def test_full_shards_a_producer_reports_are_trimmed_before_the_next_round(
             while sync_redis.xlen(keys[1]) != 3:
                 await trio.sleep(0.05)
         assert sync_redis.xlen(keys[0]) == 10  # only what was reported
+
+
+async def test_a_new_deployment_s_first_stream_has_its_level_s_retention_and_producer_an_epoch() -> None:
+    """The very first request of a new deployment is a producer's registration, or a member's
+    join: the feature level is made then (not after), so a producer gets its epoch (level 6)
+    in that first answer and the stream either creates has its level's default retention."""
+    with redis_servers.standalone() as url:
+        async with serve_on(attrs.evolve(FAST, redis_url=url, admin_password="s3cret")) as http:
+            first = await produce(http, pb("fresh", "api", 0, producerEpoch=0, protocolVersion=2))
+            assert first["producerEpoch"] > 0
+            spec = (await http.get("/v1/admin/streams/fresh", auth=AUTH)).json()["spec"]
+            assert spec["retention"]["keep"] == "acknowledged"
+    with redis_servers.standalone() as url:  # and when the first request is a member's join
+        async with serve_on(attrs.evolve(FAST, redis_url=url, admin_password="s3cret")) as http:
+            join = {
+                "protocolVersion": 2,
+                "streamPrefix": "fresh",
+                "consumerGroup": "g",
+                "memberId": "m1",
+                "incarnation": "i1",
+                "memberEpoch": 0,
+            }
+            assert (await http.post("/v1/heartbeat", json=join)).status_code == 200
+            spec = (await http.get("/v1/admin/streams/fresh", auth=AUTH)).json()["spec"]
+            assert spec["retention"]["keep"] == "acknowledged"
