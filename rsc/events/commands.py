@@ -107,6 +107,31 @@ class ConfigureGroup:
 
 
 @attrs.frozen
+class PauseGroup:
+    """Admin API: the group's members hand every shard back and get none until `ResumeGroup`."""
+
+    reason: str
+    now_ms: int
+
+
+@attrs.frozen
+class ResumeGroup:
+    """Admin API: the pause ends; the group is assigned again."""
+
+    now_ms: int
+
+
+@attrs.frozen
+class RecordPositionReset:
+    """Admin API: the group's position was set on these shards (index -> last-delivered id)."""
+
+    positions: Mapping[int, str]
+    by: str
+    plan: str
+    now_ms: int
+
+
+@attrs.frozen
 class RemoveMember:
     """Remove a live member by hand (Admin API); it is told FENCED."""
 
@@ -133,7 +158,17 @@ class DeleteGroup:
 
 
 GroupCommand = (
-    CreateGroup | Heartbeat | Tick | ApplyLayout | ConfigureGroup | RemoveMember | RestartTimers | DeleteGroup
+    CreateGroup
+    | Heartbeat
+    | Tick
+    | ApplyLayout
+    | ConfigureGroup
+    | RemoveMember
+    | RestartTimers
+    | DeleteGroup
+    | PauseGroup
+    | ResumeGroup
+    | RecordPositionReset
 )
 
 # --- stream commands ------------------------------------------------------

@@ -179,6 +179,39 @@ class TimersRestarted:
 
 
 @attrs.frozen
+class GroupPaused:
+    """An operator paused the group: its target is empty (every member revokes what it holds
+    through the ordinary protocol, and gets nothing) until `GroupResumed` (feature level 7)."""
+
+    durable: ClassVar[bool] = True
+    reason: str
+    paused_at_ms: int
+    group_epoch: int
+
+
+@attrs.frozen
+class GroupResumed:
+    """The pause ended: the group is assigned again (feature level 7)."""
+
+    durable: ClassVar[bool] = True
+    resumed_at_ms: int
+    group_epoch: int
+
+
+@attrs.frozen
+class GroupPositionReset:
+    """An operator set the group's position on every shard it names (feature level 7): shard
+    index -> the new last-delivered id, its pending entries acknowledged. A record (the
+    position is in Redis); `plan` is the reset's plan as the Admin API answered it (JSON)."""
+
+    durable: ClassVar[bool] = True
+    positions: Mapping[int, str]
+    by: str
+    plan: str
+    reset_at_ms: int
+
+
+@attrs.frozen
 class GroupDeleted:
     """Terminal until a `GroupCreated` starts the group afresh."""
 
@@ -256,6 +289,9 @@ GroupEvent = (
     | LayoutApplied
     | GroupConfigured
     | TimersRestarted
+    | GroupPaused
+    | GroupResumed
+    | GroupPositionReset
     | GroupDeleted
     | HeartbeatRejected
     | ShardsReportedStalled

@@ -45,13 +45,17 @@ from rsc.events.commands import (
     DeleteGroup,
     GroupCommand,
     Heartbeat,
+    PauseGroup,
+    RecordPositionReset,
     RemoveMember,
     RestartTimers,
+    ResumeGroup,
     Tick,
 )
 from rsc.events.errors import (
     AggregateNotFound,
     Deleted,
+    FeatureLevelRequired,
     IncarnationMismatch,
     InvalidCommand,
     NotEmpty,
@@ -63,6 +67,9 @@ from rsc.events.events import (
     GroupCreated,
     GroupDeleted,
     GroupEvent,
+    GroupPaused,
+    GroupPositionReset,
+    GroupResumed,
     HeartbeatRejected,
     HoldEnded,
     LayoutApplied,
@@ -88,10 +95,11 @@ from rsc.events.model import (
     check_counter,
     check_id,
     check_name,
+    is_plain_text,
 )
 from rsc.events.reconcile import reconcile, refresh_target
 from rsc.events.stream import MAX_CONCURRENCY, MAX_SHARDS
-from rsc.events.versions import MAX_FEATURE_LEVEL
+from rsc.events.versions import GROUP_OPS_LEVEL, MAX_FEATURE_LEVEL
 
 #: The aggregate's API: its state, deciding and applying events; the heartbeat's field checks.
 __all__ = ["GroupState", "decide", "evolve", "execute", "fold", "validate_heartbeat"]
@@ -164,6 +172,8 @@ def _decide(
             refresh_target(decision, command.now_ms)
         case RestartTimers():
             _restart(decision, command.now_ms)
+        case PauseGroup() | ResumeGroup() | RecordPositionReset():
+            _operate(decision, command)
         case DeleteGroup():
             members = sorted(decision.group.members)
             if members:
@@ -184,11 +194,46 @@ def _decide_deleted(state: GroupState, command: GroupCommand) -> Decision:
             _create(decision, command)
         case DeleteGroup() | Tick() | RestartTimers():
             pass
-        case Heartbeat() | ApplyLayout() | ConfigureGroup() | RemoveMember():
+        case (
+            Heartbeat()
+            | ApplyLayout()
+            | ConfigureGroup()
+            | RemoveMember()
+            | PauseGroup()
+            | ResumeGroup()
+            | RecordPositionReset()
+        ):
             raise Deleted(f"group {state.group!r} of {state.stream_prefix!r} was deleted")
         case _:
             assert_never(command)
     return decision
+
+
+def _operate(decision: Decision, command: PauseGroup | ResumeGroup | RecordPositionReset) -> None:
+    """An operator's pause, resume or position reset (feature level 7). A pause empties the
+    target at once (not at the next assignment interval): every member revokes what it holds
+    through the ordinary protocol; a resume assigns again. Both are idempotent (a second
+    pause keeps the first reason and time)."""
+    if decision.level < GROUP_OPS_LEVEL:
+        raise FeatureLevelRequired(
+            f"pausing, resuming and resetting a group needs feature level {GROUP_OPS_LEVEL}",
+            GROUP_OPS_LEVEL,
+            decision.level,
+        )
+    group = decision.group
+    match command:
+        case PauseGroup():
+            if not command.reason or not is_plain_text(command.reason, 200):
+                raise InvalidCommand("reason must be 1-200 characters of plain text")
+            if group.paused is None:
+                decision.emit(GroupPaused(command.reason, command.now_ms, group.group_epoch + 1))
+                refresh_target(decision, command.now_ms, at_once=True)
+        case ResumeGroup():
+            if group.paused is not None:
+                decision.emit(GroupResumed(command.now_ms, group.group_epoch + 1))
+                refresh_target(decision, command.now_ms, at_once=True)
+        case RecordPositionReset():
+            decision.emit(GroupPositionReset(command.positions, command.by, command.plan, command.now_ms))
 
 
 def _create(decision: Decision, command: CreateGroup) -> None:

@@ -27,6 +27,9 @@ from rsc.events.events import (
     GroupCreated,
     GroupDeleted,
     GroupEvent,
+    GroupPaused,
+    GroupPositionReset,
+    GroupResumed,
     HeartbeatRejected,
     HoldEnded,
     LayoutApplied,
@@ -71,6 +74,14 @@ def _omitted_while_empty() -> Any:
 
 
 @attrs.frozen
+class GroupPause:
+    """Why and since when an operator paused a group (feature level 7)."""
+
+    reason: str
+    since_ms: int
+
+
+@attrs.frozen
 class GroupState:
     """Everything the coordinator knows about one consumer group."""
 
@@ -99,6 +110,8 @@ class GroupState:
     superseded: Mapping[str, tuple[str, ...]] = _omitted_while_empty()
     #: Shard -> until when it is installed to nobody (its fenced holder may still be handling it).
     quarantine: Mapping[int, int] = _omitted_while_empty()
+    #: Paused by an operator (feature level 7): why and since when; its target is empty.
+    paused: GroupPause | None = attrs.field(default=None, metadata={"omit_if_default": True})
 
     def target_of(self, member_id: str) -> frozenset[int]:
         """The shards the current target gives `member_id`."""
@@ -141,6 +154,22 @@ class GroupState:
 
 
 # --- evolve ---------------------------------------------------------------
+
+
+def _operated(
+    state: GroupState, event: GroupConfigured | GroupPaused | GroupResumed | GroupPositionReset
+) -> GroupState:
+    """An operator's change: the config, a pause, a resume, a position reset (level 7)."""
+    match event:
+        case GroupConfigured():
+            return attrs.evolve(state, config=event.config)
+        case GroupPaused():
+            pause = GroupPause(event.reason, event.paused_at_ms)
+            return attrs.evolve(state, paused=pause, group_epoch=event.group_epoch)
+        case GroupResumed():
+            return attrs.evolve(state, paused=None, group_epoch=event.group_epoch)
+        case GroupPositionReset():
+            return state  # a record: the positions are in Redis
 
 
 def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
@@ -234,8 +263,8 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             return attrs.evolve(_put(state, member), owners=owners)
         case LayoutApplied():
             return attrs.evolve(state, layout=event.layout, group_epoch=event.group_epoch)
-        case GroupConfigured():
-            return attrs.evolve(state, config=event.config)
+        case GroupConfigured() | GroupPaused() | GroupResumed() | GroupPositionReset():
+            return _operated(state, event)
         case TimersRestarted():
             return _restart_timers(state, event.restarted_at_ms)
         case HeartbeatRejected():

@@ -35,7 +35,10 @@ from rsc.events.events import (
     GroupCreated,
     GroupDeleted,
     GroupEvent,
+    GroupPaused,
+    GroupPositionReset,
     GroupRegistered,
+    GroupResumed,
     GroupUnregistered,
     HeartbeatRejected,
     HoldEnded,
@@ -165,6 +168,9 @@ class Leases(Mapping[str, int]):
                     | ShardsInstalled()
                     | LayoutApplied()
                     | GroupConfigured()
+                    | GroupPaused()
+                    | GroupResumed()
+                    | GroupPositionReset()
                     | HeartbeatRejected()
                     | ShardsReportedStalled()
                     | StreamCreated()

@@ -68,13 +68,18 @@ def reconcile(decision: Decision, hb: Heartbeat) -> None:
         decision.emit(ShardsInstalled(member.member_id, free))
 
 
-def refresh_target(decision: Decision, now_ms: int) -> None:
-    """Compute a new target if the group epoch moved and the assignment interval allows."""
+def refresh_target(decision: Decision, now_ms: int, at_once: bool = False) -> None:
+    """Compute a new target if the group epoch moved and the assignment interval allows (or
+    `at_once`: an operator's pause or resume). A paused group's target is empty."""
     group = decision.group
     if group.group_epoch <= group.assignment_epoch:
         return
     last = group.assignment_computed_at_ms
-    if last is not None and now_ms - last < group.timing.assignment_interval_ms:
+    if not at_once and last is not None and now_ms - last < group.timing.assignment_interval_ms:
+        return
+    if group.paused is not None:
+        emptied = {m: frozenset[int]() for m, shards in group.target.items() if shards}
+        decision.emit(TargetAssignmentUpdated(group.group_epoch, emptied, now_ms))
         return
     staying = [m for m, member in group.members.items() if not member.leaving]
     held = group.held() if group.holds or any(m.static for m in group.members.values()) else {}

@@ -136,6 +136,14 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         "once (producers of 0.2.0 publish without it)",
         journal_schema=2,
     ),
+    FeatureLevel(
+        7,
+        "0.3.0",
+        "operating a group's position: a group paused and resumed by an operator (GroupPaused, "
+        "GroupResumed: its members hold no shard meanwhile; N-1 members see an empty "
+        "assignment), and its position reset across every shard (GroupPositionReset)",
+        journal_schema=2,
+    ),
 )
 #: The level from which shards are sealed when they drain, and scale-in is allowed.
 SEAL_LEVEL = 2
@@ -148,6 +156,8 @@ STATIC_LEVEL = 4
 RETENTION_LEVEL = 5
 #: The level from which producers get epochs and appends are deduplicated (idempotent producers).
 IDEMPOTENCE_LEVEL = 6
+#: The level from which an operator pauses, resumes and resets a group's position.
+GROUP_OPS_LEVEL = 7
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
@@ -222,6 +232,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     **dict.fromkeys(("AssignmentHeld", "HoldEnded", "ShardsQuarantined", "QuarantineEnded"), STATIC_LEVEL),
     **dict.fromkeys(("RetentionSet", "RetentionLoss"), RETENTION_LEVEL),
     "ProducerEpochAssigned": IDEMPOTENCE_LEVEL,
+    **dict.fromkeys(("GroupPaused", "GroupResumed", "GroupPositionReset"), GROUP_OPS_LEVEL),
 }
 
 #: An upcaster turns the JSON data of one version of an event into the next version's.

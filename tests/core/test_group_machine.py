@@ -25,7 +25,9 @@ from rsc.events.commands import (
     CreateGroup,
     CreateStream,
     DeleteGroup,
+    PauseGroup,
     RemoveMember,
+    ResumeGroup,
     RetireShards,
     Tick,
 )
@@ -292,6 +294,18 @@ class GroupMachine(RuleBasedStateMachine):
         member_id = data.draw(st.sampled_from(sorted(self.g.state.members)))
         self.g.run(RemoveMember(member_id, self.g.now))
 
+    @rule(reason=st.sampled_from(["maintenance", "downstream down"]))
+    def pause(self, reason: str) -> None:
+        """An operator pauses the group (feature level 7): its target empties at once."""
+        self.g.run(PauseGroup(reason, self.g.now))
+        assert self.g.state.paused is not None
+        assert not any(self.g.state.target.values())
+
+    @rule()
+    def resume(self) -> None:
+        self.g.run(ResumeGroup(self.g.now))
+        assert self.g.state.paused is None
+
     @precondition(lambda self: not self.g.state.members)
     @rule()
     def delete_and_recreate(self) -> None:
@@ -323,7 +337,10 @@ class GroupMachine(RuleBasedStateMachine):
         state = self.g.state
         live = {m for m, c in self.clients.items() if not c.crashed and m in state.members}
         assert set(state.members) == live
-        assert set(state.owners) == set(state.layout.readable_indexes) if live else not state.owners
+        if state.paused is not None:  # paused: every shard handed back, none installed
+            assert not state.owners
+        else:
+            assert set(state.owners) == set(state.layout.readable_indexes) if live else not state.owners
         for member in state.members.values():
             assert state.member_state(member) is MemberState.STABLE
             assert self.clients[member.member_id].machine.owned == member.assigned
@@ -401,6 +418,9 @@ class GroupMachine(RuleBasedStateMachine):
         """Over the staying members, of every readable shard not held for a static member
         (PROTOCOL section 4's balance, with holds excluded)."""
         state = self.g.state
+        if state.paused is not None:  # paused by an operator: nobody is targeted anything
+            assert not any(state.target.values())
+            return
         staying = [m for m, member in state.members.items() if not member.leaving]
         held = state.held()
         held_shards = frozenset().union(*held.values()) if held else frozenset()
@@ -420,8 +440,12 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_draining_shard_keeps_its_owner(self) -> None:
-        """A DRAINING shard never moves to another member while its member stays in the group."""
+        """A DRAINING shard never moves to another member while its member stays in the group
+        (unless an operator paused the group meanwhile: then every shard is handed back)."""
         state = self.g.state
+        if state.paused is not None:
+            self._draining_owners = {}
+            return
         draining = state.layout.readable_indexes - state.layout.active_indexes
         now = {
             s: (m, member.incarnation)
