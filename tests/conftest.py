@@ -33,6 +33,7 @@ SLOW_MODULES = frozenset(
         "test_client_http",
         "test_docs_examples",
         "test_poller_faults",
+        "test_group_operations_end_to_end",
         "test_idempotence",
         "test_poller_wakeup",
         "test_producer_faults",

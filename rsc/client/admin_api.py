@@ -309,6 +309,16 @@ class AdminClient:
         path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}"
         return self.request("DELETE", path, if_match=if_match)
 
+    def pause_group(self, prefix: str, group: str, reason: str | None = None) -> Answer:
+        """Pause a group (feature level 7): its members hold no shard until `resume_group`.
+        Raises `AdminError` as `request` does (404, 409 `FEATURE_LEVEL_REQUIRED`)."""
+        body = {"reason": reason} if reason else None
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/pause", body)
+
+    def resume_group(self, prefix: str, group: str) -> Answer:
+        """Resume a paused group. Raises `AdminError` as `request` does."""
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/resume")
+
     def remove_member(self, prefix: str, group: str, member_id: str) -> Answer:
         """Fence a live member (`REMOVED`), or end a static member's hold.
 

@@ -332,6 +332,11 @@ class _ActorCollector:
         revoking = GaugeMetricFamily(
             "rsc_revoking_shards", "Shards waiting for a revoke ack", labels=["stream", "group"]
         )
+        paused = GaugeMetricFamily(
+            "rsc_group_paused",
+            "1 while an operator has paused the group (its members hold no shard, lag grows)",
+            labels=["stream", "group"],
+        )
         inbox = GaugeMetricFamily(
             "rsc_actor_inbox_depth", "Commands waiting in an actor's inbox", labels=["aggregate"]
         )
@@ -378,6 +383,7 @@ class _ActorCollector:
                 group_epoch.add_metric(labels, state.group_epoch)
                 assignment_epoch.add_metric(labels, state.assignment_epoch)
                 revoking.add_metric(labels, sum(len(m.revoking) for m in state.members.values()))
+                paused.add_metric(labels, float(state.paused is not None))
             elif isinstance(state, StreamState) and not state.deleted:
                 by_shard_state = collections.Counter(s.state for s in state.layout.shards)
                 for shard_state in ShardState:
@@ -391,7 +397,7 @@ class _ActorCollector:
                     in_phase.add_metric([state.stream_prefix], seconds)
                     stalled.add_metric([state.stream_prefix], float(m.stalled is not None))
         yield from (members, group_epoch, assignment_epoch, revoking, inbox, writes, conflicts, shards)
-        yield from (phase, in_phase, stalled)
+        yield from (phase, in_phase, stalled, paused)
 
 
 #: The label that names a series' stream.

@@ -121,6 +121,10 @@ class GroupStatus:
     group_epoch: int
     assignment_epoch: int
     members: int
+    #: Paused by an operator (feature level 7), why and since when.
+    paused: bool = False
+    paused_reason: str | None = None
+    paused_at_ms: int | None = None
 
 
 @attrs.frozen
@@ -278,6 +282,24 @@ ROUTES = (
         StreamResource,
         admin=True,
         body_required=False,
+    ),
+    Route(
+        "post",
+        f"{A}/groups/{{consumerGroup}}/pause",
+        "Pause a group (feature level 7): its members keep heartbeating but hold no shard, "
+        "nothing is delivered (409 FEATURE_LEVEL_REQUIRED below the level)",
+        PauseRequest,
+        GroupResource,
+        admin=True,
+        body_required=False,
+    ),
+    Route(
+        "post",
+        f"{A}/groups/{{consumerGroup}}/resume",
+        "Resume a paused group: it is assigned again",
+        None,
+        GroupResource,
+        admin=True,
     ),
     Route(
         "get",

@@ -243,6 +243,11 @@ class GroupView:
     #: delivered and pending), in all and per shard index with a loss (feature level 5).
     trimmed_unseen: int = 0
     trimmed_unseen_per_shard: Mapping[str, int] = attrs.field(factory=dict)
+    #: Paused by an operator (feature level 7): no member holds a shard, nothing is delivered;
+    #: why and since when (null while not paused).
+    paused: bool = False
+    paused_reason: str | None = None
+    paused_at_ms: int | None = None
     #: Only when asked for a page of members (`limit`): the next page's cursor, null on the last.
     next_cursor: str | None = omitted_unless_set()
 
@@ -462,6 +467,9 @@ def group_view(state: GroupState, leases: Leases, now_ms: int) -> GroupView:
         config=state.config,
         holds=tuple(HoldView(m, h.shards, h.until_ms, h.static) for m, h in sorted(state.holds.items())),
         quarantines=tuple(QuarantineView(frozenset(s), at) for at, s in sorted(until.items())),
+        paused=state.paused is not None,
+        paused_reason=None if state.paused is None else state.paused.reason,
+        paused_at_ms=None if state.paused is None else state.paused.since_ms,
     )
 
 

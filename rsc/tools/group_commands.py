@@ -16,7 +16,7 @@ from rsc.tools.admin_terminal import connection_options, done, emit, said_412, t
 
 @click.group()
 def groups() -> None:
-    """Consumer groups: list, describe, set, delete."""
+    """Consumer groups: list, describe, set, delete, pause, resume."""
 
 
 @groups.command("list")
@@ -62,6 +62,8 @@ def groups_describe(admin: AdminClient, output: str, stream: str, group: str) ->
             f"{config['startFrom']}, group epoch {view['groupEpoch']}, "
             f"assignment epoch {view['assignmentEpoch']}"
         )
+        if view.get("paused"):
+            head += f"\nPAUSED: {view.get('pausedReason')}"
         return "\n".join([head, table(["SHARD", "OWNER"], rows), "", _members_table(view)])
 
     emit(output, view, text)
@@ -186,6 +188,26 @@ def _group_done(admin: AdminClient, output: str, answer: Answer, stream: str, gr
 def groups_delete(admin: AdminClient, output: str, stream: str, group: str, if_match: int | None) -> None:
     """Delete a group (refused while it has live members)."""
     done(admin, output, admin.delete_group(stream, group, if_match), f"group {group} of {stream}: deleted")
+
+
+@groups.command("pause")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--reason", help="Shown in the group view.")
+@connection_options
+def groups_pause(admin: AdminClient, output: str, stream: str, group: str, reason: str | None) -> None:
+    """Pause a group: its members keep heartbeating but hand every shard back; nothing is
+    delivered (lag grows) until `rsc groups resume` (feature level 7)."""
+    done(admin, output, admin.pause_group(stream, group, reason), f"group {group} of {stream}: paused")
+
+
+@groups.command("resume")
+@click.argument("stream")
+@click.argument("group")
+@connection_options
+def groups_resume(admin: AdminClient, output: str, stream: str, group: str) -> None:
+    """Resume a paused group: it is assigned again."""
+    done(admin, output, admin.resume_group(stream, group), f"group {group} of {stream}: resumed")
 
 
 # --- members -------------------------------------------------------------------

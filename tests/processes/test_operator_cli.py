@@ -155,6 +155,12 @@ async def test_groups_set_pause_resume_and_the_audit_trail(http: httpx.AsyncClie
     for command in ("pause", "resume"):
         done = await rsc(http, "streams", command, prefix)
         assert done.exit_code == 0, done.output
+    paused = await rsc(http, "groups", "pause", prefix, "billing", "--reason", "downstream down")
+    assert paused.output.splitlines()[0] == f"group billing of {prefix}: paused", paused.output
+    described = await rsc(http, "groups", "describe", prefix, "billing")
+    assert "PAUSED: downstream down" in described.output
+    resumed = await rsc(http, "groups", "resume", prefix, "billing")
+    assert resumed.output.splitlines()[0] == f"group billing of {prefix}: resumed", resumed.output
     trail = await rsc(http, "audit", "--path-prefix", f"/v1/admin/streams/{prefix}", "--limit", "20")
     lines = trail.output.splitlines()
     assert [line.split()[1:4] for line in lines] == [
@@ -166,6 +172,8 @@ async def test_groups_set_pause_resume_and_the_audit_trail(http: httpx.AsyncClie
         ["rejected", "409", "PATCH"],
         ["ok", "200", "POST"],
         ["ok", "200", "POST"],
+        ["ok", "200", "POST"],  # the group paused
+        ["ok", "200", "POST"],  # and resumed
     ]
     assert lines[-1].endswith(tuple("0123456789"))  # a revision
     wrong = await rsc(http, "audit", password="nope")

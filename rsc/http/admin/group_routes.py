@@ -13,15 +13,18 @@ from quart_trio import QuartTrio
 from rsc.actors import admin_changes
 from rsc.actors.registry import Registry
 from rsc.events import admin_rules, codec
-from rsc.events.commands import ConfigureGroup
+from rsc.events.commands import ConfigureGroup, PauseGroup, ResumeGroup
 from rsc.events.model import GroupConfig
 from rsc.events.quotas import Quota
 from rsc.http.admin.bodies import (
+    EmptyRequest,
     GroupPatch,
     GroupSpec,
+    PauseRequest,
     config_of,
     merge_patch,
     merge_patch_body,
+    optional_body,
     spec_of,
     strict,
 )
@@ -80,6 +83,40 @@ def add_group_routes(app: QuartTrio, registry: Registry) -> None:
         return Response(b"", status=204)
 
 
+def add_group_pause_routes(app: QuartTrio, registry: Registry) -> None:
+    """An operator's pause and resume of a group (feature level 7): while paused, its members
+    keep their membership and heartbeats but hold no shard (each revoked by the ordinary
+    protocol), nothing is delivered and lag grows; a resume assigns again. Idempotent; a pause
+    keeps its first reason. `If-Match` like every admin write; audited."""
+
+    @app.post(GROUP + "/pause")
+    async def pause_group(stream_prefix: str, consumer_group: str) -> Response:
+        body = await optional_body(PauseRequest)
+        expect = await _existing_revision(registry, stream_prefix, consumer_group)
+        command = PauseGroup(body.reason, registry.clock.now_ms())
+        await registry.ask_group(stream_prefix, consumer_group, command, create=False, expect=expect)
+        return await group_resource(registry, stream_prefix, consumer_group, create=None)
+
+    @app.post(GROUP + "/resume")
+    async def resume_group(stream_prefix: str, consumer_group: str) -> Response:
+        await optional_body(EmptyRequest)
+        expect = await _existing_revision(registry, stream_prefix, consumer_group)
+        command = ResumeGroup(registry.clock.now_ms())
+        await registry.ask_group(stream_prefix, consumer_group, command, create=False, expect=expect)
+        return await group_resource(registry, stream_prefix, consumer_group, create=None)
+
+
+async def _existing_revision(registry: Registry, stream_prefix: str, group: str) -> int | None:
+    """The revision `If-Match` must name (None: no `If-Match`). Raises `ApiError` 404 when
+    there is no such stream or group (412 with `If-Match`)."""
+    await stream_actor(registry, stream_prefix, None)
+    actor = await existing_group(registry, stream_prefix, group)
+    if actor is None:
+        missing_with_if_match(f"group {group!r} of {stream_prefix!r}")
+        raise ApiError(404, "UNKNOWN_GROUP", f"no group {group!r} reads {stream_prefix!r}")
+    return check_if_match(actor.revision)
+
+
 async def apply_group(
     registry: Registry, stream_prefix: str, group: str, spec: GroupSpec, quota: Quota
 ) -> GroupConfig:
@@ -132,6 +169,9 @@ async def group_resource(
             "groupEpoch": state.group_epoch,
             "assignmentEpoch": state.assignment_epoch,
             "members": len(state.members),
+            "paused": state.paused is not None,
+            "pausedReason": None if state.paused is None else state.paused.reason,
+            "pausedAtMs": None if state.paused is None else state.paused.since_ms,
         },
         "revision": actor.revision,
     }
