@@ -20,6 +20,7 @@ from quart_trio import QuartTrio
 
 from rsc import __version__
 from rsc.events.codec import camel
+from rsc.events.group_position import ResetPlan
 from rsc.events.model import NAME_PATTERN
 from rsc.events.stream import MAX_SHARDS
 from rsc.events.wire import (
@@ -42,6 +43,7 @@ from rsc.http.admin.bodies import (
     PauseRequest,
     Replayed,
     ReplayRequest,
+    ResetRequest,
     StreamPatch,
     StreamSpec,
 )
@@ -292,6 +294,16 @@ ROUTES = (
         GroupResource,
         admin=True,
         body_required=False,
+    ),
+    Route(
+        "post",
+        f"{A}/groups/{{consumerGroup}}/reset",
+        "A reset of the group's position on every ACTIVE shard: the plan (dryRun, the default), "
+        "or the reset (feature level 7; 409 NOT_EMPTY while it has members unless force, "
+        "MIGRATION_IN_PROGRESS while the stream migrates)",
+        ResetRequest,
+        ResetPlan,
+        admin=True,
     ),
     Route(
         "post",

@@ -9,6 +9,7 @@ trio producer against real Redis.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -132,3 +133,126 @@ async def test_a_pause_below_feature_level_7_is_refused() -> None:
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def publish_many(producer: Any, ids: list[str]) -> None:
+    for start in range(0, len(ids), 100):
+        await producer.publish_many([({"id": i}, i) for i in ids[start : start + 100]])
+
+
+async def test_a_reset_to_a_time_plans_exactly_refuses_members_then_redelivers_exactly(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str, sync_redis: Any
+) -> None:
+    """A dry run counts per shard exactly what a test computes and changes nothing; executed
+    under a running worker without `force`: 409 naming the members; with `force`: exactly the
+    entries at or after the time are handled again, never two handlers on one shard at once."""
+    base = str(http.base_url)
+    group = f"/v1/admin/streams/{prefix}/groups/billing"
+    assert (await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 4}, auth=AUTH)).is_success
+    assert (await http.put(group, json={"startFrom": "earliest"}, auth=AUTH)).is_success
+    keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}")).json()["shards"]]
+    handled: list[tuple[str, int]] = []
+    overlaps: list[int] = []
+    app = exclusive_worker(base, standalone_url, prefix, handled, overlaps)
+    first = [f"a{n}" for n in range(1_000)]
+    second = [f"b{n}" for n in range(1_000)]
+    async with (
+        Coordinator(base) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+        open_producer(coordinator, r, prefix, "api") as producer,
+    ):
+        await nursery.start(app.run)
+        await publish_many(producer, first)
+        await trio.sleep(0.05)
+        t = int(time.time() * 1000)
+        await trio.sleep(0.01)
+        await publish_many(producer, second)
+        await wait_until(lambda: _async({i for i, _ in handled} >= set(first + second)))
+        at_or_after = {k: sum(1 for e, _ in sync_redis.xrange(k) if int(e.split("-")[0]) >= t) for k in keys}
+        assert sum(at_or_after.values()) == len(second), (
+            t,
+            [sync_redis.xrange(k, count=1) for k in keys],
+            [sync_redis.xrevrange(k, count=1) for k in keys],
+        )
+        before = {k: sync_redis.xinfo_groups(k)[0]["last-delivered-id"] for k in keys}
+        plan = await http.post(f"{group}/reset", json={"to": {"timeMs": t}}, auth=AUTH)
+        assert plan.status_code == 200, plan.text
+        shards = plan.json()["shards"]
+        assert {s["key"]: s["redelivered"] for s in shards} == at_or_after
+        assert all(s["exact"] and s["reachable"] and s["skipped"] == 0 for s in shards)
+        assert plan.json()["dryRun"] is True
+        assert plan.json()["executed"] is False
+        assert {
+            k: sync_redis.xinfo_groups(k)[0]["last-delivered-id"] for k in keys
+        } == before  # nothing changed
+        refused = await http.post(f"{group}/reset", json={"to": {"timeMs": t}, "dryRun": False}, auth=AUTH)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "NOT_EMPTY"
+        assert "live member" in refused.json()["message"]
+        count = len(handled)
+        forced = await http.post(
+            f"{group}/reset", json={"to": {"timeMs": t}, "dryRun": False, "force": True}, auth=AUTH
+        )
+        assert forced.status_code == 200, forced.text
+        assert forced.json()["executed"] is True
+        assert (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()["paused"] is False
+        await wait_until(lambda: _async(len(handled) >= count + len(second)))
+        await trio.sleep(1)  # nothing more comes
+        again = [i for i, _ in handled[count:]]
+        assert sorted(again) == sorted(second)  # exactly those at or after the time, once each
+        assert not overlaps
+        app.stop()
+    audit = (await http.get("/v1/admin/audit", params={"pathPrefix": f"{group}/reset"}, auth=AUTH)).json()
+    assert [r["status"] for r in audit["records"]] == [200, 409, 200]  # newest first
+
+
+async def test_a_reset_to_latest_skips_the_backlog(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    """With no member running: a reset to latest needs no force, and nothing published before it
+    is handled after it."""
+    base = str(http.base_url)
+    group = f"/v1/admin/streams/{prefix}/groups/billing"
+    assert (await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 4}, auth=AUTH)).is_success
+    assert (await http.put(group, json={"startFrom": "earliest"}, auth=AUTH)).is_success
+    handled: list[str] = []
+    backlog = [f"old{n}" for n in range(500)]
+    fresh = [f"new{n}" for n in range(100)]
+    async with (
+        Coordinator(base) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+        open_producer(coordinator, r, prefix, "api") as producer,
+    ):
+        await publish_many(producer, backlog)
+        done = await http.post(f"{group}/reset", json={"to": "latest", "dryRun": False}, auth=AUTH)
+        assert done.status_code == 200, done.text
+        assert sum(s["skipped"] for s in done.json()["shards"]) == len(backlog)
+        app = worker(base, standalone_url, prefix, handled)
+        await nursery.start(app.run)
+        await publish_many(producer, fresh)
+        await wait_until(lambda: _async(set(fresh) <= set(handled)))
+        await trio.sleep(0.5)
+        assert not set(handled) & set(backlog)
+        app.stop()
+
+
+def exclusive_worker(
+    base_url: str, redis_url: str, prefix: str, handled: list[tuple[str, int]], overlaps: list[int]
+) -> App:
+    """A worker that notes each message with its shard, and any two handlers at once on one shard."""
+    app = App(base_url, redis_url, member_settings=MemberSettings(heartbeat_interval_ms=100))
+    running: dict[int, int] = {}
+    poller = PollerSettings(batch=50)
+
+    @app.listener(stream=prefix, group="billing", concurrency=4, name="billing", poller=poller)
+    async def handle(message: Message) -> None:
+        running[message.shard] = running.get(message.shard, 0) + 1
+        if running[message.shard] > 1:
+            overlaps.append(message.shard)
+        await trio.sleep(0)
+        handled.append((message.fields["id"], message.shard))
+        running[message.shard] -= 1
+
+    return app

@@ -13,6 +13,7 @@ from rsc.actors.effects.inspection import ShardStats
 from rsc.actors.effects.shard_keys import shard_key_pattern
 from rsc.actors.effects.trimming import TRIM_LIMIT, TrimCall, Trimmed
 from rsc.events.drain import DrainEvidence
+from rsc.events.group_position import ShardPosition
 from rsc.events.slots import Topology
 from rsc.events.wire import OwnerToken
 
@@ -30,6 +31,8 @@ class MemoryEffects:
         self.evidence: dict[str, DrainEvidence] = {}
         #: The calls `trim` was given, in order (the fake holds no entries: it removes none).
         self.trims: list[TrimCall] = []
+        #: The positions `set_position` set: (shard key, group, last-delivered id).
+        self.positions_set: list[tuple[str, str, str]] = []
         #: Retired keys and the time to live they were given.
         self.expiring: dict[str, int] = {}
         #: Streams by who created them, and who created each (`record_created`).
@@ -157,3 +160,19 @@ class MemoryEffects:
 
     async def trimmed_counts(self, shard_keys: Iterable[str]) -> dict[str, dict[str, int]]:
         return {key: {} for key in shard_keys}
+
+    # --- positions (no entries in memory: every key empty, every group at its start) -----
+
+    async def positions(self, shard_keys: Iterable[str], group: str) -> dict[str, ShardPosition]:
+        return {
+            k: ShardPosition(k in self.shard_keys, None, "0-0", 0, 0, True, "0-0", 0, 0) for k in shard_keys
+        }
+
+    async def count_entries(
+        self, shard_key: str, after: str, upto: str, limit: int
+    ) -> tuple[int, str | None]:
+        return 0, None
+
+    async def set_position(self, shard_key: str, group: str, last_id: str, entries_read: int | None) -> int:
+        self.positions_set.append((shard_key, group, last_id))
+        return 0

@@ -13,10 +13,12 @@ from rsc.actors.effects.catalog import StreamCatalog
 from rsc.actors.effects.dlq import DeadLetters
 from rsc.actors.effects.inspection import Inspection
 from rsc.actors.effects.owners import OwnerTokens
+from rsc.actors.effects.positions import Positions
 from rsc.actors.effects.shard_keys import ShardKeys
 from rsc.actors.effects.trimming import Trimming
 
 
-class Effects(StreamCatalog, ShardKeys, OwnerTokens, DeadLetters, Inspection, Trimming, Protocol):
+class Effects(StreamCatalog, ShardKeys, OwnerTokens, DeadLetters, Inspection, Trimming, Positions, Protocol):
     """The stream catalog, shard keys and consumer groups, owner tokens, dead letters,
-    retention's trims, and what Redis says about them (each method's docstring says what it raises)."""
+    retention's trims, groups' positions, and what Redis says about them (each method's
+    docstring says what it raises)."""

@@ -10,12 +10,19 @@ from rsc.actors.effects.catalog import RedisStreamCatalog
 from rsc.actors.effects.dlq import RedisDeadLetters
 from rsc.actors.effects.inspection import RedisInspection
 from rsc.actors.effects.owners import RedisOwnerTokens
+from rsc.actors.effects.positions import RedisPositions
 from rsc.actors.effects.shard_keys import RedisShardKeys
 from rsc.actors.effects.trimming import RedisTrimming
 
 
 class RedisEffects(
-    RedisStreamCatalog, RedisShardKeys, RedisOwnerTokens, RedisDeadLetters, RedisInspection, RedisTrimming
+    RedisStreamCatalog,
+    RedisShardKeys,
+    RedisOwnerTokens,
+    RedisDeadLetters,
+    RedisInspection,
+    RedisTrimming,
+    RedisPositions,
 ):
     """`Effects` on Redis: `RedisEffects(redis, fence_token, keys)`; one call per shard key
     (each in its own slot), pipelined per node. Each concern's `__init__` registers its

@@ -22,7 +22,7 @@ from rsc.events.versions import Party
 from rsc.http.admin.access import add_access_hooks, add_audit_route
 from rsc.http.admin.dead_letter_routes import add_dead_letter_routes
 from rsc.http.admin.feature_routes import add_feature_routes
-from rsc.http.admin.group_routes import add_group_pause_routes, add_group_routes
+from rsc.http.admin.group_routes import add_group_pause_routes, add_group_reset_routes, add_group_routes
 from rsc.http.admin.member_routes import add_member_routes
 from rsc.http.admin.stream_routes import add_migration_routes, add_pause_routes, add_stream_routes
 from rsc.http.audit import AuditLog
@@ -45,6 +45,7 @@ def add_admin_routes(
     add_stream_routes(app, registry)
     add_group_routes(app, registry)
     add_group_pause_routes(app, registry)
+    add_group_reset_routes(app, registry)
     add_member_routes(app, registry)
     add_pause_routes(app, registry)
     add_migration_routes(app, registry)

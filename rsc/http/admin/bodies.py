@@ -15,6 +15,8 @@ import attrs
 from quart import request
 
 from rsc.events import codec
+from rsc.events.errors import InvalidCommand
+from rsc.events.group_position import ResetTarget, ToIds, ToTime, parse_target
 from rsc.events.migration import target_count
 from rsc.events.model import (
     MAX_STATIC_HOLD_MS,
@@ -50,6 +52,36 @@ class PauseRequest:
     """Optional body of `POST .../pause`: why producers are paused (shown in the stream view)."""
 
     reason: str = wire_field("admin", minLength=1, maxLength=MAX_REASON, pattern=TEXT_PATTERN)
+
+
+@attrs.frozen
+class ResetRequest:
+    """Body of `POST .../groups/{g}/reset` (feature level 7): where to put the group on every
+    ACTIVE shard; `dryRun` (the default) answers the plan and changes nothing; `force` resets a
+    group that has members (it is paused meanwhile)."""
+
+    to: ResetTarget
+    dry_run: bool = True
+    force: bool = False
+
+
+def reset_request(body: object) -> ResetRequest:
+    """A reset's body, checked. Raises `ApiError` 400 (`INVALID_REQUEST`) naming the field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "INVALID_REQUEST", "the body must be a JSON object")
+    unknown = sorted(set(body) - {"to", "dryRun", "force"})
+    if unknown:
+        raise ApiError(400, "INVALID_REQUEST", f"unknown field(s) {unknown}: to, dryRun, force")
+    if "to" not in body:
+        raise ApiError(400, "INVALID_REQUEST", "to is required")
+    for flag in ("dryRun", "force"):
+        if flag in body and not isinstance(body[flag], bool):
+            raise ApiError(400, "INVALID_REQUEST", f"{flag} must be true or false")
+    try:
+        target = parse_target(body["to"])
+    except InvalidCommand as exc:
+        raise ApiError(400, "INVALID_REQUEST", str(exc)) from exc
+    return ResetRequest(target, bool(body.get("dryRun", True)), bool(body.get("force", False)))
 
 
 @attrs.frozen
@@ -211,6 +243,9 @@ STRICT_BODIES: frozenset[type] = frozenset(
         AbortRequest,
         ReplayRequest,
         FeatureChange,
+        ResetRequest,
+        ToTime,
+        ToIds,
     }
 )
 

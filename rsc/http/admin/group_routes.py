@@ -10,7 +10,7 @@ from __future__ import annotations
 from quart import Response, g
 from quart_trio import QuartTrio
 
-from rsc.actors import admin_changes
+from rsc.actors import admin_changes, group_reset
 from rsc.actors.registry import Registry
 from rsc.events import admin_rules, codec
 from rsc.events.commands import ConfigureGroup, PauseGroup, ResumeGroup
@@ -25,6 +25,7 @@ from rsc.http.admin.bodies import (
     merge_patch,
     merge_patch_body,
     optional_body,
+    reset_request,
     spec_of,
     strict,
 )
@@ -104,6 +105,24 @@ def add_group_pause_routes(app: QuartTrio, registry: Registry) -> None:
         command = ResumeGroup(registry.clock.now_ms())
         await registry.ask_group(stream_prefix, consumer_group, command, create=False, expect=expect)
         return await group_resource(registry, stream_prefix, consumer_group, create=None)
+
+
+def add_group_reset_routes(app: QuartTrio, registry: Registry) -> None:
+    """`POST .../groups/{g}/reset`: a reset's plan (`dryRun`, the default), or the reset itself
+    (`rsc.actors.group_reset`). Answers the plan; audited; `If-Match` on an execution."""
+
+    @app.post(GROUP + "/reset")
+    async def reset(stream_prefix: str, consumer_group: str) -> Response:
+        body = reset_request(await json_body())
+        expect = await _existing_revision(registry, stream_prefix, consumer_group)
+        if body.dry_run:
+            plan = await group_reset.plan_reset(registry, stream_prefix, consumer_group, body.to)
+        else:
+            by = g.caller or "admin"
+            plan = await group_reset.reset_group(
+                registry, stream_prefix, consumer_group, body.to, body.force, by, expect
+            )
+        return json_response(codec.wire.unstructure(plan))
 
 
 async def _existing_revision(registry: Registry, stream_prefix: str, group: str) -> int | None:
