@@ -319,6 +319,15 @@ class AdminClient:
         """Resume a paused group. Raises `AdminError` as `request` does."""
         return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/resume")
 
+    def reset_group(
+        self, prefix: str, group: str, to: Any, execute: bool = False, force: bool = False
+    ) -> Answer:
+        """A reset of a group's position (`to`: "earliest", "latest", {"timeMs": T} or
+        {"ids": {...}}): its plan, or (`execute`) the reset. Raises `AdminError` as `request`
+        does (409 `NOT_EMPTY` with members unless `force`)."""
+        body = {"to": to, "dryRun": not execute, "force": force}
+        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/reset", body)
+
     def remove_member(self, prefix: str, group: str, member_id: str) -> Answer:
         """Fence a live member (`REMOVED`), or end a static member's hold.
 

@@ -3,6 +3,8 @@ the Admin API (`rsc.tools.admin_terminal` for the connection and the output)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +18,7 @@ from rsc.tools.admin_terminal import connection_options, done, emit, said_412, t
 
 @click.group()
 def groups() -> None:
-    """Consumer groups: list, describe, set, delete, pause, resume."""
+    """Consumer groups: list, describe, set, delete, pause, resume, reset."""
 
 
 @groups.command("list")
@@ -208,6 +210,87 @@ def groups_pause(admin: AdminClient, output: str, stream: str, group: str, reaso
 def groups_resume(admin: AdminClient, output: str, stream: str, group: str) -> None:
     """Resume a paused group: it is assigned again."""
     done(admin, output, admin.resume_group(stream, group), f"group {group} of {stream}: resumed")
+
+
+@groups.command("reset")
+@click.argument("stream")
+@click.argument("group")
+@click.option("--to-earliest", "earliest", is_flag=True, help="Everything the shard keys still hold, again.")
+@click.option("--to-latest", "latest", is_flag=True, help="Skip everything published so far.")
+@click.option("--to-time", "at", help="An ISO-8601 time: entries at or after it are delivered (again).")
+@click.option(
+    "--to-ids",
+    "ids_file",
+    type=click.File(),
+    help='A JSON file of shard index -> id, e.g. a plan\'s "ids" (rsc groups reset ... -o json).',
+)
+@click.option("--execute", is_flag=True, help="Reset (without it: print the plan, change nothing).")
+@click.option("--force", is_flag=True, help="Reset a group that has members: it is paused meanwhile.")
+@connection_options
+def groups_reset(
+    admin: AdminClient,
+    output: str,
+    stream: str,
+    group: str,
+    earliest: bool,
+    latest: bool,
+    at: str | None,
+    ids_file: Any,
+    execute: bool,
+    force: bool,
+) -> None:
+    """Reset GROUP's position on every ACTIVE shard of STREAM: prints the plan (what each shard
+    delivers again or skips); `--execute` resets (refused while the group has members unless
+    `--force`). Never prompts."""
+    chosen = [bool(earliest), bool(latest), at is not None, ids_file is not None]
+    if sum(chosen) != 1:
+        raise click.UsageError("give exactly one of --to-earliest, --to-latest, --to-time, --to-ids")
+    to: Any = "earliest" if earliest else "latest" if latest else None
+    if at is not None:
+        to = {"timeMs": _time_ms(at)}
+    elif ids_file is not None:
+        loaded = json.load(ids_file)
+        to = {"ids": loaded.get("ids", loaded) if isinstance(loaded, dict) else loaded}
+    answer = admin.reset_group(stream, group, to, execute=execute, force=force)
+    plan = answer.body
+
+    def text() -> str:
+        rows = [
+            (
+                s["shard"],
+                s["state"],
+                s.get("current") or "-",
+                s.get("new") or "-",
+                _counted(s, "redelivered"),
+                _counted(s, "skipped"),
+                s.get("pending", 0),
+                s.get("why") or "",
+            )
+            for s in plan["shards"]
+        ]
+        head = f"group {group} of {stream}: reset " + (
+            "done" if plan["executed"] else "planned (nothing changed: --execute resets)"
+        )
+        columns = ["SHARD", "STATE", "CURRENT", "NEW", "AGAIN", "SKIPPED", "PENDING", "NOTE"]
+        return "\n".join([head, table(columns, rows)])
+
+    emit(output, plan, text)
+
+
+def _counted(shard: Mapping[str, Any], field: str) -> str:
+    n = shard.get(field, 0)
+    return f"{n}" if shard.get("exact", True) else f">={n}"
+
+
+def _time_ms(text: str) -> int:
+    """Milliseconds since the epoch of an ISO-8601 time (UTC unless it says otherwise)."""
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not an ISO-8601 time", param_hint="--to-time") from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
 
 
 # --- members -------------------------------------------------------------------

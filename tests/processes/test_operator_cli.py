@@ -657,3 +657,45 @@ async def test_a_wrong_or_useless_admin_password_is_said_the_same_way_on_every_p
             refused = await rsc(plain, *args, password="anything")
             assert refused.exit_code == 1
             assert "403 ADMIN_DISABLED" in refused.output, refused.output
+
+
+async def test_groups_reset_prints_a_plan_by_default_and_resets_with_execute(
+    http: httpx.AsyncClient, prefix: str, standalone_url: str, tmp_path: Path
+) -> None:
+    await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)
+    await http.put(f"/v1/admin/streams/{prefix}/groups/billing", json={"startFrom": "earliest"}, auth=AUTH)
+    keys = [s["key"] for s in (await http.get(f"/v1/streams/{prefix}")).json()["shards"]]
+    with redis_py.Redis.from_url(standalone_url, decode_responses=True) as r:
+        for key in keys:
+            for n in range(3):
+                r.xadd(key, {"n": str(n)})
+        neither = await rsc(http, "groups", "reset", prefix, "billing")
+        assert neither.exit_code == 2
+        assert "exactly one of" in neither.output
+        plan = await rsc(http, "groups", "reset", prefix, "billing", "--to-latest")
+        assert plan.exit_code == 0, plan.output
+        lines = plan.output.splitlines()
+        assert lines[0] == f"group billing of {prefix}: reset planned (nothing changed: --execute resets)"
+        assert lines[1].split() == ["SHARD", "STATE", "CURRENT", "NEW", "AGAIN", "SKIPPED", "PENDING", "NOTE"]
+        assert [line.split()[:2] + line.split()[4:6] for line in lines[2:]] == [
+            ["0", "ACTIVE", "0", "3"],
+            ["1", "ACTIVE", "0", "3"],
+        ]
+        assert all(g["last-delivered-id"] == "0-0" for k in keys for g in r.xinfo_groups(k))  # a plan only
+        as_json = await rsc(http, "groups", "reset", prefix, "billing", "--to-latest", "-o", "json")
+        saved = tmp_path / "plan.json"
+        saved.write_text(as_json.output)
+        done = await rsc(http, "groups", "reset", prefix, "billing", "--to-ids", str(saved), "--execute")
+        assert done.exit_code == 0, done.output
+        assert done.output.splitlines()[0] == f"group billing of {prefix}: reset done"
+        ids = json.loads(as_json.output)["ids"]
+        assert {k: r.xinfo_groups(k)[0]["last-delivered-id"] for k in keys} == {
+            keys[int(i)]: v for i, v in ids.items()
+        }
+        back = await rsc(
+            http, "groups", "reset", prefix, "billing", "--to-time", "1970-01-01T00:00:00Z", "--execute"
+        )
+        assert back.exit_code == 0, back.output
+        assert all(r.xinfo_groups(k)[0]["last-delivered-id"] == "0-0" for k in keys)
+        bad = await rsc(http, "groups", "reset", prefix, "billing", "--to-time", "yesterday")
+        assert bad.exit_code == 2
