@@ -26,6 +26,7 @@ from rsc.tools.dead_letter_commands import dlq
 from rsc.tools.group_commands import groups, members
 from rsc.tools.purge import purge_command
 from rsc.tools.stream_commands import producers, streams
+from rsc.tools.tail_command import tail
 
 __all__ = ["main"]
 
@@ -37,6 +38,17 @@ def main() -> None:
 
 
 _ADMIN_COMMANDS = (streams, groups, members, producers, audit, dlq)
-for _command in (simulate, journal, serve, worker, *_ADMIN_COMMANDS, purge_command, diff, apply, conformance):
+for _command in (
+    simulate,
+    journal,
+    serve,
+    worker,
+    *_ADMIN_COMMANDS,
+    purge_command,
+    diff,
+    apply,
+    conformance,
+    tail,
+):
     main.add_command(_command)
 logging_everywhere(main)

@@ -9,6 +9,7 @@ code is printed), 2 a usage error.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import time
@@ -135,3 +136,15 @@ def said_412(change: Callable[[], Answer], meaning: str | None) -> Answer:
         if exc.status == 412 and meaning is not None:
             raise click.ClickException(meaning) from exc
         raise
+
+
+def iso_ms(text: str, option: str) -> int:
+    """Milliseconds since the epoch of an ISO-8601 time (UTC unless it says otherwise). Raises
+    `click.BadParameter` naming `option`."""
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not an ISO-8601 time", param_hint=option) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)

@@ -3,7 +3,6 @@ the Admin API (`rsc.tools.admin_terminal` for the connection and the output)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import time
 from collections.abc import Mapping
@@ -13,7 +12,7 @@ import click
 
 from rsc.client.admin_api import AdminClient, Answer
 from rsc.events.model import MAX_STATIC_HOLD_MS
-from rsc.tools.admin_terminal import connection_options, done, emit, said_412, table
+from rsc.tools.admin_terminal import connection_options, done, emit, iso_ms, said_412, table
 
 
 @click.group()
@@ -247,7 +246,7 @@ def groups_reset(
         raise click.UsageError("give exactly one of --to-earliest, --to-latest, --to-time, --to-ids")
     to: Any = "earliest" if earliest else "latest" if latest else None
     if at is not None:
-        to = {"timeMs": _time_ms(at)}
+        to = {"timeMs": iso_ms(at, "--to-time")}
     elif ids_file is not None:
         loaded = json.load(ids_file)
         to = {"ids": loaded.get("ids", loaded) if isinstance(loaded, dict) else loaded}
@@ -280,17 +279,6 @@ def groups_reset(
 def _counted(shard: Mapping[str, Any], field: str) -> str:
     n = shard.get(field, 0)
     return f"{n}" if shard.get("exact", True) else f">={n}"
-
-
-def _time_ms(text: str) -> int:
-    """Milliseconds since the epoch of an ISO-8601 time (UTC unless it says otherwise)."""
-    try:
-        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise click.BadParameter(f"{text!r} is not an ISO-8601 time", param_hint="--to-time") from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return int(when.timestamp() * 1000)
 
 
 # --- members -------------------------------------------------------------------
