@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import json
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from rsc.actors.actor import Actor
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.effects.port import Effects
+from rsc.actors.effects.shard_keys import ShardKeys
 from rsc.actors.errors import UnsupportedSchema
 from rsc.actors.keys import AggregateId
 from rsc.events import codec, group, migration, stream
@@ -36,7 +37,8 @@ from rsc.events.events import (
     StreamEvent,
 )
 from rsc.events.group import GroupState
-from rsc.events.model import Layout, StartFrom
+from rsc.events.group_position import MAX_SEQ
+from rsc.events.model import GroupConfig, Layout, StartFrom
 from rsc.events.stream import StreamState
 from rsc.events.versions import EVENT_VERSIONS, MAX_FEATURE_LEVEL, UnsupportedEventVersion, upcast
 from rsc.events.wire import OwnerToken
@@ -50,6 +52,30 @@ StreamActor = Actor[StreamState, StreamCommand, StreamEvent]
 
 #: Told of every persisted batch of a group's events (metrics); must not block or raise.
 GroupObserver = Callable[[GroupState | None, GroupState, Sequence[GroupEvent]], None]
+
+
+def start_ids(config: GroupConfig, shards: Iterable[tuple[int, str]]) -> dict[str, str]:
+    """Where a new group's consumer group starts on each (index, key): `startAt` (a time, or
+    given ids) where it says, else `startFrom`."""
+    at = config.start_at
+    out: dict[str, str] = {}
+    for index, key in shards:
+        start = start_id(config.start_from)
+        if at is not None and at.time_ms is not None:
+            start = "0" if at.time_ms == 0 else f"{at.time_ms - 1}-{MAX_SEQ}"
+        elif at is not None and at.ids is not None:
+            start = at.ids.get(str(index), start)
+        out[key] = start
+    return out
+
+
+async def ensure_at(effects: ShardKeys, group: str, starts: Mapping[str, str]) -> None:
+    """`ensure_consumer_groups` for keys that start at different ids (one call per id)."""
+    by_start: dict[str, list[str]] = {}
+    for key, start in starts.items():
+        by_start.setdefault(start, []).append(key)
+    for start, keys in by_start.items():
+        await effects.ensure_consumer_groups(keys, group, start)
 
 
 def start_id(start_from: StartFrom) -> str:
@@ -155,10 +181,8 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
                     dropped = before.layout.shards if before is not None else after.layout.shards
                     await self.effects.destroy_consumer_groups([s.key for s in dropped], after.group)
                 case GroupCreated():
-                    readable = [keys[i] for i in sorted(after.initial_shards)]
-                    await self.effects.ensure_consumer_groups(
-                        readable, after.group, start_id(after.config.start_from)
-                    )
+                    initial = [(i, keys[i]) for i in sorted(after.initial_shards)]
+                    await ensure_at(self.effects, after.group, start_ids(after.config, initial))
                 case LayoutApplied():
                     known = before.layout.readable_indexes if before else frozenset()
                     added = [keys[i] for i in sorted(event.layout.readable_indexes - known)]
@@ -213,8 +237,13 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         # layout): the creation's side effects ran before that (evicted, or lost while no
         # coordinator ran). Only a creation whose side effects may not have run starts at
         # `startFrom`.
-        first = "0" if after_loss or state.group_epoch > 0 else start_id(state.config.start_from)
-        await self.effects.ensure_consumer_groups(initial, state.group, first)
+        if after_loss or state.group_epoch > 0:
+            await self.effects.ensure_consumer_groups(initial, state.group, "0")
+        else:
+            indexes = {key: i for i, key in keys.items()}
+            await ensure_at(
+                self.effects, state.group, start_ids(state.config, [(indexes[k], k) for k in initial])
+            )
         await self.effects.ensure_consumer_groups(later, state.group, "0")
         await self.effects.sync_owners(state.group, keys.values(), expected_tokens(state))
 

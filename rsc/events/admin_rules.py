@@ -36,6 +36,7 @@ from rsc.events.model import GroupConfig, ReshardMode
 from rsc.events.retention import Retention
 from rsc.events.stream import StreamState
 from rsc.events.versions import (
+    GROUP_OPS_LEVEL,
     MAX_FEATURE_LEVEL,
     MIGRATION_LEVEL,
     RETENTION_LEVEL,
@@ -123,6 +124,11 @@ def creation_retention(level: int) -> Retention | None:
 
 def group_spec_gate(config: GroupConfig) -> FeatureGate | None:
     """The feature level a group's spec needs (None: every level runs it)."""
+    if config.start_at is not None:
+        return FeatureGate(
+            GROUP_OPS_LEVEL,
+            f"startAt (a group starting at a time or at ids) needs feature level {GROUP_OPS_LEVEL}",
+        )
     if config.static_hold_ms is not None:
         return FeatureGate(
             STATIC_LEVEL,
@@ -167,6 +173,13 @@ def check_group_change(stored: GroupConfig, wanted: GroupConfig) -> None:
             "change (delete the group and create it again to start elsewhere)",
             "startFrom",
             stored.start_from.value,
+        )
+    if stored.start_at != wanted.start_at:
+        raise ImmutableField(
+            "startAt applies when a group is created and cannot change (reset the group's position "
+            "instead: POST .../reset)",
+            "startAt",
+            None,
         )
 
 

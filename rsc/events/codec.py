@@ -20,6 +20,7 @@ from cattrs.strategies import configure_tagged_union
 
 from rsc.events.commands import GroupCommand, StreamCommand
 from rsc.events.events import GroupEvent, StreamEvent
+from rsc.events.group_position import ToIds, ToTime
 
 T = TypeVar("T")
 TAG = "type"
@@ -66,7 +67,25 @@ def make_converter(strict: bool = False, detailed: bool = True) -> cattrs.Conver
     conv.register_unstructure_hook_func(_is_set, sorted)
     for union in (GroupEvent, StreamEvent, GroupCommand, StreamCommand):
         configure_tagged_union(union, conv, tag_generator=lambda cl: cl.__name__, tag_name=TAG)
+    conv.register_structure_hook_func(_is_position_union, lambda v, tp: _position(conv, v, tp))
     return conv
+
+
+def _is_position_union(tp: Any) -> bool:
+    """`ToTime | ToIds` (with or without None): a start or a reset given by a time or by ids."""
+    members = set(typing.get_args(tp)) - {type(None)}
+    return members == {ToTime, ToIds}
+
+
+def _position(conv: cattrs.Converter, value: Any, tp: Any) -> Any:
+    """The member of `ToTime | ToIds` the object's one field names (`timeMs` or `ids`)."""
+    if value is None and type(None) in typing.get_args(tp):
+        return None
+    if isinstance(value, dict) and set(value) == {"timeMs"}:
+        return conv.structure(value, ToTime)
+    if isinstance(value, dict) and set(value) == {"ids"}:
+        return conv.structure(value, ToIds)
+    raise ValueError('expected {"timeMs": T} or {"ids": {"<shard>": "<id>"}}')
 
 
 def _is_homogeneous_collection(tp: Any) -> bool:

@@ -43,13 +43,14 @@ class ToIds:
     back); shards not named keep theirs."""
 
     ids: Mapping[str, str] = attrs.field(
+        validator=lambda _, __, value: _check_ids(value),
         metadata={
             "json_schema": {
                 "minProperties": 1,
                 "propertyNames": {"pattern": f"^(?:{up_to(MAX_SHARD_INDEX)})$"},
                 "additionalProperties": {"type": "string", "pattern": f"^{ENTRY_ID}$"},
             }
-        }
+        },
     )
 
 
@@ -64,6 +65,17 @@ def entry_id(text: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
+def _check_ids(ids: object) -> None:
+    """Raises `InvalidCommand` unless `ids` maps shard indexes to entry ids (at least one)."""
+    if not isinstance(ids, Mapping) or not ids:
+        raise InvalidCommand('ids must be an object of shard index -> entry id, e.g. {"0": "1700-0"}')
+    for shard, value in ids.items():
+        if not (isinstance(shard, str) and re.fullmatch(f"(?:{up_to(MAX_SHARD_INDEX)})", shard)):
+            raise InvalidCommand(f"ids: {shard!r} is not a shard index (0-16383)")
+        if not isinstance(value, str) or not _ENTRY_ID.fullmatch(value):
+            raise InvalidCommand(f"ids[{shard!r}]: {value!r} is not an entry id (<ms>-<seq>)")
+
+
 def parse_target(raw: object) -> ResetTarget:
     """The reset target of a request's `to`. Raises `InvalidCommand` naming what is wrong."""
     if raw in ("earliest", "latest"):
@@ -74,15 +86,11 @@ def parse_target(raw: object) -> ResetTarget:
             raise InvalidCommand(f"to.timeMs must be an integer from 0 to {MAX_COUNTER}")
         return ToTime(time_ms)
     if isinstance(raw, dict) and set(raw) == {"ids"}:
-        ids = raw["ids"]
-        if not isinstance(ids, dict) or not ids:
-            raise InvalidCommand('to.ids must be an object of shard index -> entry id, e.g. {"0": "1700-0"}')
-        for shard, value in ids.items():
-            if not (isinstance(shard, str) and re.fullmatch(f"(?:{up_to(MAX_SHARD_INDEX)})", shard)):
-                raise InvalidCommand(f"to.ids: {shard!r} is not a shard index (0-16383)")
-            if not isinstance(value, str) or not _ENTRY_ID.fullmatch(value):
-                raise InvalidCommand(f"to.ids[{shard!r}]: {value!r} is not an entry id (<ms>-<seq>)")
-        return ToIds({str(int(s)): v for s, v in ids.items()})
+        try:
+            _check_ids(raw["ids"])
+        except InvalidCommand as exc:
+            raise InvalidCommand(f"to.{exc}") from exc
+        return ToIds({str(int(s)): v for s, v in raw["ids"].items()})
     raise InvalidCommand('to must be "earliest", "latest", {"timeMs": T} or {"ids": {"<shard>": "<id>"}}')
 
 

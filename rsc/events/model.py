@@ -381,6 +381,16 @@ MAX_STATIC_HOLD_MS = 3_600_000
 
 
 @attrs.frozen
+class StartAt:
+    """Where a new group starts on each shard, finer than `StartFrom` (feature level 7): at a
+    time (`time_ms`: entries at or after it are delivered), or at given positions (`ids`: shard
+    index -> the last-delivered id; shards not named start as `startFrom` says)."""
+
+    time_ms: int | None = attrs.field(default=None, metadata={"omit_if_default": True})
+    ids: Mapping[str, str] | None = attrs.field(default=None, metadata={"omit_if_default": True})
+
+
+@attrs.frozen
 class GroupConfig:
     """Per-group settings changed only through the Admin API."""
 
@@ -390,6 +400,8 @@ class GroupConfig:
     #: leave or its lease end), waiting for it to come back (None: one lease). From feature
     #: level 4; left out of the JSON while unset, so lower levels write what they always did.
     static_hold_ms: int | None = attrs.field(default=None, metadata={"omit_if_default": True})
+    #: Where the group starts, finer than `start_from` (feature level 7; left out while unset).
+    start_at: StartAt | None = attrs.field(default=None, metadata={"omit_if_default": True})
 
 
 @attrs.frozen

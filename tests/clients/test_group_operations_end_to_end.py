@@ -256,3 +256,51 @@ def exclusive_worker(
         running[message.shard] -= 1
 
     return app
+
+
+async def test_a_replay_group_starts_at_a_time_without_touching_the_production_group(
+    http: httpx.AsyncClient, standalone_url: str, prefix: str
+) -> None:
+    """`startAt: {"timeMs": T}`: a new group handles exactly what was published at or after T;
+    startAt cannot change once the group exists, and bad ids are refused."""
+    base = str(http.base_url)
+    stream = f"/v1/admin/streams/{prefix}"
+    assert (await http.put(stream, json={"shardCount": 4}, auth=AUTH)).is_success
+    assert (await http.put(f"{stream}/groups/billing", json={}, auth=AUTH)).is_success
+    older = [f"a{n}" for n in range(300)]
+    newer = [f"b{n}" for n in range(300)]
+    async with (
+        Coordinator(base) as coordinator,
+        open_redis(standalone_url) as r,
+        trio.open_nursery() as nursery,
+        open_producer(coordinator, r, prefix, "api") as producer,
+    ):
+        await publish_many(producer, older)
+        await trio.sleep(0.05)
+        t = int(time.time() * 1000)
+        await trio.sleep(0.01)
+        await publish_many(producer, newer)
+        bad = await http.put(f"{stream}/groups/replay", json={"startAt": {"ids": {"x": "1-0"}}}, auth=AUTH)
+        assert bad.status_code == 400, bad.text
+        made = await http.put(f"{stream}/groups/replay", json={"startAt": {"timeMs": t}}, auth=AUTH)
+        assert made.status_code == 200, made.text
+        assert made.json()["spec"]["startAt"] == {"timeMs": t}
+        moved = await http.patch(f"{stream}/groups/replay", json={"startAt": {"timeMs": 0}}, auth=AUTH)
+        assert moved.status_code == 409
+        assert moved.json()["error"] == "IMMUTABLE_FIELD"
+        handled: list[tuple[str, int]] = []
+        app = App(base, standalone_url, member_settings=MemberSettings(heartbeat_interval_ms=100))
+
+        @app.listener(
+            stream=prefix, group="replay", concurrency=2, name="replay", poller=PollerSettings(batch=50)
+        )
+        async def handle(message: Message) -> None:
+            handled.append((message.fields["id"], message.shard))
+
+        await nursery.start(app.run)
+        await wait_until(lambda: _async(len(handled) >= len(newer)))
+        await trio.sleep(0.5)
+        assert sorted(i for i, _ in handled) == sorted(newer)
+        app.stop()
+    billing = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
+    assert billing["members"] == []  # the production group was never touched

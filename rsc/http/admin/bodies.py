@@ -24,6 +24,7 @@ from rsc.events.model import (
     TEXT_PATTERN,
     GroupConfig,
     ReshardMode,
+    StartAt,
     StartFrom,
     wire_field,
 )
@@ -127,6 +128,7 @@ class GroupPatch:
     max_concurrency: int | None = wire_field(None, minimum=1, maximum=MAX_CONCURRENCY, nullable=True)
     start_from: StartFrom | None = None
     static_hold_ms: int | None = wire_field(None, minimum=0, maximum=MAX_STATIC_HOLD_MS, nullable=True)
+    start_at: ToTime | ToIds | None = None
 
 
 @attrs.frozen
@@ -212,16 +214,29 @@ class GroupSpec:
     static_hold_ms: int | None = wire_field(
         None, minimum=0, maximum=MAX_STATIC_HOLD_MS, nullable=True, omit_if_default=True
     )
+    #: Where a new group starts, finer than `startFrom` (feature level 7; at creation only):
+    #: `{"timeMs": T}` or `{"ids": {"<shard>": "<id>"}}`. Left out while null.
+    start_at: ToTime | ToIds | None = attrs.field(default=None, metadata={"omit_if_default": True})
 
 
 def spec_of(config: GroupConfig) -> GroupSpec:
     """The Admin API's spec of a group's config."""
-    return GroupSpec(config.max_concurrency, config.start_from, config.static_hold_ms)
+    at = config.start_at
+    start_at = (
+        None if at is None else ToTime(at.time_ms) if at.time_ms is not None else ToIds(dict(at.ids or {}))
+    )
+    return GroupSpec(config.max_concurrency, config.start_from, config.static_hold_ms, start_at)
 
 
 def config_of(spec: GroupSpec) -> GroupConfig:
     """The group config a spec asks for."""
-    return GroupConfig(spec.max_concurrency, spec.start_from, spec.static_hold_ms)
+    at = spec.start_at
+    start_at = None
+    if isinstance(at, ToTime):
+        start_at = StartAt(time_ms=at.time_ms)
+    elif isinstance(at, ToIds):
+        start_at = StartAt(ids={str(int(k)): v for k, v in at.ids.items()})
+    return GroupConfig(spec.max_concurrency, spec.start_from, spec.static_hold_ms, start_at)
 
 
 def stream_spec(state: StreamState) -> StreamSpec:
