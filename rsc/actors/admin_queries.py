@@ -14,17 +14,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import attrs
 import trio
 
 from rsc.actors import stream_dead_letters
 from rsc.actors.actor import Aggregate, fold_loaded
 from rsc.actors.aggregates import StreamAggregate
+from rsc.actors.effects.positions import PendingEntry
 from rsc.actors.features import FeatureState
 from rsc.actors.keys import AggregateId
 from rsc.actors.registry import Registry
 from rsc.actors.stream_dead_letters import DeadLetterCount, DeadLetterEntry, ReplayOutcome
 from rsc.events import admin_rules
 from rsc.events.errors import UnknownGroup, UnknownStream
+from rsc.events.group_position import entry_id
+from rsc.events.model import Shard
 from rsc.events.stream import StreamState
 from rsc.events.versions import Party
 from rsc.redis_errors import first_leaf
@@ -170,3 +174,36 @@ async def peek_streams(registry: Registry, prefixes: Iterable[str]) -> dict[str,
 
 def _no_layout_listener(*_: object) -> None:
     """A peek folds states; it never pushes a layout."""
+
+
+@attrs.frozen
+class Pending:
+    """One entry a group has pending: the shard it is on, what Redis says of it, and (asked
+    for) its fields."""
+
+    shard: Shard
+    entry: PendingEntry
+    fields: dict[str, str] | None = None
+
+
+async def oldest_pending(
+    registry: Registry, stream_prefix: str, group: str, limit: int, payloads: bool = False
+) -> list[Pending]:
+    """The group's `limit` oldest pending entries over the stream's readable shards, oldest
+    first, with their fields when `payloads` (the admin's view). Raises `UnknownStream`,
+    `UnknownGroup`, `StoreError`."""
+    state = await _stream_state(registry, stream_prefix)
+    if group not in state.groups:
+        raise UnknownGroup(f"no group {group!r} reads {stream_prefix!r}")
+    shards = [s for s in state.layout.shards if s.readable]
+    found = await registry.effects.oldest_pending([s.key for s in shards], group, limit)
+    pending = [Pending(s, e) for s in shards for e in found.get(s.key, [])]
+    pending.sort(key=lambda p: (entry_id(p.entry.id), p.shard.index))
+    pending = pending[:limit]
+    if payloads:
+        by_key: dict[str, list[str]] = {}
+        for p in pending:
+            by_key.setdefault(p.shard.key, []).append(p.entry.id)
+        fields = {key: await registry.effects.entry_fields(key, ids) for key, ids in by_key.items()}
+        pending = [attrs.evolve(p, fields=fields[p.shard.key].get(p.entry.id, {})) for p in pending]
+    return pending

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from rsc.actors import admin_queries, retention
@@ -101,6 +101,12 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
         body["nextCursor"] = page.next_cursor  # null on the last page, not left out
         return paging.with_link(json_response(body, plain=True), page.next_cursor, wanted.limit)
 
+    @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>/pending")
+    async def pending(stream_prefix: str, consumer_group: str) -> Response:
+        """The group's oldest pending entries (ids, member, age, deliveries; never payloads:
+        the admin's `GET /v1/admin/.../pending` has them)."""
+        return await pending_entries(registry, stream_prefix, consumer_group, payloads=False)
+
     async def existing_stream(stream_prefix: str) -> Any:
         return (await existing_stream_actor(stream_prefix)).state
 
@@ -109,6 +115,20 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
             return await registry.stream(stream_prefix, create=False)
         except UnknownStream as exc:
             raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+
+
+async def pending_entries(registry: Registry, stream_prefix: str, group: str, payloads: bool) -> Response:
+    """`?limit=N` (1-1000, default 20) of the group's oldest pending entries, as `PendingList`."""
+    raw = request.args.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1_000:
+        raise ApiError(400, "INVALID_REQUEST", "limit must be an integer from 1 to 1000")
+    try:
+        found = await admin_queries.oldest_pending(registry, stream_prefix, group, int(raw), payloads)
+    except UnknownStream as exc:
+        raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+    except UnknownGroup as exc:
+        raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
+    return json_response(views.pending_list(stream_prefix, group, found, registry.clock.now_ms()))
 
 
 def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics: Metrics) -> None:

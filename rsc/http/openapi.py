@@ -96,6 +96,13 @@ class StreamList:
 #: A list's cursor: opaque, base64url without padding.
 CURSOR_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9_-]+$"}
 
+#: How many of a group's oldest pending entries.
+PENDING_LIMIT: dict[str, Any] = {
+    "name": "limit",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "description": "at most this many entries (1-1000, default 20)",
+}
+
 #: The query of a list in pages (`rsc.http.paging`).
 PAGE_QUERY: tuple[dict[str, Any], ...] = (
     {
@@ -185,6 +192,15 @@ ROUTES = (
         None,
         views.GroupView,
         query=PAGE_QUERY,
+    ),
+    Route(
+        "get",
+        f"{S}/groups/{{consumerGroup}}/pending",
+        "The group's oldest pending entries: id, member, age, idle time, deliveries (never the "
+        "fields: the Admin API's .../pending has them)",
+        None,
+        views.PendingList,
+        query=(PENDING_LIMIT,),
     ),
     Route("get", A, "A stream's spec and status (ETag)", None, StreamResource, admin=True),
     Route(
@@ -294,6 +310,15 @@ ROUTES = (
         GroupResource,
         admin=True,
         body_required=False,
+    ),
+    Route(
+        "get",
+        f"{A}/groups/{{consumerGroup}}/pending",
+        "The group's oldest pending entries with their fields (limit: 1-1000, default 20)",
+        None,
+        views.PendingList,
+        admin=True,
+        query=(PENDING_LIMIT,),
     ),
     Route(
         "post",

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from rsc import __version__
+from rsc.actors.admin_queries import Pending
 from rsc.actors.effects.inspection import GroupLag, ShardStats
 from rsc.events.drain import DrainEvidence, GroupDrain, drained
 from rsc.events.group import GroupState
@@ -498,3 +499,46 @@ def version_view(finalized: int | None = None, written: int | None = None) -> Ve
         protocols=PROTOCOLS,
         features=FeaturesView(finalized, written, ProtocolRange(1, MAX_FEATURE_LEVEL), FEATURE_LEVELS),
     )
+
+
+@attrs.frozen
+class PendingView:
+    """One entry a group has delivered and not acknowledged: its shard, id, the member it was
+    delivered to, its age (since its id's time) and idle time (since its last delivery) in ms,
+    how many times it was delivered, and (the admin's view only) its fields."""
+
+    shard: int
+    key: str
+    id: str
+    member: str
+    age_ms: int
+    idle_ms: int
+    deliveries: int
+    fields: Mapping[str, str] | None = omitted_unless_set()
+
+
+@attrs.frozen
+class PendingList:
+    """A group's oldest pending entries, oldest first."""
+
+    stream_prefix: str
+    consumer_group: str
+    entries: tuple[PendingView, ...]
+
+
+def pending_list(stream_prefix: str, group: str, pending: Sequence[Pending], now_ms: int) -> PendingList:
+    """The view of `admin_queries.oldest_pending`'s answer."""
+    entries = tuple(
+        PendingView(
+            p.shard.index,
+            p.shard.key,
+            p.entry.id,
+            p.entry.consumer,
+            max(0, now_ms - int(p.entry.id.split("-")[0])),
+            p.entry.idle_ms,
+            p.entry.deliveries,
+            p.fields,
+        )
+        for p in pending
+    )
+    return PendingList(stream_prefix, group, entries)

@@ -246,3 +246,25 @@ async def test_a_new_deployment_s_first_stream_has_its_level_s_retention_and_pro
             assert (await http.post("/v1/heartbeat", json=join)).status_code == 200
             spec = (await http.get("/v1/admin/streams/fresh", auth=AUTH)).json()["spec"]
             assert spec["retention"]["keep"] == "acknowledged"
+
+
+async def test_a_group_s_oldest_pending_entries_without_fields_but_for_the_admin(
+    client: httpx.AsyncClient, prefix: str, sync_redis: Any
+) -> None:
+    assert (await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)).is_success
+    assert (await client.put(f"/v1/admin/streams/{prefix}/groups/g", json={}, auth=AUTH)).is_success
+    keys = [s["key"] for s in (await client.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
+    ids = [sync_redis.xadd(keys[n % 2], {"n": str(n)}) for n in range(6)]
+    for key in keys:
+        sync_redis.xreadgroup("g", "m1", {key: ">"}, count=2)
+    shown = await client.get(f"/v1/streams/{prefix}/groups/g/pending", params={"limit": 3})
+    assert shown.status_code == 200, shown.text
+    entries = shown.json()["entries"]
+    assert [e["id"] for e in entries] == [ids[0], ids[1], ids[2]]  # oldest first, over the shards
+    assert all(e["member"] == "m1" and e["deliveries"] == 1 and "fields" not in e for e in entries)
+    admin = await client.get(f"/v1/admin/streams/{prefix}/groups/g/pending", params={"limit": 3}, auth=AUTH)
+    assert [e["fields"] for e in admin.json()["entries"]] == [{"n": "0"}, {"n": "1"}, {"n": "2"}]
+    assert (
+        await client.get(f"/v1/streams/{prefix}/groups/g/pending", params={"limit": 0})
+    ).status_code == 400
+    assert (await client.get(f"/v1/streams/{prefix}/groups/nope/pending")).status_code == 404

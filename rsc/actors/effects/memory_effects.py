@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from rsc.actors.effects.inspection import ShardStats
+from rsc.actors.effects.positions import PendingEntry
 from rsc.actors.effects.shard_keys import shard_key_pattern
 from rsc.actors.effects.trimming import TRIM_LIMIT, TrimCall, Trimmed
 from rsc.events.drain import DrainEvidence
@@ -176,3 +177,11 @@ class MemoryEffects:
     async def set_position(self, shard_key: str, group: str, last_id: str, entries_read: int | None) -> int:
         self.positions_set.append((shard_key, group, last_id))
         return 0
+
+    async def oldest_pending(
+        self, shard_keys: Iterable[str], group: str, count: int
+    ) -> dict[str, list[PendingEntry]]:
+        return {key: [] for key in shard_keys}
+
+    async def entry_fields(self, shard_key: str, ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        return {}

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import attrs
+
 from rsc.actors.effects.owners import OWNER_FENCE_FIELD
 from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, ScriptCall
+from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
 from rsc.events.group_position import ShardPosition
 from rsc.events.wire import owner_key
 from rsc.lua import script
@@ -23,6 +25,17 @@ from rsc.resp import Multiplexed
 
 #: The most entries one count call reads.
 COUNT_CHUNK = 10_000
+
+
+@attrs.frozen
+class PendingEntry:
+    """One entry a group has delivered and not acknowledged: its id, the consumer (member) it
+    was delivered to, how long since (ms) and how many times it was delivered."""
+
+    id: str
+    consumer: str
+    idle_ms: int
+    deliveries: int
 
 
 class Positions(Protocol):
@@ -43,6 +56,16 @@ class Positions(Protocol):
 
     async def set_position(self, shard_key: str, group: str, last_id: str, entries_read: int | None) -> int:
         """Put `group` at `last_id` on the key, its pending entries dropped; how many were."""
+        ...
+
+    async def oldest_pending(
+        self, shard_keys: Iterable[str], group: str, count: int
+    ) -> dict[str, list[PendingEntry]]:
+        """Each key's oldest `count` entries `group` has pending (a missing key or group: none)."""
+        ...
+
+    async def entry_fields(self, shard_key: str, ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """The fields of the entries `ids` of the key that still exist."""
         ...
 
 
@@ -105,5 +128,38 @@ class RedisPositions(RedisEffectsBase):
         [dropped] = await self._scripts([(self._set_position, [owner_key(shard_key), shard_key], args)])
         return int(dropped)
 
+    async def oldest_pending(
+        self, shard_keys: Iterable[str], group: str, count: int
+    ) -> dict[str, list[PendingEntry]]:
+        """See `Positions.oldest_pending`."""
+        out: dict[str, list[PendingEntry]] = {}
+        for chunk in chunks(shard_keys):
+            with redis_errors("reading pending entries"):
+                async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
+                    for key in chunk:
+                        pipe.xpending(key, group, start="-", end="+", count=count)
+            for key, found in zip(chunk, pipe.results or (), strict=True):
+                if isinstance(found, BaseException):  # no such key or group: nothing pending
+                    out[key] = []
+                    continue
+                out[key] = [
+                    PendingEntry(_text(p.identifier), _text(p.consumer), int(p.idle), int(p.delivered))
+                    for p in found
+                ]
+        return out
 
-__all__ = ["COUNT_CHUNK", "Positions", "RedisPositions"]
+    async def entry_fields(self, shard_key: str, ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """See `Positions.entry_fields`."""
+        wanted = list(ids)
+        with redis_errors("reading entries"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for entry in wanted:
+                    pipe.xrange(shard_key, start=entry, end=entry)
+        out: dict[str, dict[str, str]] = {}
+        for entry, found in zip(wanted, pipe.results or (), strict=True):
+            for e in found:
+                out[entry] = {_text(k): _text(v) for k, v in dict(e.field_values).items()}
+        return out
+
+
+__all__ = ["COUNT_CHUNK", "PendingEntry", "Positions", "RedisPositions"]

@@ -38,6 +38,7 @@ from rsc.http.admin.preconditions import (
 )
 from rsc.http.errors import ApiError
 from rsc.http.json_io import json_body, json_response
+from rsc.http.monitoring_routes import pending_entries
 
 GROUP = "/v1/admin/streams/<stream_prefix>/groups/<consumer_group>"
 
@@ -110,6 +111,11 @@ def add_group_pause_routes(app: QuartTrio, registry: Registry) -> None:
 def add_group_reset_routes(app: QuartTrio, registry: Registry) -> None:
     """`POST .../groups/{g}/reset`: a reset's plan (`dryRun`, the default), or the reset itself
     (`rsc.actors.group_reset`). Answers the plan; audited; `If-Match` on an execution."""
+
+    @app.get(GROUP + "/pending")
+    async def admin_pending(stream_prefix: str, consumer_group: str) -> Response:
+        """The group's oldest pending entries with their fields (the admin's view)."""
+        return await pending_entries(registry, stream_prefix, consumer_group, payloads=True)
 
     @app.post(GROUP + "/reset")
     async def reset(stream_prefix: str, consumer_group: str) -> Response:
