@@ -47,8 +47,9 @@ class ToIds:
         metadata={
             "json_schema": {
                 "minProperties": 1,
-                "propertyNames": {"pattern": f"^(?:{up_to(MAX_SHARD_INDEX)})$"},
-                "additionalProperties": {"type": "string", "pattern": f"^{ENTRY_ID}$"},
+                # (anchored at the very end in every regex dialect: no trailing newline)
+                "propertyNames": {"pattern": f"^(?:{up_to(MAX_SHARD_INDEX)})(?![\\s\\S])"},
+                "additionalProperties": {"type": "string", "pattern": f"^(?:{ENTRY_ID})(?![\\s\\S])"},
             }
         },
     )
@@ -82,6 +83,8 @@ def parse_target(raw: object) -> ResetTarget:
         return "earliest" if raw == "earliest" else "latest"
     if isinstance(raw, dict) and set(raw) == {"timeMs"}:
         time_ms = raw["timeMs"]
+        if isinstance(time_ms, float) and time_ms.is_integer():  # JSON Schema: 3.0 is an integer
+            time_ms = int(time_ms)
         if isinstance(time_ms, bool) or not isinstance(time_ms, int) or not 0 <= time_ms <= MAX_COUNTER:
             raise InvalidCommand(f"to.timeMs must be an integer from 0 to {MAX_COUNTER}")
         return ToTime(time_ms)

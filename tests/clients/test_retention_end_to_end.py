@@ -246,7 +246,7 @@ async def test_max_age_removes_what_is_older_and_nothing_younger_counting_the_lo
             async def old_gone() -> bool:
                 return sum(checker.xlen(k) for k in keys) == len(young)
 
-            await wait_until(old_gone, timeout_s=1.5)  # the old ones went within a round or so
+            await wait_until(old_gone, timeout_s=3)  # the old ones went within a few rounds (200 ms)
             assert {e for k in keys for e, _ in checker.xrange(k)} == young_ids  # none younger
     view = (await http.get(f"/v1/streams/{prefix}/groups/billing")).json()
     assert view["trimmedUnseen"] == len(old)  # the stopped group never saw them

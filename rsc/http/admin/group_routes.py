@@ -62,6 +62,8 @@ def add_group_routes(app: QuartTrio, registry: Registry) -> None:
         patch = merge_patch_body(await json_body(), GroupPatch)
         actor = await existing_group(registry, stream_prefix, consumer_group)
         now = codec.wire.unstructure(spec_of(actor.state.config)) if actor is not None else {}
+        if "startAt" in patch:  # one of two shapes: replaced whole, never merged into the other
+            now.pop("startAt", None)
         spec = strict(merge_patch(now, patch), GroupSpec)
         config = await apply_group(registry, stream_prefix, consumer_group, spec, quota)
         return await group_resource(registry, stream_prefix, consumer_group, create=config)
