@@ -7,7 +7,7 @@ import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable } fro
 import { MemberMachine } from './machine.js';
 import { monotonic } from './poller.js';
 
-export const CLIENT = { name: 'rsc-node', version: '0.1.0', featureLevel: 6 };
+export const CLIENT = { name: 'rsc-node', version: '0.1.0', featureLevel: 7 };
 const STATUSES = new Set(['OK', 'REVOKE_PENDING', 'SYNC_METADATA', 'FENCED', 'UNKNOWN_MEMBER']);
 
 /** A newer process took this static member id over (FENCED REPLACED): stopped for good. */
