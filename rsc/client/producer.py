@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -62,6 +63,7 @@ from rsc.client.producer_state import (
     publish_failed,
 )
 from rsc.client.redis_calls import redis_call
+from rsc.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.outage import OutageLog
 
 __all__ = [
@@ -406,3 +408,32 @@ def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
             return inner
         group = inner
     return group
+
+
+@contextlib.asynccontextmanager
+async def connect_producer(
+    stream_prefix: str,
+    producer_id: str | None = None,
+    *,
+    coordinator_url: str | Sequence[str] | None = None,
+    redis_url: str | None = None,
+    token: str | None = None,
+    **settings: Any,
+) -> AsyncIterator[Producer]:
+    """A registered `Producer` from URLs, in one call (`open_producer` takes objects):
+
+        async with connect_producer("orders") as producer:
+            await producer.publish({"id": "1"}, "customer-7")
+
+    `coordinator_url` (one, several, or comma-separated) defaults to `RSC_COORDINATOR_URL`, then
+    `http://127.0.0.1:8080`; `redis_url` (the forms of `rsc.connect.open_redis`) to
+    `RSC_REDIS_URL`, then `redis://127.0.0.1:6379`; `token` to `RSC_TOKEN`. `settings` go to
+    `open_producer` (`delivery_timeout_s`, `idempotent`, ...). Raises as `open_producer`, and
+    as `open_redis` for a Redis URL it cannot use."""
+    url = coordinator_url or os.environ.get("RSC_COORDINATOR_URL") or "http://127.0.0.1:8080"
+    async with (
+        Coordinator(url, token=token) as coordinator,
+        open_redis(redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL) as redis,
+        open_producer(coordinator, redis, stream_prefix, producer_id, **settings) as producer,
+    ):
+        yield producer

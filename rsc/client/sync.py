@@ -15,12 +15,14 @@ several threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -65,10 +67,12 @@ from rsc.client.producer_state import (
     held_back,
     publish_failed,
 )
+from rsc.connect import DEFAULT_REDIS_URL, is_sentinel_url
 from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 from rsc.outage import OutageLog
 from rsc.redis_errors import TRANSIENT_CODES, reply_code
+from rsc.sync_connect import sync_redis
 
 _pack_command: Callable[[tuple[Any, ...]], bytes] | None
 try:  # rsc[sync] brings it: commands packed in C (redis-py's own packing encodes each argument)
@@ -520,3 +524,39 @@ class SyncProducer(RoutingView):
             raise RscError(f"producer {self.producer_id!r} is not started (call start() or use `with`)")
         if not self._resumed.wait(self.pause_timeout_s):
             raise ProducerPaused(f"stream {self.stream_prefix!r} stayed paused for {self.pause_timeout_s} s")
+
+
+@contextlib.contextmanager
+def connect_sync_producer(
+    stream_prefix: str,
+    producer_id: str | None = None,
+    *,
+    coordinator_url: str | Sequence[str] | None = None,
+    redis_url: str | None = None,
+    token: str | None = None,
+    **settings: Any,
+) -> Iterator[SyncProducer]:
+    """A started `SyncProducer` from URLs, in one call; closed (and its clients) at the end:
+
+        with connect_sync_producer("orders") as producer:
+            producer.publish({"id": "1"}, "customer-7")
+
+    The URLs and the token default as `rsc.connect_producer`'s; a Redis Cluster node is noticed
+    (a `RedisCluster` client); `settings` go to `SyncProducer`. Raises as `SyncProducer.start`."""
+    url = coordinator_url or os.environ.get("RSC_COORDINATOR_URL") or "http://127.0.0.1:8080"
+    target = redis_url or os.environ.get("RSC_REDIS_URL") or DEFAULT_REDIS_URL
+    with (
+        SyncCoordinator(url, token=token) as coordinator,
+        contextlib.closing(_sync_client(target)) as redis,
+        SyncProducer(coordinator, redis, stream_prefix, producer_id, **settings) as producer,
+    ):
+        yield producer
+
+
+def _sync_client(url: str) -> Any:
+    """A redis-py client for `url`: a `RedisCluster` when the node says it is one."""
+    client = sync_redis(url)
+    if not is_sentinel_url(url) and client.info("cluster").get("cluster_enabled"):
+        client.close()
+        return redis.RedisCluster.from_url(url)
+    return client

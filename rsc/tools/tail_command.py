@@ -26,12 +26,14 @@ from redis.cluster import RedisCluster
 
 from rsc.client.errors import RscError
 from rsc.client.sync import SyncCoordinator
+from rsc.connect import open_redis
 from rsc.events import codec
 from rsc.events.group_position import entry_id
 from rsc.events.model import Layout, Shard
 from rsc.events.routing import route
 from rsc.sync_connect import sync_redis
 from rsc.tools.admin_terminal import iso_ms
+from rsc.tools.running import run_on_redis
 
 #: How often `--follow` looks for new entries, and for a new layout.
 POLL_S, LAYOUT_S = 0.5, 5.0
@@ -143,6 +145,12 @@ def follow(
             time.sleep(POLL_S)
 
 
+async def _reachable(url: str) -> None:
+    """Redis answers at `url` with the credential given (else `open_redis`'s one-line errors)."""
+    async with open_redis(url) as r:
+        await r.ping()
+
+
 def _layout(coordinator: SyncCoordinator, stream: str) -> Layout:
     return codec.wire.structure(coordinator.routing(stream), Layout)
 
@@ -181,6 +189,7 @@ def tail(
             entry_id(from_id)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--from-id") from exc
+    run_on_redis(lambda: _reachable(redis_url))  # a Redis mistake is said first, in one line
     try:
         with SyncCoordinator(coordinator_url) as coordinator:
             layout = _layout(coordinator, stream)
