@@ -2,8 +2,7 @@
 
 import logging
 
-from rsc.client.poller import Message
-from rsc.client.worker import App
+from rsc import App, Message
 
 app = App()
 log = logging.getLogger("orders")
