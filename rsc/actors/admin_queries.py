@@ -29,6 +29,7 @@ from rsc.events import admin_rules
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.group_position import entry_id
 from rsc.events.model import Shard
+from rsc.events.scaling import Scale, ShardWork, scale
 from rsc.events.stream import StreamState
 from rsc.events.versions import Party
 from rsc.redis_errors import first_leaf
@@ -207,3 +208,25 @@ async def oldest_pending(
         fields = {key: await registry.effects.entry_fields(key, ids) for key, ids in by_key.items()}
         pending = [attrs.evolve(p, fields=fields[p.shard.key].get(p.entry.id, {})) for p in pending]
     return pending
+
+
+async def group_scale(registry: Registry, stream_prefix: str, group: str, members_per_replica: int) -> Scale:
+    """What the group wants (`rsc.events.scaling`), from what Redis says of each readable shard.
+    Raises `UnknownStream`, `UnknownGroup`, `StoreError`."""
+    state = await _stream_state(registry, stream_prefix)
+    if group not in state.groups:
+        raise UnknownGroup(f"no group {group!r} reads {stream_prefix!r}")
+    actor = await registry.group(stream_prefix, group, create=False)
+    group_state = actor.state
+    members = len(group_state.members) if group_state is not None else 0
+    paused = group_state is not None and group_state.paused is not None
+    keys = [s.key for s in state.layout.shards if s.readable]
+    stats = await registry.effects.shard_stats(keys)
+    works = []
+    for key in keys:
+        found = next((g for g in stats[key].groups if g.group == group), None)
+        # no consumer group on the key yet: nothing delivered, its length is its lag
+        works.append(
+            ShardWork(stats[key].length if found is None else found.lag, found.pending if found else 0)
+        )
+    return scale(works, members, paused, members_per_replica)

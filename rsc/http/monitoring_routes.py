@@ -39,6 +39,7 @@ READY_TIMEOUT_S = 1.0
 def add_monitoring_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics: Metrics) -> None:
     """The views, `/v1/version`, `/healthz`, `/readyz` and `/metrics` (see the module)."""
     _add_views(app, registry, gate)
+    add_group_reads(app, registry)
     _add_process_routes(app, registry, gate, metrics)
 
 
@@ -101,12 +102,6 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
         body["nextCursor"] = page.next_cursor  # null on the last page, not left out
         return paging.with_link(json_response(body, plain=True), page.next_cursor, wanted.limit)
 
-    @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>/pending")
-    async def pending(stream_prefix: str, consumer_group: str) -> Response:
-        """The group's oldest pending entries (ids, member, age, deliveries; never payloads:
-        the admin's `GET /v1/admin/.../pending` has them)."""
-        return await pending_entries(registry, stream_prefix, consumer_group, payloads=False)
-
     async def existing_stream(stream_prefix: str) -> Any:
         return (await existing_stream_actor(stream_prefix)).state
 
@@ -115,6 +110,32 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
             return await registry.stream(stream_prefix, create=False)
         except UnknownStream as exc:
             raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+
+
+def add_group_reads(app: QuartTrio, registry: Registry) -> None:
+    """A group's oldest pending entries, and what it wants for an autoscaler."""
+
+    @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>/pending")
+    async def pending(stream_prefix: str, consumer_group: str) -> Response:
+        """The group's oldest pending entries (ids, member, age, deliveries; never payloads:
+        the admin's `GET /v1/admin/.../pending` has them)."""
+        return await pending_entries(registry, stream_prefix, consumer_group, payloads=False)
+
+    @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>/scale")
+    async def scale(stream_prefix: str, consumer_group: str) -> Response:
+        """What the group wants, for KEDA's metrics-api scaler (`rsc.events.scaling`):
+        `?membersPerReplica=N` (1-1024, default 1: `rsc worker` runs `concurrency` members a
+        listener) sets `desiredReplicas`."""
+        raw = request.args.get("membersPerReplica", "1")
+        if not raw.isdigit() or not 1 <= int(raw) <= 1_024:
+            raise ApiError(400, "INVALID_REQUEST", "membersPerReplica must be an integer from 1 to 1024")
+        try:
+            found = await admin_queries.group_scale(registry, stream_prefix, consumer_group, int(raw))
+        except UnknownStream as exc:
+            raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
+        except UnknownGroup as exc:
+            raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
+        return json_response(found)
 
 
 async def pending_entries(registry: Registry, stream_prefix: str, group: str, payloads: bool) -> Response:

@@ -22,6 +22,7 @@ from rsc import __version__
 from rsc.events.codec import camel
 from rsc.events.group_position import ResetPlan
 from rsc.events.model import NAME_PATTERN
+from rsc.events.scaling import Scale
 from rsc.events.stream import MAX_SHARDS
 from rsc.events.wire import (
     HeartbeatRequest,
@@ -192,6 +193,22 @@ ROUTES = (
         None,
         views.GroupView,
         query=PAGE_QUERY,
+    ),
+    Route(
+        "get",
+        f"{S}/groups/{{consumerGroup}}/scale",
+        "What the group wants, for KEDA's metrics-api scaler: lag (null when Redis cannot tell), "
+        "pending, shards, members, desiredMembers (never above shards; idle shards are no work; a "
+        "paused group wants no more), desiredReplicas for membersPerReplica",
+        None,
+        Scale,
+        query=(
+            {
+                "name": "membersPerReplica",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 1024},
+                "description": "members one worker process runs (a listener's concurrency); default 1",
+            },
+        ),
     ),
     Route(
         "get",
