@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from rsc import tracing
 from rsc.client.append_calls import (
     MIN_WINDOW_S,
     SEALED_APPEND,
@@ -222,6 +223,14 @@ class Producer(RoutingView):
         unavailable (the script reload included) or a sealed shard got no new layout for
         `delivery_timeout_s`."""
         await self._wait_until_open()
+        with tracing.send_span(self.stream_prefix, len(messages)) as carried:
+            if carried:  # each message carries the send span's context (rsc:traceparent)
+                messages = [(tracing.with_context(fields, carried), key) for fields, key in messages]
+            ids = await self._publish(messages)
+            tracing.set_message_id(ids)
+            return ids
+
+    async def _publish(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
         state = self.state
         state.in_flight += 1
         self._idle = trio.Event() if state.in_flight == 1 else self._idle

@@ -32,6 +32,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("the synchronous producer needs redis-py: pip install 'rsc[sync]'") from exc
 
+from rsc import tracing
 from rsc.client.append_calls import (
     MIN_WINDOW_S,
     SEALED_APPEND,
@@ -380,6 +381,14 @@ class SyncProducer(RoutingView):
         not answer and redis-py's cluster errors that are no `RedisError`
         (`RedisClusterUnreachableError`, `SlotNotCoveredError`)."""
         self._wait_until_open()
+        with tracing.send_span(self.stream_prefix, len(messages)) as carried:
+            if carried:  # each message carries the send span's context (rsc:traceparent)
+                messages = [(tracing.with_context(fields, carried), key) for fields, key in messages]
+            ids = self._publish(messages)
+            tracing.set_message_id(ids)
+            return ids
+
+    def _publish(self, messages: Sequence[tuple[Fields, Key]]) -> list[str]:
         with self._lock:
             self.state.in_flight += 1
             publish = Publish(self.state, messages)

@@ -265,6 +265,7 @@ class App:
             self.redis_health,
             wake_client,
             lean,
+            stream=listener.stream,
         )
         if self.metrics is not None:
             latency = self.metrics.handler_seconds.labels(listener.stream, listener.group)

@@ -20,6 +20,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from rsc import tracing
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
 from rsc.config import Settings
@@ -50,6 +51,8 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     app = QuartTrio("rsc")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     metrics = Metrics(registry)
+    if tracing.trace_group not in registry.group_observers:  # rebalances and layouts as spans
+        registry.group_observers.append(tracing.trace_group)
 
     @app.before_serving
     async def start_sampling() -> None:

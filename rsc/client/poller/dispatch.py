@@ -10,6 +10,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from rsc import tracing
 from rsc.client.errors import Fenced, RedisCommandFailed, RedisUnavailable
 from rsc.client.poller.message import Handler, Message
 from rsc.client.poller.scripts import MemberScripts
@@ -145,14 +146,21 @@ class Dispatcher:
             if not deliveries:
                 return  # no longer pending here (acknowledged, or claimed by another consumer)
             message = attrs.evolve(message, deliveries=deliveries)
+        fields, carrier = tracing.split(message.fields)  # the publisher's trace context, if any
+        if carrier:  # kept beside the fields: a retry of this message carries it too
+            message = attrs.evolve(message, fields=fields, trace=carrier)
+        carrier = dict(message.trace)
+        where = (state.stream, state.group, message.shard, message.id, message.deliveries, carrier)
         if message.deliveries > state.settings.max_deliveries:
-            await self._dead_letter(shard, message)
+            with tracing.settle_span(*where, "dead_letter"):
+                await self._dead_letter(shard, message)
             return
         if message.deliveries > 1:
             self.retried += 1
         started = time.perf_counter()
         try:
-            await self.handler(message)
+            with tracing.process_span(*where):
+                await self.handler(message)
         except Exception as exc:
             self.failed += 1
             # One line per failure; the traceback at DEBUG (a poison entry fails max_deliveries times).

@@ -23,6 +23,9 @@ class Message:
     member_id: str = ""
     #: Handed out before (a retry, or pending under an earlier owner): maybe already handled.
     redelivered: bool = False
+    #: The publisher's trace context (W3C `traceparent`/`tracestate`), taken out of `fields`
+    #: (`rsc.tracing`); empty without one.
+    trace: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)
 
 
 Handler = Callable[[Message], Awaitable[None]]

@@ -49,6 +49,7 @@ class Poller:
         health: RedisHealth | None = None,
         wake_client: Any = None,
         lean: Multiplexed | None = None,
+        stream: str = "",
     ) -> None:
         #: The lean connection given (shared), or where to open one of its own (None: coredis).
         self._given_lean = lean
@@ -60,6 +61,8 @@ class Poller:
         self.state = PollerState(
             group, member_id, incarnation, settings, health or RedisHealth(member_id, settings.redis_backoff)
         )
+        #: The stream prefix it reads (the destination name of its trace spans).
+        self.state.stream = stream
         self.scripts = MemberScripts(redis, group, member_id, incarnation)
         self.wakeups = Wakeups(self.state, redis, redis if wake_client is None else wake_client, self.scripts)
         self.reader = Reader(self.state, self.scripts, self.wakeups)

@@ -66,6 +66,8 @@ class PollerState:
         self, group: str, member_id: str, incarnation: str, settings: PollerSettings, health: RedisHealth
     ) -> None:
         self.group = group
+        #: The stream prefix (set by the worker: the destination name of trace spans).
+        self.stream = ""
         self.member_id = member_id
         self.incarnation = incarnation
         self.settings = settings
