@@ -123,6 +123,16 @@ def split(fields: Mapping[str, str]) -> tuple[Mapping[str, str], dict[str, str]]
     return {k: v for k, v in fields.items() if k not in RESERVED}, carrier
 
 
+def joined(fields: Mapping[str, str], carrier: Mapping[str, str]) -> Mapping[str, str]:
+    """`fields` with the trace fields `split` took out put back (a dead letter keeps them)."""
+    if not carrier:
+        return fields
+    out = {**fields, TRACEPARENT: carrier["traceparent"]}
+    if "tracestate" in carrier:
+        out[TRACESTATE] = carrier["tracestate"]
+    return out
+
+
 @contextlib.contextmanager
 def process_span(
     stream: str, group: str, shard: int, entry_id: str, deliveries: int, carrier: Mapping[str, str]

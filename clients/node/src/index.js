@@ -16,6 +16,7 @@ export { Producer, ProducerFenced, ProducerPaused, RedisOutOfMemory, ShardFull }
 export { connectRedis, createRedis, parseRedisUrl } from './redis.js';
 export { jump, route, routingHash } from './routing.js';
 export { SCRIPTS, runScript } from './scripts.js';
+export { TRACEPARENT, TRACESTATE, enableTracing } from './tracing.js';
 
 /**
  * @typedef {object} WorkerOptions
@@ -73,7 +74,7 @@ export class Worker {
     const coordinator = new Coordinator({ urls: o.coordinatorUrl, token: o.token });
     this.poller = new Poller({
       redis: this.redis, group: o.group, memberId: this.memberId, incarnation: '', handler: this.handler,
-      concurrency: o.concurrency, settings: o.poller, log: this.log,
+      concurrency: o.concurrency, settings: o.poller, log: this.log, stream: o.stream,
     });
     this.member = new Member({
       coordinator, streamPrefix: o.stream, group: o.group, memberId: this.memberId, lifecycle: this.poller,

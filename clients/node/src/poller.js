@@ -5,6 +5,7 @@
 // held (not stopped by a revoke or a loss) and the lease is valid now (M5, M10).
 import { isTransient } from './redis.js';
 import { deadLetterKey, isFenced, ownersKey, runScript } from './scripts.js';
+import { consumerSpan, joinTrace, splitTrace } from './tracing.js';
 
 /** Monotonic seconds (CLOCK_MONOTONIC on Linux). */
 export const monotonic = () => Number(process.hrtime.bigint()) / 1e9;
@@ -124,11 +125,13 @@ class ShardRun {
 export class Poller {
   /**
    * @param {{redis: any, group: string, memberId: string, incarnation: string, handler: Handler,
-   *   concurrency?: number, settings?: PollerSettings, log?: (line: string) => void}} o
+   *   concurrency?: number, settings?: PollerSettings, log?: (line: string) => void, stream?: string}} o
    */
-  constructor({ redis, group, memberId, incarnation, handler, concurrency, settings = {}, log }) {
+  constructor({ redis, group, memberId, incarnation, handler, concurrency, settings = {}, log, stream = '' }) {
     this.redis = redis;
     this.group = group;
+    /** The stream prefix (the destination name of trace spans). */
+    this.stream = stream;
     this.memberId = memberId;
     this.incarnation = incarnation;
     this.handler = handler;
@@ -423,9 +426,16 @@ export class Poller {
         return;
       }
     }
+    // the publisher's trace context, taken out of the fields (kept on the message for its retries)
+    const [fields, split] = splitTrace(message.fields);
+    if (split.traceparent) message = { ...message, fields, trace: split };
+    const trace = /** @type {any} */ (message).trace || {};
+    const where = { stream: this.stream, group: this.group, shard: shard.index, id: message.id,
+      deliveries: message.deliveries, trace };
     if (message.deliveries > s.maxDeliveries) {
       try {
-        await this.#deadLetter(shard, message);
+        const full = { ...message, fields: joinTrace(message.fields, trace) }; // its trace fields go with it
+        await consumerSpan('settle', { ...where, settle: 'dead_letter' }, () => this.#deadLetter(shard, full));
       } catch (err) {
         if (!shard.stopped) shard.queue.unshift({ ...message, redelivered: true });
         throw err;
@@ -434,10 +444,10 @@ export class Poller {
     }
     const controller = new AbortController();
     shard.controller = controller;
-    const { redelivered: _r, notBefore: _n, ...visible } = message;
+    const { redelivered: _r, notBefore: _n, trace: _t, ...visible } = /** @type {any} */ (message);
     let ok = false;
     try {
-      await this.handler(visible, { signal: controller.signal });
+      await consumerSpan('process', where, () => this.handler(visible, { signal: controller.signal }));
       ok = true;
     } catch (err) {
       if (!controller.signal.aborted && !shard.lost) {

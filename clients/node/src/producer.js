@@ -11,6 +11,7 @@ import { PROTOCOL_VERSION } from './machine.js';
 import { CLIENT } from './member.js';
 import { route } from './routing.js';
 import { appendKeys, runScript } from './scripts.js';
+import { TRACEPARENT, sendSpan } from './tracing.js';
 
 /** The stream stayed paused past the producer's pause timeout. */
 export class ProducerPaused extends Error {}
@@ -171,7 +172,17 @@ export class Producer {
    * @param {(Outgoing | [string | Uint8Array, Fields])[]} messages @returns {Promise<string[]>}
    */
   async publishMany(messages) {
-    const items = messages.map((m) => (Array.isArray(m) ? { key: m[0], fields: m[1] } : m));
+    return sendSpan(this.stream, messages.length, (carried) => this.#publish(messages, carried));
+  }
+
+  /**
+   * @param {(Outgoing | [string | Uint8Array, Fields])[]} messages
+   * @param {Record<string, string>} carried the send span's context, as entry fields
+   * @returns {Promise<string[]>}
+   */
+  async #publish(messages, carried) {
+    const items = messages.map((m) => (Array.isArray(m) ? { key: m[0], fields: m[1] } : m))
+      .map((m) => (carried[TRACEPARENT] ? { key: m.key, fields: { ...m.fields, ...carried } } : m));
     /** @type {string[]} */
     const ids = new Array(items.length);
     await this.#untilOpen();

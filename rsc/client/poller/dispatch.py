@@ -152,8 +152,8 @@ class Dispatcher:
         carrier = dict(message.trace)
         where = (state.stream, state.group, message.shard, message.id, message.deliveries, carrier)
         if message.deliveries > state.settings.max_deliveries:
-            with tracing.settle_span(*where, "dead_letter"):
-                await self._dead_letter(shard, message)
+            with tracing.settle_span(*where, "dead_letter"):  # (its trace fields go with it)
+                await self._dead_letter(shard, attrs.evolve(message, fields=tracing.joined(fields, carrier)))
             return
         if message.deliveries > 1:
             self.retried += 1
