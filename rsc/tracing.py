@@ -19,6 +19,7 @@ redeliveries, dead letters) are rsc's, over Redis Streams; Redis itself appears 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
@@ -184,6 +185,30 @@ def _consumer_attributes(
         "messaging.message.id": entry_id,
         "messaging.rsc.message.delivery_count": deliveries,
     }
+
+
+#: One member heartbeat (or batch) in this many is a span of the coordinator's (0: none).
+HEARTBEAT_SAMPLE = int(os.environ.get("RSC_OTEL_HEARTBEAT_SAMPLE", "100") or 0)
+_heartbeats = itertools.count()
+
+
+@contextlib.contextmanager
+def heartbeat_span(stream: str | None, group: str | None, items: int) -> Iterator[None]:
+    """A `heartbeat {stream}` span around the coordinator's answer to one heartbeat (a batch of
+    `items`, of any streams: `heartbeats`), for one in `HEARTBEAT_SAMPLE` of them (thousands
+    arrive a second)."""
+    tracer = _tracer()
+    if tracer is None or HEARTBEAT_SAMPLE <= 0 or next(_heartbeats) % HEARTBEAT_SAMPLE:
+        yield
+        return
+    attributes: dict[str, Any] = {"messaging.system": SYSTEM, "rsc.heartbeats": items}
+    attributes["rsc.sampled_one_in"] = HEARTBEAT_SAMPLE
+    if stream is not None and group is not None:
+        attributes["messaging.destination.name"] = stream
+        attributes["messaging.consumer.group.name"] = group
+    name = "heartbeats" if stream is None else f"heartbeat {stream}"
+    with tracer.start_as_current_span(name, attributes=attributes):
+        yield
 
 
 @contextlib.contextmanager

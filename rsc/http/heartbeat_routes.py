@@ -19,6 +19,7 @@ import trio
 from quart import Response
 from quart_trio import QuartTrio
 
+from rsc import tracing
 from rsc.actors.actor import Reply
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.registry import Registry
@@ -139,15 +140,16 @@ class HeartbeatAnswers:
             create = heartbeat_rules.creates_group(body, self.auto_groups, may_create)
             version = holds.version(body.stream_prefix, body.consumer_group)
             seen = heartbeat_rules.seen_version(body, may_create)
-            reply = await registry.ask_group(
-                body.stream_prefix,
-                body.consumer_group,
-                command,
-                create=create,
-                seen_version=seen,
-                rebuild=self.auto_groups,
-                quota=quota,
-            )
+            with tracing.heartbeat_span(body.stream_prefix, body.consumer_group, 1):
+                reply = await registry.ask_group(
+                    body.stream_prefix,
+                    body.consumer_group,
+                    command,
+                    create=create,
+                    seen_version=seen,
+                    rebuild=self.auto_groups,
+                    quota=quota,
+                )
             response = respond(reply.state, command, reply.events)
         if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
             response = await holds.hold(body, command, response, version)
@@ -159,17 +161,18 @@ class HeartbeatAnswers:
         answer or a JSON error in each item's place."""
         with self.batch_seconds.time():
             batch = structure(await read(), HeartbeatBatch)
-            results, held = await _answer_batch(
-                self.registry,
-                self.gate,
-                batch,
-                self.max_batch_items,
-                self.auto_groups,
-                self.holds,
-                self.quota_of,
-                self.rates,
-                self.steady,
-            )
+            with tracing.heartbeat_span(None, None, len(batch.heartbeats)):
+                results, held = await _answer_batch(
+                    self.registry,
+                    self.gate,
+                    batch,
+                    self.max_batch_items,
+                    self.auto_groups,
+                    self.holds,
+                    self.quota_of,
+                    self.rates,
+                    self.steady,
+                )
         if held:  # long polls: the answer goes once every held item has its own
             level = self.registry.known_feature_level()
             async with trio.open_nursery() as nursery:

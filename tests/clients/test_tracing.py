@@ -52,9 +52,10 @@ async def http(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_publish_to_handler_in_one_trace_through_a_retry_and_a_dead_letter(
-    http: httpx.AsyncClient, standalone_url: str, prefix: str
+    http: httpx.AsyncClient, standalone_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     EXPORTER.clear()
+    monkeypatch.setattr(tracing, "HEARTBEAT_SAMPLE", 1)  # every heartbeat a span (100: one in 100)
     base = str(http.base_url)
     assert (await http.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)).is_success
     assert (await http.put(f"/v1/admin/streams/{prefix}/groups/g", json={}, auth=AUTH)).is_success
@@ -114,6 +115,7 @@ def check_spans(spans: Any, request: Any, prefix: str, good: str, seen: list[dic
     assert settle.attributes["messaging.rsc.settle"] == "dead_letter"
     assert settle.context.trace_id == trace_id
     assert all(not any(k.startswith("rsc:") for k in fields) for fields in seen)  # stripped
+    assert any(s.name == "heartbeats" and s.attributes["rsc.heartbeats"] >= 1 for s in spans)
     rebalances = [s for s in spans if s.name == f"rebalance {prefix}"]
     assert rebalances
     assert rebalances[0].attributes["messaging.consumer.group.name"] == "g"
