@@ -188,7 +188,8 @@ def _consumer_attributes(
 
 
 #: One member heartbeat (or batch) in this many is a span of the coordinator's (0: none).
-HEARTBEAT_SAMPLE = int(os.environ.get("RSC_OTEL_HEARTBEAT_SAMPLE", "100") or 0)
+_SAMPLE = os.environ.get("RSC_OTEL_HEARTBEAT_SAMPLE", "100").strip()
+HEARTBEAT_SAMPLE = int(_SAMPLE) if _SAMPLE.isdigit() else 100  # (not a number: the default)
 _heartbeats = itertools.count()
 
 

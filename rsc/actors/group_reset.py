@@ -19,24 +19,33 @@ import json
 import logging
 
 import attrs
+import coredis
 import trio
 
 from rsc.actors.registry import Registry
 from rsc.events import codec
 from rsc.events.commands import PauseGroup, RecordPositionReset, ResumeGroup
-from rsc.events.errors import FeatureLevelRequired, MigrationConflict, NotEmpty, UnknownGroup
+from rsc.events.errors import (
+    FeatureLevelRequired,
+    InvalidCommand,
+    MigrationConflict,
+    NotEmpty,
+    PreconditionFailed,
+    UnknownGroup,
+)
 from rsc.events.group_position import (
     COUNT_LIMIT,
     ResetPlan,
     ResetTarget,
     ShardPlan,
     ShardPosition,
-    entries_read_after,
+    ToIds,
     entry_id,
     new_position,
 )
 from rsc.events.model import ShardState
 from rsc.events.versions import GROUP_OPS_LEVEL
+from rsc.redis_errors import error_code
 
 log = logging.getLogger("rsc.reset")
 
@@ -94,41 +103,66 @@ async def reset_group(
             "(the group is paused while its position is set)"
         )
     paused_here = state.paused is None
+    if not paused_here and expect is not None and actor.revision != expect:  # before any write
+        raise PreconditionFailed(f"group {group!r} is at revision {actor.revision}, not {expect}")
     if paused_here:
         command = PauseGroup("reset of the group's position", registry.clock.now_ms())
         await registry.ask_group(stream_prefix, group, command, create=False, expect=expect)
-        expect = None
-    try:
-        await _released(registry, stream_prefix, group)
-        read = await _read(registry, stream_prefix, group, target)  # where the members left it
-        positions: dict[int, str] = {}
-        for shard in read.plan.shards:
-            if not shard.reachable or shard.new is None:
-                continue
-            at = read.positions[shard.key]
-            entries_read = entries_read_after(at, shard.new, shard)
+    # From here on the reset goes to its end even if the caller goes away (a client's timeout):
+    # never half the shards moved and nothing journaled, never a group left paused by it.
+    with trio.CancelScope(shield=True):
+        try:
+            await _released(registry, stream_prefix, group)
+            read = await _read(registry, stream_prefix, group, target)  # where the members left it
+            positions = await _set(registry, group, read)
+            done = attrs.evolve(read.plan, dry_run=False, executed=True, members=members)
+            plan = json.dumps(codec.wire.unstructure(done))
+            record = RecordPositionReset(positions, by, plan, registry.clock.now_ms())
+            await registry.ask_group(stream_prefix, group, record, create=False)
+            log.warning(
+                "group %r of %r reset by %s on %d shard(s): %s",
+                group,
+                stream_prefix,
+                by,
+                len(positions),
+                ", ".join(f"{s} -> {p}" for s, p in sorted(positions.items())),
+            )
+        finally:
+            if paused_here:
+                resume = ResumeGroup(registry.clock.now_ms())
+                await registry.ask_group(stream_prefix, group, resume, create=False)
+    return done
+
+
+async def _set(registry: Registry, group: str, read: _Read) -> dict[int, str]:
+    """Set each reachable shard's position (its entries-read counted when it can be exactly);
+    the positions set. Raises `NotEmpty` if a member holds a shard after all (nothing more is
+    set), skips a key that vanished meanwhile."""
+    positions: dict[int, str] = {}
+    for shard in read.plan.shards:
+        if not shard.reachable or shard.new is None:
+            continue
+        at = read.positions[shard.key]
+        entries_read = await _entries_read(registry, shard.key, at, shard.new)
+        try:
             await registry.effects.set_position(shard.key, group, shard.new, entries_read)
-            positions[shard.shard] = shard.new
-        done = attrs.evolve(read.plan, dry_run=False, executed=True, members=members)
-        record = RecordPositionReset(
-            positions, by, json.dumps(codec.wire.unstructure(done)), registry.clock.now_ms()
-        )
-        await registry.ask_group(stream_prefix, group, record, create=False, expect=expect)
-        log.warning(
-            "group %r of %r reset by %s on %d shard(s): %s",
-            group,
-            stream_prefix,
-            by,
-            len(positions),
-            ", ".join(f"{s} -> {p}" for s, p in sorted(positions.items())),
-        )
-        return done
-    finally:
-        if paused_here:
-            with trio.CancelScope(shield=True):
-                await registry.ask_group(
-                    stream_prefix, group, ResumeGroup(registry.clock.now_ms()), create=False
-                )
+        except coredis.exceptions.ResponseError as exc:
+            if error_code(exc) == "MISSING":
+                continue  # the key is gone (Redis lost it): the group starts there as configured
+            if error_code(exc) == "OWNED":
+                raise NotEmpty(f"shard {shard.shard} is held by a member of {group!r}: {exc}") from exc
+            raise
+        positions[shard.shard] = shard.new
+    return positions
+
+
+async def _entries_read(registry: Registry, key: str, at: ShardPosition, new: str) -> int | None:
+    """The group's entries-read at `new`: the entries ever added less those after `new` (counted
+    exactly up to `COUNT_LIMIT`, else unknown: None, and Redis learns it as the group reads)."""
+    if new == at.last_id:
+        return at.entries_added
+    after, exact = await _count(registry, key, new, at.last_id)
+    return max(0, at.entries_added - after) if exact else None
 
 
 async def _released(registry: Registry, stream_prefix: str, group: str) -> None:
@@ -157,6 +191,10 @@ async def _read(registry: Registry, stream_prefix: str, group: str, target: Rese
         raise UnknownGroup(f"no group {group!r} reads {stream_prefix!r}")
     actor = await registry.group(stream_prefix, group, create=False)
     members = tuple(sorted(actor.state.members)) if actor.state is not None else ()
+    if isinstance(target, ToIds):
+        unknown = sorted({int(k) for k in target.ids} - {s.index for s in state.layout.shards})
+        if unknown:
+            raise InvalidCommand(f"to.ids names shard(s) {unknown} the stream does not have")
     active = [s for s in state.layout.shards if s.state is ShardState.ACTIVE]
     positions = await registry.effects.positions([s.key for s in active], group)
     shards: list[ShardPlan] = []
@@ -213,7 +251,12 @@ async def _shard_plan(
         return attrs.evolve(base, redelivered=count, exact=exact, before_oldest=before_oldest, why=why)
     if target > current:
         count, exact = await _count(registry, key, at.last_delivered, new)
-        return attrs.evolve(base, skipped=count, exact=exact)
+        beyond = None
+        if target > entry_id(at.last_id):
+            beyond = (
+                f"beyond the last entry ({at.last_id}): entries appended later are skipped too, up to {new}"
+            )
+        return attrs.evolve(base, skipped=count, exact=exact, why=beyond)
     return base
 
 

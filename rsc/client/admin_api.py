@@ -144,6 +144,7 @@ class AdminClient:
         create_only: bool = False,
         params: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
+        timeout_s: float | None = None,
     ) -> Answer:
         """`create_only`: `If-None-Match: *` (412 if the resource exists or is created meanwhile).
 
@@ -166,6 +167,7 @@ class AdminClient:
                     json=body,
                     headers=headers,
                     params={k: v for k, v in (params or {}).items() if v is not None},
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s,
                 )
             except httpx.HTTPError as exc:
                 raise AdminError(0, "UNREACHABLE", f"no answer from {self.url}: {exc}") from exc
@@ -326,7 +328,9 @@ class AdminClient:
         {"ids": {...}}): its plan, or (`execute`) the reset. Raises `AdminError` as `request`
         does (409 `NOT_EMPTY` with members unless `force`)."""
         body = {"to": to, "dryRun": not execute, "force": force}
-        return self.request("POST", f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/reset", body)
+        path = f"/v1/admin/streams/{_seg(prefix)}/groups/{_seg(group)}/reset"
+        # a forced reset waits for every member to hand its shards back (the revoke timeout at most)
+        return self.request("POST", path, body, timeout_s=180.0 if execute else None)
 
     def remove_member(self, prefix: str, group: str, member_id: str) -> Answer:
         """Fence a live member (`REMOVED`), or end a static member's hold.

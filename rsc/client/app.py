@@ -5,15 +5,14 @@ Kept for one more minor release, with a `DeprecationWarning`; import `App` from 
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 from rsc.client.worker import *  # noqa: F403  (what 0.1.0 applications import from here)
 from rsc.client.worker import App
 
-warnings.warn(
-    "rsc.client.app is deprecated: App moved to rsc.client.worker; use `from rsc import App`",
-    DeprecationWarning,
-    stacklevel=2,
-)
+MOVED = "rsc.client.app is deprecated: App moved to rsc.client.worker; use `from rsc import App`"
+warnings.warn(MOVED, DeprecationWarning, stacklevel=2)
+logging.getLogger("rsc").warning("%s (it goes in 0.3.0)", MOVED)  # seen under `rsc worker` too
 
 __all__ = ["App"]

@@ -164,18 +164,6 @@ class ResetPlan:
     members: tuple[str, ...] = ()
 
 
-def entries_read_after(position: ShardPosition, new: str, plan: ShardPlan) -> int | None:
-    """The group's entries-read at `new` (so that Redis keeps its lag known), or None when it
-    cannot be known exactly (then Redis learns it as the group reads)."""
-    if new == position.last_id:
-        return position.entries_added
-    if new == "0-0" or (position.first_id is not None and entry_id(new) < entry_id(position.first_id)):
-        return position.entries_added - position.length
-    if plan.exact and position.entries_read is not None and position.group_exists:
-        return max(0, position.entries_read - plan.redelivered + plan.skipped)
-    return None
-
-
 __all__ = [
     "COUNT_LIMIT",
     "ENTRY_ID",
@@ -185,7 +173,6 @@ __all__ = [
     "ShardPosition",
     "ToIds",
     "ToTime",
-    "entries_read_after",
     "entry_id",
     "new_position",
     "parse_target",

@@ -125,18 +125,30 @@ def read_group(r: Any, shards: Sequence[Shard], group: str, count: int) -> list[
     return sorted(out, key=Entry.sort_key)
 
 
+def newest(r: Any, key: str) -> str:
+    """The id of the key's newest entry ("0-0": none)."""
+    found = r.xrevrange(key, count=1)
+    return str(found[0][0]) if found else "0-0"
+
+
 def follow(
-    r: Any, coordinator: SyncCoordinator, stream: str, key: str | None, last: dict[str, str]
+    r: Any, coordinator: SyncCoordinator, stream: str, key: str | None, last: dict[str, str], highest: int
 ) -> Iterator[Entry]:
-    """Entries after the last one shown on each shard, as they come (forever)."""
+    """Entries after the last one shown on each shard, as they come (forever). A shard first
+    seen here is read from its start if a scale-out added it (an index above `highest`), else
+    (`--key` routed elsewhere by a scale-in) from its newest entry then: never its history."""
     layout, fetched = _layout(coordinator, stream), time.monotonic()
     while True:
         if time.monotonic() - fetched > LAYOUT_S:
             layout, fetched = _layout(coordinator, stream), time.monotonic()
+        shards = shards_of(layout, key)
+        for s in shards:
+            if s.key not in last:
+                last[s.key] = "0-0" if s.index > highest else newest(r, s.key)
         found = [
             Entry(s.index, s.key, str(i), _decode(f))
-            for s in shards_of(layout, key)
-            for i, f in r.xrange(s.key, min=f"({last.get(s.key, '0-0')}", count=1_000)
+            for s in shards
+            for i, f in r.xrange(s.key, min=f"({last[s.key]}", count=1_000)
         ]
         for entry in sorted(found, key=Entry.sort_key):
             last[entry.key] = entry.id
@@ -195,6 +207,8 @@ def tail(
             layout = _layout(coordinator, stream)
             r = _client(redis_url)
             shards = shards_of(layout, key)
+            # where each shard stands before anything is read: what comes after is followed
+            start = {s.key: newest(r, s.key) for s in shards} if following else {}
             if group is not None:
                 shown = read_group(r, shards, group, last_n or 1_000)
             elif since is not None:
@@ -208,11 +222,10 @@ def tail(
                 click.echo(entry.json() if as_json else entry.text())
                 last[entry.key] = max(last.get(entry.key, "0-0"), entry.id, key=entry_id)
             if following:
-                for s in shards:  # new ones only: after what each shard holds now
-                    newest = r.xrevrange(s.key, count=1)
-                    if newest:
-                        last[s.key] = max(last.get(s.key, "0-0"), str(newest[0][0]), key=entry_id)
-                for entry in follow(r, coordinator, stream, key, last):
+                for shard_key, at in start.items():
+                    last[shard_key] = max(last.get(shard_key, "0-0"), at, key=entry_id)
+                highest = max((s.index for s in layout.shards), default=-1)
+                for entry in follow(r, coordinator, stream, key, last, highest):
                     click.echo(entry.json() if as_json else entry.text())
     except (RscError, redis.RedisError) as exc:
         raise click.ClickException(str(exc)) from exc

@@ -226,6 +226,8 @@ async def test_a_reset_to_latest_skips_the_backlog(
         open_producer(coordinator, r, prefix, "api") as producer,
     ):
         await publish_many(producer, backlog)
+        unknown = await http.post(f"{group}/reset", json={"to": {"ids": {"99": "1-0"}}}, auth=AUTH)
+        assert unknown.status_code == 400, unknown.text  # a shard the stream does not have
         done = await http.post(f"{group}/reset", json={"to": "latest", "dryRun": False}, auth=AUTH)
         assert done.status_code == 200, done.text
         assert sum(s["skipped"] for s in done.json()["shards"]) == len(backlog)

@@ -25,9 +25,11 @@ let enabled = true;
 export function enableTracing(on) { enabled = on; }
 const api = () => (enabled ? otel : null);
 
-/** @param {any} span @returns {Record<string, string>} the fields carrying the span's context */
+/** @param {any} span @returns {Record<string, string>} the fields carrying the span's context
+ * (none for an invalid one: no SDK registered, every span a no-op) */
 function carried(span) {
   const c = span.spanContext();
+  if (!otel.isSpanContextValid(c)) return {};
   const flags = (c.traceFlags & 1) ? '01' : '00';
   /** @type {Record<string, string>} */
   const out = { [TRACEPARENT]: `00-${c.traceId}-${c.spanId}-${flags}` };

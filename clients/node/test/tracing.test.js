@@ -110,3 +110,8 @@ test('publish to handler in one trace, through a retry and a dead letter', { tim
     context.disable();
   }
 });
+
+test('without a tracer provider registered, entries carry no trace fields', async () => {
+  const { sendSpan } = await import('../src/tracing.js');
+  await sendSpan('s', 1, async (carried) => { assert.deepEqual(carried, {}); return []; });
+});
