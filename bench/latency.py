@@ -12,16 +12,21 @@ order reverses every other round, see bench/_rounds.py):
   CPU the consumer process and redis-server used meanwhile (% of one core,
   utime + stime from /proc/<pid>/stat);
 * idle: a consumer process with `--idle-members` members (rsc) on another
-  fresh stream of 8 shards, nothing published; after it settles, over
+  fresh stream of `--idle-shards` shards (64), nothing published; after it settles, over
   `--idle-seconds`: the CPU it used and the Redis commands per second (INFO stats
   `total_commands_processed`, commands run by scripts included, minus what
-  Redis runs with no consumer at all, measured first: the coordinator's own
-  background work), in total and per member.
+  Redis runs over as long a window just after the consumer left: the
+  coordinator's own work on that stream and group, its retention passes
+  included), in total and per member, and per command.
 
 Contenders:
 
 * `rsc worker` on bench/latency_app.py (an `App` listener; `--members`
   members for latency, 1 by default);
+* the Node.js client (`rsc-node`: bench/latency_node.js, one `createWorker`,
+  one member per process; `--idle-members` does not apply), when `node` and
+  clients/node/node_modules are there (`npm ci` in clients/node); left out
+  with `--no-node`;
 * FastStream's Redis stream subscriber (bench/latency_faststream.py, one
   group consumer per shard key, its default 100 ms blocking XREADGROUP), in
   bench/.faststream-venv (installed on first use as bench/consumer.py does);
@@ -30,7 +35,8 @@ Contenders:
 Prints a table (each round, then the median and the spread over rounds) and
 writes bench/results/latency.json.
 
-    python bench/latency.py [--seconds 20] [--rates 5,1000] [--idle-seconds 10] [--rounds 1]
+    python bench/latency.py [--seconds 20] [--rates 5,1000] [--idle-seconds 10] [--idle-shards 64]
+                            [--rounds 1] [--no-node] [--no-faststream]
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,8 +72,10 @@ from bench._results import results_path  # noqa: E402
 
 RESULTS = results_path("latency.json")
 SHARDS = 8
-RSC, FASTSTREAM = "rsc-worker", "faststream"
-LETTERS = {RSC: "W", FASTSTREAM: "F"}
+RSC, NODE, FASTSTREAM = "rsc-worker", "rsc-node", "faststream"
+LETTERS = {RSC: "W", NODE: "N", FASTSTREAM: "F"}
+ADMIN = ("bench", "bench-secret")
+NODE_DIR = HERE.parent / "clients" / "node"
 TICK = os.sysconf("SC_CLK_TCK")
 SETTLE_S = 3.0
 
@@ -130,11 +139,20 @@ def idle_window(r: redis.Redis, pid: int | None, seconds: float) -> dict[str, An
 # --- the consumers -------------------------------------------------------------
 
 
-def create_stream(url: str, stream: str) -> list[str]:
-    """Register `stream` (a producer heartbeat creates it) and return its shard keys."""
+def create_stream(url: str, stream: str, shards: int = SHARDS) -> list[str]:
+    """Create `stream` with `shards` shards (Admin API) and return its shard keys. It keeps
+    every entry (the coordinator's retention passes would blur the idle figures)."""
+    spec = {"shardCount": shards, "retention": {"keep": "all", "deadLetterMaxEntries": None}}
+    answer = httpx.put(f"{url}/v1/admin/streams/{stream}", json=spec, auth=ADMIN, timeout=10)
+    answer.raise_for_status()
     body = {"protocolVersion": 1, "streamPrefix": stream, "producerId": f"{stream}-setup", "leave": True}
     layout = httpx.post(url + "/v1/producers/heartbeat", json=body, timeout=10).json()["layout"]
     return [s["key"] for s in layout["shards"]]
+
+
+def node_ready() -> bool:
+    """Whether the Node.js contender can run: `node` and the client's dependencies."""
+    return shutil.which("node") is not None and (NODE_DIR / "node_modules" / "ioredis").is_dir()
 
 
 def wait_assigned(
@@ -220,7 +238,15 @@ class Bench:
         self, name: str, stream: str, keys: list[str], group: str, members: int, out: Path
     ) -> Iterator[subprocess.Popen[bytes]]:
         """A consumer process reading `keys` (the shards of `stream`) as `group`, ready to handle."""
-        if name == RSC:
+        if name == NODE:
+            argv = ["node", str(HERE / "latency_node.js")]
+            extra = {
+                "RSC_BENCH_COORDINATOR": self.url,
+                "RSC_BENCH_STREAM": stream,
+                "RSC_BENCH_GROUP": group,
+                "RSC_BENCH_OUT": str(out),
+            }
+        elif name == RSC:
             argv = [sys.executable, "-m", "rsc", "worker", "latency_app:app", "--coordinator", self.url]
             extra = {
                 "RSC_BENCH_STREAM": stream,
@@ -237,8 +263,8 @@ class Bench:
         log = out.with_suffix(".log")
         with logged_process(argv, {**self.env, **extra}, log) as proc:
             try:
-                if name == RSC:
-                    wait_assigned(self.url, stream, group, members)
+                if name in (RSC, NODE):
+                    wait_assigned(self.url, stream, group, members, shards=len(keys))
                 else:
                     wait_groups(self.r, keys, group)
             except RuntimeError:
@@ -296,8 +322,10 @@ class Bench:
         }
 
     def idle(self, name: str, round_: int) -> dict[str, Any]:
+        """The consumer's idle cost: a window with it, less a window of the same stream and group
+        once it left (the coordinator's work on them, retention passes included)."""
         stream = f"idle-{name}-{round_ + 1}"
-        keys = create_stream(self.url, stream)
+        keys = create_stream(self.url, stream, self.args.idle_shards)
         members = self.args.idle_members if name == RSC else 1
         with (
             tempfile.TemporaryDirectory(prefix="rsc-idle-") as tmp,
@@ -305,9 +333,18 @@ class Bench:
         ):
             time.sleep(SETTLE_S)
             window = idle_window(self.r, proc.pid, self.args.idle_seconds)
+        time.sleep(SETTLE_S)
+        without = idle_window(self.r, None, self.args.idle_seconds)
         window["members"] = members
-        window["commandsPerSecond"] = round(max(0.0, window["commandsPerSecond"] - self.background), 2)
+        window["withoutCommandsPerSecond"] = round(without["commandsPerSecond"], 2)
+        rate = window["commandsPerSecond"] - without["commandsPerSecond"]
+        window["commandsPerSecond"] = round(max(0.0, rate), 2)
         window["commandsPerSecondPerMember"] = round(window["commandsPerSecond"] / members, 2)
+        window["perCommand"] = {
+            name: delta
+            for name, rate in window["perCommand"].items()
+            if (delta := round(rate - without["perCommand"].get(name, 0.0), 2)) > 0.05
+        }
         return window
 
     def baseline(self) -> None:
@@ -333,9 +370,15 @@ STATS = {"p50Ms": "p50", "p99Ms": "p99", "maxMs": "max", "cpuPercent": "cpu%", "
 def report(args: argparse.Namespace, names: list[str], runs: Runs, bg: float) -> None:
     rounds = args.rounds
     latency = f"{args.members} member(s), {args.seconds:g} s per rate"
-    idle = f"{args.idle_members} rsc members (FastStream: one process), {args.idle_seconds:g} s"
+    idle = (
+        f"{args.idle_shards} shards, {args.idle_members} rsc-worker member(s) (rsc-node, FastStream:"
+        f" one process), {args.idle_seconds:g} s"
+    )
     print(f"\n{SHARDS} shards; latency: {latency}; idle: {idle}; {rounds} round(s)")
-    print(f"Redis commands/s with no consumer (the coordinator alone): {bg:.2f} (subtracted)\n")
+    print(
+        f"Redis commands/s with no consumer (the coordinator alone): {bg:.2f}; idle cmd/s: less the"
+        " same stream and group once the consumer left\n"
+    )
     columns: list[tuple[str, Callable[[dict[str, Any]], float]]] = []
     for rate in args.rates:
         for stat, title in STATS.items():
@@ -368,6 +411,7 @@ def report(args: argparse.Namespace, names: list[str], runs: Runs, bg: float) ->
         "seconds": args.seconds,
         "members": args.members,
         "idleMembers": args.idle_members,
+        "idleShards": args.idle_shards,
         "idleSeconds": args.idle_seconds,
         "rounds": rounds,
         "order": [order(names, r) for r in range(rounds)],
@@ -384,17 +428,30 @@ def main() -> None:
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[5.0, 1000.0])
     parser.add_argument("--idle-seconds", type=float, default=10)
     parser.add_argument("--members", type=int, default=1, help="rsc members of the latency worker")
-    parser.add_argument("--idle-members", type=int, default=4, help="rsc members of the idle worker")
+    parser.add_argument("--idle-members", type=int, default=1, help="rsc members of the idle worker")
+    parser.add_argument("--idle-shards", type=int, default=64, help="shards of the idle stream")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--no-faststream", action="store_true")
+    parser.add_argument("--no-node", action="store_true")
     args = parser.parse_args()
     if args.rounds < 1 or args.seconds <= 0 or args.idle_seconds <= 0 or min(args.rates) <= 0:
         parser.error("--rounds, --seconds, --idle-seconds and --rates must be positive")
     fs_python = None if args.no_faststream else faststream_python()
-    names = [RSC] + ([FASTSTREAM] if fs_python else [])
+    with_node = not args.no_node and node_ready()
+    if not args.no_node and not with_node:
+        print("no node or no clients/node/node_modules (npm ci): rsc-node left out", file=sys.stderr)
+    names = [RSC] + ([NODE] if with_node else []) + ([FASTSTREAM] if fs_python else [])
     port = redis_servers.free_port()
     with redis_servers.standalone() as redis_url:
-        env = {"RSC_REDIS_URL": redis_url, "RSC_DEFAULT_SHARD_COUNT": str(SHARDS)}
+        env = {
+            "RSC_REDIS_URL": redis_url,
+            "RSC_DEFAULT_SHARD_COUNT": str(SHARDS),
+            "RSC_ADMIN_USER": ADMIN[0],
+            "RSC_ADMIN_PASSWORD": ADMIN[1],
+            # Periodic passes over every shard would blur the idle figures (bursts every 30 s).
+            "RSC_CONSUMER_PRUNE_INTERVAL_MS": "3600000",
+            "RSC_RETENTION_INTERVAL_MS": "3600000",
+        }
         url = f"http://127.0.0.1:{port}"
         serve = [sys.executable, "-m", "rsc", "serve", "--bind", f"127.0.0.1:{port}"]
         with process(serve, env, HERE.parent):

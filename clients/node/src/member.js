@@ -24,6 +24,7 @@ export class CoordinatorUnintelligible extends Error {}
  * @property {(until: number) => void} renewed
  * @property {(workers: number) => void} setConcurrency
  * @property {() => Set<number>} stalledShards
+ * @property {() => {shard: number, pending: number, lag: number|null}[]} [drainProgress]
  */
 
 /** @param {any} r */
@@ -104,7 +105,9 @@ export class Member {
   async beat() {
     const m = this.machine;
     const sent = monotonic();
-    const request = m.request(sent, { stalled: this.lifecycle.stalledShards() });
+    const request = m.request(sent, {
+      stalled: this.lifecycle.stalledShards(), drainProgress: this.lifecycle.drainProgress?.() ?? [],
+    });
     const timeoutMs = Math.max(50, (m.answerDeadline(sent) - sent) * 1000);
     /** @type {any} */
     let response;
