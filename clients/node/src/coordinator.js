@@ -7,6 +7,64 @@
 //   CoordinatorUnavailable   no answer, a 5xx, 408, 429, 404 UNKNOWN_STREAM/GROUP,
 //                            409 INCARNATION_MISMATCH/DELETED: retry (retryAfterMs when given)
 
+import { PROTOCOL_VERSION } from './machine.js';
+
+/** The oldest protocol version this client can speak (docs/protocol.md, Version). */
+export const MIN_PROTOCOL_VERSION = 1;
+export const UNSUPPORTED_PROTOCOL = 'UNSUPPORTED_PROTOCOL_VERSION';
+
+/**
+ * The protocol version spoken to the coordinators: the newest this client knows, stepped down
+ * one version at a time when a coordinator refuses it (an older release answers a newer version
+ * 400 `UNSUPPORTED_PROTOCOL_VERSION`), and down to what a newer coordinator answers in. Once
+ * stepped down, the newest is tried again after `retryNewestMs` (the coordinators may have been
+ * upgraded meanwhile). As the Python client's `Negotiation`.
+ */
+export class Negotiation {
+  /** @param {{retryNewestMs?: number, now?: () => number}} [o] */
+  constructor({ retryNewestMs = 300_000, now = () => Date.now() } = {}) {
+    this.version = PROTOCOL_VERSION;
+    this.retryNewestMs = retryNewestMs;
+    this.now = now;
+    /** @type {number|null} */
+    this.steppedDownAt = null;
+  }
+
+  /** `body` with the version to speak now (a body without `protocolVersion` as it is).
+   * @template T @param {T} body @returns {T} */
+  stamp(body) {
+    if (!body || typeof body !== 'object' || !('protocolVersion' in body)) return body;
+    if (this.steppedDownAt !== null && this.now() - this.steppedDownAt >= this.retryNewestMs) {
+      this.version = PROTOCOL_VERSION;
+      this.steppedDownAt = null;
+    }
+    const requested = /** @type {any} */ (body).protocolVersion;
+    if (Number.isInteger(requested) && requested > this.version) return { ...body, protocolVersion: this.version };
+    return body;
+  }
+
+  /** Whether a refusal with `code` of `sent` means: speak an older version, send it again.
+   * @param {string|undefined} code @param {any} sent */
+  refused(code, sent) {
+    const version = sent && typeof sent === 'object' ? sent.protocolVersion : undefined;
+    if (code !== UNSUPPORTED_PROTOCOL || !Number.isInteger(version)) return false;
+    if (version > this.version) return true; // sent before another request stepped down
+    if (version !== this.version || version <= MIN_PROTOCOL_VERSION) return false;
+    this.version -= 1;
+    this.steppedDownAt = this.now();
+    return true;
+  }
+
+  /** An answer names the version it is in (from version 2 on): speak no newer one. @param {any} data */
+  answered(data) {
+    const version = data && typeof data === 'object' ? data.protocolVersion : undefined;
+    if (Number.isInteger(version) && version >= MIN_PROTOCOL_VERSION && version < this.version) {
+      this.version = version;
+      this.steppedDownAt = this.now();
+    }
+  }
+}
+
 export class CoordinatorError extends Error {
   /**
    * @param {string} message
@@ -75,17 +133,75 @@ export class Coordinator {
     this.fetch = fetchImpl ?? globalThis.fetch;
     /** The URL that answered last: tried first. */
     this.current = 0;
+    this.negotiation = new Negotiation();
+    /** Requests sent (each URL tried counts once). */
+    this.requests = 0;
   }
 
   /**
-   * POST `body` to `path`; each URL is tried once at most, from the one that answered last,
+   * POST `body`, stamped with the protocol version to speak (and sent again one version older
+   * when the coordinator refuses the version); the answer.
+   * @param {string} path @param {object} body @param {{timeoutMs?: number}} [options]
+   * @returns {Promise<any>}
+   */
+  async post(path, body, options = {}) {
+    for (;;) {
+      const sent = this.negotiation.stamp(body);
+      try {
+        const answer = await this.postRaw(path, sent, options);
+        this.negotiation.answered(answer);
+        return answer;
+      } catch (err) {
+        if (err instanceof CoordinatorRejected && this.negotiation.refused(err.code, sent)) continue;
+        throw err;
+      }
+    }
+  }
+
+  /**
+   * The heartbeats of one process's members in one request (`POST /v1/heartbeats`); per item
+   * its answer or, for a refused item, a `CoordinatorRejected` (not thrown). The whole request
+   * throws as `post` does, and `CoordinatorUnavailable` when the answer has not one response
+   * per heartbeat.
+   * @param {object[]} requests @param {{timeoutMs?: number}} [options]
+   * @returns {Promise<(any|CoordinatorRejected)[]>}
+   */
+  async heartbeats(requests, options = {}) {
+    /** @type {any[]} */
+    let items;
+    for (;;) {
+      const sent = requests.map((r) => this.negotiation.stamp(r));
+      const answer = await this.postRaw('/v1/heartbeats', { heartbeats: sent }, options);
+      items = answer?.responses;
+      if (!Array.isArray(items) || items.length !== requests.length) {
+        throw new CoordinatorUnavailable('POST /v1/heartbeats: the answer has no response per heartbeat');
+      }
+      const refused = sent.filter((_, i) => items[i] && items[i].error === UNSUPPORTED_PROTOCOL);
+      if (!(refused.length && this.negotiation.refused(UNSUPPORTED_PROTOCOL, refused[0]))) break;
+    }
+    for (const item of items) this.negotiation.answered(item);
+    return items.map((item) => {
+      if (!item || typeof item !== 'object' || !('error' in item)) return item;
+      const status = Number.isInteger(item.status) ? item.status : 400;
+      const message = `POST /v1/heartbeats item: ${status} ${item.error}${item.message ? ': ' + item.message : ''}`;
+      const info = { status, code: String(item.error), body: item };
+      if (status === 401 || status === 403) return new CoordinatorAuthError(message, info);
+      if (status >= 500 || status === 408 || status === 429 || RETRIED_CODES.has(String(item.error))) {
+        return new CoordinatorUnavailable(message, info);
+      }
+      return new CoordinatorRejected(message, info);
+    });
+  }
+
+  /**
+   * POST `body` to `path` as it is; each URL is tried once at most, from the one that answered last,
    * moving on after a refused connection, a timeout or a 502/503/504.
    * @param {string} path
    * @param {object} body
    * @param {{timeoutMs?: number}} [options]
    * @returns {Promise<any>}
    */
-  async post(path, body, { timeoutMs } = {}) {
+  async postRaw(path, body, { timeoutMs } = {}) {
     const data = JSON.stringify(body);
     /** @type {CoordinatorError | undefined} */
     let last;
@@ -114,6 +230,7 @@ export class Coordinator {
 
   /** @param {string} url @param {string} data @param {number} timeoutMs */
   async #once(url, data, timeoutMs) {
+    this.requests += 1;
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), Math.max(1, timeoutMs));
     /** @type {Record<string,string>} */
@@ -160,4 +277,87 @@ function describe(err) {
   if (!(err instanceof Error)) return String(err);
   const cause = /** @type {any} */ (err).cause;
   return cause?.code ? `${err.message} (${cause.code})` : err.message;
+}
+
+/**
+ * A member transport that batches heartbeats (`POST /v1/heartbeats`): each member's heartbeat
+ * waits at most `lingerMs` for the other members of the process to heartbeat too, then one
+ * request carries them all and each member gets its own answer (or its own error). A heartbeat
+ * acknowledging a revoke (`revokedShards`) does not wait: another member waits for those
+ * shards. A long poll (`waitMs`) goes on its own (`POST /v1/heartbeat`), at most
+ * `maxLongPolls` at once; the others travel batched without it. A coordinator without the
+ * batch route (404/405) gets single heartbeats from then on. As the Python `BatchingTransport`.
+ */
+export class HeartbeatBatcher {
+  /** @param {Coordinator} coordinator @param {{lingerMs?: number, maxBatch?: number, maxLongPolls?: number}} [o] */
+  constructor(coordinator, { lingerMs = 5, maxBatch = 500, maxLongPolls = 32 } = {}) {
+    this.coordinator = coordinator;
+    this.lingerMs = lingerMs;
+    this.maxBatch = maxBatch;
+    this.maxLongPolls = maxLongPolls;
+    this.longPolls = 0;
+    this.batched = true;
+    /** Batch requests sent. */
+    this.batchesSent = 0;
+    /** @type {{request: any, timeoutMs: number, resolve: (v: any) => void, reject: (e: any) => void}[]} */
+    this.pending = [];
+    /** @type {NodeJS.Timeout|null} */
+    this.timer = null;
+  }
+
+  /** One member's answer. @param {any} request @param {{timeoutMs?: number}} [options] @returns {Promise<any>} */
+  async heartbeat(request, { timeoutMs = this.coordinator.timeoutMs } = {}) {
+    if (!this.batched) return this.coordinator.post('/v1/heartbeat', request, { timeoutMs });
+    if (request.waitMs) {
+      if (this.longPolls < this.maxLongPolls) {
+        this.longPolls += 1;
+        try {
+          return await this.coordinator.post('/v1/heartbeat', request, { timeoutMs: timeoutMs + request.waitMs });
+        } finally {
+          this.longPolls -= 1;
+        }
+      }
+      const { waitMs: _w, ...rest } = request;
+      request = rest;
+    }
+    return new Promise((resolve, reject) => {
+      this.pending.push({ request, timeoutMs, resolve, reject });
+      const urgent = (request.revokedShards ?? []).length > 0;
+      if (urgent || this.pending.length >= this.maxBatch) {
+        this.#flush();
+      } else if (!this.timer) {
+        this.timer = setTimeout(() => this.#flush(), this.lingerMs);
+      }
+    });
+  }
+
+  async #flush() {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    const slots = this.pending;
+    this.pending = [];
+    if (!slots.length) return;
+    this.batchesSent += 1;
+    /** @type {any[]} */
+    let answers;
+    try {
+      answers = await this.coordinator.heartbeats(slots.map((s) => s.request),
+        { timeoutMs: Math.min(...slots.map((s) => s.timeoutMs)) });
+    } catch (err) {
+      if (err instanceof CoordinatorRejected && (err.status === 404 || err.status === 405) &&
+        !RETRIED_CODES.has(String(err.code))) {
+        this.batched = false; // an older coordinator: single heartbeats
+        for (const slot of slots) {
+          this.coordinator.post('/v1/heartbeat', slot.request, { timeoutMs: slot.timeoutMs }).then(slot.resolve, slot.reject);
+        }
+        return;
+      }
+      for (const slot of slots) slot.reject(err);
+      return;
+    }
+    slots.forEach((slot, i) => {
+      if (answers[i] instanceof CoordinatorError) slot.reject(answers[i]);
+      else slot.resolve(answers[i]);
+    });
+  }
 }

@@ -2,13 +2,16 @@
 // heartbeats, shard assignment, fenced reads and acks) and createProducer (jump-v1 routing,
 // fenced appends).
 import { hostname } from 'node:os';
-import { Coordinator } from './coordinator.js';
+import { Coordinator, HeartbeatBatcher } from './coordinator.js';
 import { Member } from './member.js';
 import { Poller } from './poller.js';
 import { Producer } from './producer.js';
 import { connectRedis } from './redis.js';
 
-export { Coordinator, CoordinatorAuthError, CoordinatorError, CoordinatorRejected, CoordinatorUnavailable } from './coordinator.js';
+export {
+  Coordinator, CoordinatorAuthError, CoordinatorError, CoordinatorRejected, CoordinatorUnavailable, HeartbeatBatcher,
+  MIN_PROTOCOL_VERSION, Negotiation,
+} from './coordinator.js';
 export { CLIENT, Member, MemberReplaced, CoordinatorUnintelligible } from './member.js';
 export { MemberMachine, PROTOCOL_VERSION } from './machine.js';
 export { Poller, monotonic } from './poller.js';
@@ -33,6 +36,22 @@ export { TRACEPARENT, TRACESTATE, enableTracing } from './tracing.js';
  * @property {import('./poller.js').PollerSettings} [poller]
  * @property {(line: string) => void} [log]
  */
+
+/** @type {Map<string, {coordinator: Coordinator, batcher: HeartbeatBatcher}>} one per coordinator
+ * URLs and credential in this process: the workers' heartbeats travel together */
+const transports = new Map();
+
+/** @param {string | string[]} urls @param {string} [token] */
+function sharedTransport(urls, token) {
+  const name = `${[urls].flat().join(',')} ${token ?? ''}`;
+  let shared = transports.get(name);
+  if (!shared) {
+    const coordinator = new Coordinator({ urls, token });
+    shared = { coordinator, batcher: new HeartbeatBatcher(coordinator) };
+    transports.set(name, shared);
+  }
+  return shared;
+}
 
 /**
  * A worker: a member of `group` reading `stream`. `await worker.start()`, then `await worker.stop()`
@@ -71,14 +90,14 @@ export class Worker {
     this._starting = true;
     this.redis = o.redis ?? (await connectRedis(o.redisUrl ?? 'redis://127.0.0.1:6379'));
     this.redis.on?.('error', () => {}); // failures surface on the calls, retried there
-    const coordinator = new Coordinator({ urls: o.coordinatorUrl, token: o.token });
+    const { coordinator, batcher } = sharedTransport(o.coordinatorUrl, o.token);
     this.poller = new Poller({
       redis: this.redis, group: o.group, memberId: this.memberId, incarnation: '', handler: this.handler,
       concurrency: o.concurrency, settings: o.poller, log: this.log, stream: o.stream,
     });
     this.member = new Member({
       coordinator, streamPrefix: o.stream, group: o.group, memberId: this.memberId, lifecycle: this.poller,
-      static: o.static, log: this.log,
+      static: o.static, log: this.log, transport: batcher,
     });
     this.poller.incarnation = this.member.incarnation;
     if (this._stopRequested) this.member.stop(); // stop() came while connecting

@@ -3,7 +3,7 @@
 // renewUntil, concurrency, stop, start, in that order), runs revokes concurrently with the
 // heartbeats, and logs to stderr.
 import { randomUUID } from 'node:crypto';
-import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable } from './coordinator.js';
+import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable, HeartbeatBatcher } from './coordinator.js';
 import { MemberMachine } from './machine.js';
 import { monotonic } from './poller.js';
 
@@ -38,10 +38,14 @@ export class Member {
   /**
    * @param {{coordinator: import('./coordinator.js').Coordinator, streamPrefix: string, group: string,
    *   memberId: string, lifecycle: Lifecycle, incarnation?: string, static?: boolean,
-   *   settings?: import('./machine.js').MemberSettings, client?: any, log?: (line: string) => void}} o
+   *   settings?: import('./machine.js').MemberSettings, client?: any, log?: (line: string) => void,
+   *   transport?: {heartbeat: (request: any, options: {timeoutMs: number}) => Promise<any>}}} o
    */
   constructor(o) {
     this.coordinator = o.coordinator;
+    /** How heartbeats travel: batched with the process's other members (`POST /v1/heartbeats`)
+     * unless another transport is given. */
+    this.transport = o.transport ?? new HeartbeatBatcher(o.coordinator);
     this.lifecycle = o.lifecycle;
     this.log = o.log ?? ((line) => process.stderr.write(line + '\n'));
     this.machine = new MemberMachine({
@@ -116,7 +120,7 @@ export class Member {
     /** @type {number|undefined} */
     let retryAfterS;
     try {
-      response = await this.coordinator.post('/v1/heartbeat', request, { timeoutMs });
+      response = await this.transport.heartbeat(request, { timeoutMs });
       if (!intelligible(response)) {
         why = `an answer this client cannot read: ${JSON.stringify(response).slice(0, 200)}`;
         unintelligible = true;
