@@ -20,6 +20,7 @@ export { connectRedis, createRedis, parseRedisUrl } from './redis.js';
 export { jump, route, routingHash } from './routing.js';
 export { SCRIPTS, runScript } from './scripts.js';
 export { TRACEPARENT, TRACESTATE, enableTracing } from './tracing.js';
+export { HANDLER_BUCKETS, WorkerMetrics } from './metrics.js';
 
 /**
  * @typedef {object} WorkerOptions
@@ -93,8 +94,12 @@ export class Worker {
     const { coordinator, batcher } = sharedTransport(o.coordinatorUrl, o.token);
     this.poller = new Poller({
       redis: this.redis, group: o.group, memberId: this.memberId, incarnation: '', handler: this.handler,
-      concurrency: o.concurrency, settings: o.poller, log: this.log, stream: o.stream,
+      concurrency: o.concurrency, settings: o.poller, log: this.log, stream: o.stream, metrics: o.metrics,
     });
+    if (o.metrics) {
+      this.poller.measureLag = true;
+      o.metrics.track(this);
+    }
     this.member = new Member({
       coordinator, streamPrefix: o.stream, group: o.group, memberId: this.memberId, lifecycle: this.poller,
       static: o.static, log: this.log, transport: batcher,

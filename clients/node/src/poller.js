@@ -251,6 +251,9 @@ export class Poller {
     this.failed = 0;
     this.retried = 0;
     this.deadLettered = 0;
+    /** Always 0 here: this client has no stall check of its own (the metric keeps the Python
+     * worker's names; a refused shard is reported in stalledShards). */
+    this.stalls = 0;
     /** Wake-up reads sent (XREAD BLOCK), and connections opened for them. */
     this.wakeReads = 0;
     this.wakeConnections = 0;
