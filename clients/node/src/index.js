@@ -22,6 +22,12 @@ export { SCRIPTS, runScript } from './scripts.js';
 export { TRACEPARENT, TRACESTATE, enableTracing } from './tracing.js';
 export { HANDLER_BUCKETS, WorkerMetrics } from './metrics.js';
 
+/** @typedef {import('./poller.js').Message} Message */
+/** @typedef {import('./poller.js').Handler} Handler */
+/** @typedef {import('./poller.js').PollerSettings} PollerSettings */
+/** @typedef {import('./machine.js').MemberSettings} MemberSettings */
+/** @typedef {import('./producer.js').Fields} Fields */
+
 /**
  * @typedef {object} WorkerOptions
  * @property {string | string[]} coordinatorUrl  one, several comma-separated, or an array
@@ -36,6 +42,8 @@ export { HANDLER_BUCKETS, WorkerMetrics } from './metrics.js';
  * @property {import('./poller.js').Handler} [handler]  without one, iterate the worker
  * @property {import('./poller.js').PollerSettings} [poller]
  * @property {(line: string) => void} [log]
+ * @property {import('./metrics.js').WorkerMetrics} [metrics]  count this worker in these metrics
+ *   (the per-shard lag and pending are then measured every `reclaimEveryMs`)
  */
 
 /** @type {Map<string, {coordinator: Coordinator, batcher: HeartbeatBatcher}>} one per coordinator

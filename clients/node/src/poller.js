@@ -601,11 +601,13 @@ export class Poller {
   /** The arguments of read.lua for these shards. @param {ShardRun[]} list @param {boolean} knownTails */
   #readArgs(list, knownTails) {
     const s = this.settings;
-    return /** @type {const} */ ([
+    /** @type {[string[], (string|number)[]]} */
+    const args = [
       list.flatMap((x) => [x.key, x.owners]),
       [this.group, this.memberId, this.incarnation, this.memberId,
         ...list.flatMap((x) => [s.batch, x.lastRead, knownTails ? x.tail : ''])],
-    ]);
+    ];
+    return args;
   }
 
   /** @param {ShardRun} shard */
@@ -859,7 +861,7 @@ export class Poller {
     }
     // the publisher's trace context, taken out of the fields (kept on the message for its retries)
     const [fields, split] = splitTrace(message.fields);
-    if (split.traceparent) message = { ...message, fields, trace: split };
+    if (split.traceparent) message = /** @type {any} */ ({ ...message, fields, trace: split });
     const trace = /** @type {any} */ (message).trace || {};
     const where = { stream: this.stream, group: this.group, shard: shard.index, id: message.id,
       deliveries: message.deliveries, trace };

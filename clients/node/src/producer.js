@@ -218,6 +218,7 @@ export class Producer {
         let lost = null;
         await Promise.all(calls.map(async (call) => {
           const { shardKey, idx } = call;
+          /** @type {(string|number|Buffer)[]} */
           const args = epoch === null ? ['', 0, 0, 0, idx.length] : [epoch, first + idx[0], low, this.windowMs, idx.length];
           for (const i of idx) {
             const flat = flatten(items[i].fields);

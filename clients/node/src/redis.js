@@ -5,7 +5,7 @@
 //   rediss+sentinel://...                                       (TLS to the data nodes)
 // A redis:// URL is a Redis Cluster when the node says so (INFO cluster), or with ?cluster=1.
 import { readFileSync } from 'node:fs';
-import Redis from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 
 export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379';
 
@@ -90,7 +90,7 @@ const COMMON = {
  * A client for `url`, without the cluster probe (standalone or sentinel; `?cluster=1` makes a Cluster).
  * @param {string} url
  * @param {object} [extra] ioredis options
- * @returns {Redis | import('ioredis').Cluster}
+ * @returns {Redis | Cluster}
  */
 export function createRedis(url, extra = {}) {
   const client = createRedisClient(url, extra);
@@ -119,7 +119,7 @@ function createRedisClient(url, extra) {
     });
   }
   if (p.query.cluster === '1' || p.query.cluster === 'true') {
-    return new Redis.Cluster(p.hosts, {
+    return new Cluster(p.hosts, {
       redisOptions: { ...COMMON, ...auth, ...tls, ...extra },
       clusterRetryStrategy: COMMON.retryStrategy,
     });
@@ -132,7 +132,7 @@ function createRedisClient(url, extra) {
  * When Redis cannot be reached now, a standalone client is returned (it reconnects by itself).
  * @param {string} url
  * @param {object} [extra]
- * @returns {Promise<Redis | import('ioredis').Cluster>}
+ * @returns {Promise<Redis | Cluster>}
  */
 export async function connectRedis(url, extra = {}) {
   const client = createRedis(url, extra);

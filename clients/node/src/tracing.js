@@ -104,7 +104,7 @@ function parentOf(o, trace) {
  * the publisher's context; an error is recorded on it and thrown on.
  * @template T @param {'process'|'settle'} operation
  * @param {{stream: string, group: string, shard: number, id: string, deliveries: number, trace: Record<string, string>, settle?: string}} m
- * @param {() => Promise<T>} body @returns {Promise<T>}
+ * @param {() => Promise<T> | T} body @returns {Promise<T>}
  */
 export async function consumerSpan(operation, m, body) {
   const o = api();

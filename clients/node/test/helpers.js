@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import Redis from 'ioredis';
+import { Redis } from 'ioredis';
 
 export const REDIS_URL = process.env.RSC_TEST_REDIS_URL || 'redis://127.0.0.1:6379';
 
