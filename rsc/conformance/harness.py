@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from rsc.actors.keys import AggregateId
 from rsc.client.sync import SyncCoordinator, SyncProducer
@@ -263,6 +264,44 @@ class Harness:
             return None
         view: dict[str, Any] = answer.json()
         return view
+
+    def stream_copy(self) -> dict[bytes, bytes]:
+        """The stream aggregate's keys as they are now (DUMP): its journal and snapshot."""
+        pattern = f"*{{{AggregateId(self.stream).tag}}}*"
+        with self.redis.client() as r:
+            return {key: r.dump(key) for key in r.scan_iter(match=pattern)}
+
+    def restore_stream(self, copy: dict[bytes, bytes]) -> None:
+        """Put the stream aggregate's keys back as `copy` has them (and nothing else of it): as
+        if the node holding them failed over to a replica that had not received the latest writes."""
+        pattern = f"*{{{AggregateId(self.stream).tag}}}*"
+        with self.redis.client() as r:
+            for key in list(r.scan_iter(match=pattern)):
+                r.delete(key)
+            for key, value in copy.items():
+                r.restore(key, 0, value, replace=True)
+
+    def producer_answers(self, status: str) -> float:
+        """How many producer heartbeat answers of the stream had `status` since the coordinator
+        started, as it counts them (`rsc_producer_answers_total` in `/metrics`)."""
+        return self._counted("rsc_producer_answers", {"stream": self.stream, "status": status})
+
+    def heartbeat_answers(self, status: str) -> float:
+        """How many heartbeat answers of the group had `status` since the coordinator started,
+        as it counts them (`rsc_heartbeat_answers_total` in `/metrics`), not as a client says."""
+        return self._counted(
+            "rsc_heartbeat_answers", {"stream": self.stream, "group": self.group, "status": status}
+        )
+
+    def _counted(self, name: str, want: dict[str, str]) -> float:
+        text = self.admin("GET", "/metrics").text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == name
+            for sample in family.samples
+            if sample.name.endswith("_total") and sample.labels == want
+        )
 
     def owners(self) -> dict[str, set[int]]:
         """Member id -> shards installed to it, as the coordinator says."""

@@ -77,6 +77,7 @@ def produce() -> int:
     env = os.environ
     producer_id = env.get("RSC_PRODUCER_ID") or f"conformance-producer-{os.getpid()}"
     count, batch = int(env.get("RSC_PUBLISH_COUNT", "200")), int(env.get("RSC_PUBLISH_BATCH", "1"))
+    interval_s = int(env.get("RSC_PUBLISH_INTERVAL_MS", "0")) / 1000
     coordinator = SyncCoordinator(
         env.get("RSC_COORDINATOR_URL", "http://127.0.0.1:8080"), token=env.get("RSC_TOKEN")
     )
@@ -106,6 +107,8 @@ def produce() -> int:
                 for (fields, _), entry in zip(messages, ids, strict=True)
             ]
             os.write(1, "".join(lines).encode())
+            if interval_s:
+                time.sleep(interval_s)
     return 0
 
 

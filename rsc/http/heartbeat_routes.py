@@ -76,7 +76,7 @@ def add_heartbeat_routes(
     batch_seconds = metrics.heartbeat_seconds.labels("batch")
 
     answers = HeartbeatAnswers(
-        registry, gate, rates, quota_of, holds, settings, single_seconds, batch_seconds
+        registry, gate, rates, quota_of, holds, settings, single_seconds, batch_seconds, metrics.count_answer
     )
     app.extensions["rsc.heartbeat_answers"] = answers
 
@@ -109,8 +109,11 @@ class HeartbeatAnswers:
         settings: Settings,
         single_seconds: Any,
         batch_seconds: Any,
+        count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None] = lambda body, answer: None,
     ) -> None:
         self.registry = registry
+        #: Counts each answer decided, by status (`Metrics.count_answer`).
+        self.count_answer = count_answer
         self.gate = gate
         self.rates = rates
         self.quota_of = quota_of
@@ -153,6 +156,7 @@ class HeartbeatAnswers:
             response = respond(reply.state, command, reply.events)
         if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
             response = await holds.hold(body, command, response, version)
+        self.count_answer(body, response)
         level = registry.known_feature_level()
         return answered_json(response, body.protocol_version, level)
 
@@ -172,17 +176,26 @@ class HeartbeatAnswers:
                     self.quota_of,
                     self.rates,
                     self.steady,
+                    self.count_answer,
                 )
         if held:  # long polls: the answer goes once every held item has its own
             level = self.registry.known_feature_level()
             async with trio.open_nursery() as nursery:
                 for index, hold in held.items():
-                    nursery.start_soon(_held_item, results, index, self.holds, hold, level)
+                    nursery.start_soon(_held_item, results, index, self.holds, hold, level, self.count_answer)
         return {"responses": results}
 
 
-async def _held_item(results: list[Any], index: int, holds: RegistryHold, hold: _Hold, level: int) -> None:
+async def _held_item(
+    results: list[Any],
+    index: int,
+    holds: RegistryHold,
+    hold: _Hold,
+    level: int,
+    count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None],
+) -> None:
     response = await holds.hold(*hold)
+    count_answer(hold[0], response)
     results[index] = answered_json(response, hold[0].protocol_version, level)
 
 
@@ -247,6 +260,7 @@ async def _answer_batch(
     quota_of: QuotaTable,
     rates: RateLimits,
     steady: SteadyHeartbeats,
+    count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None],
 ) -> tuple[list[Any], dict[int, _Hold]]:
     """Answer every item; the items of one group go to its actor together, in order.
 
@@ -311,15 +325,32 @@ async def _answer_batch(
                 if not isinstance(known, Remembered):  # accepted: remembered from now on
                     known = steady.remember(*known, bodies[index])
                 if known is not None:
-                    results[index] = _steady_answer(steady, known, reply, command, level)
+                    results[index] = _steady_answer(steady, known, reply, command, level, count_answer)
                     continue
-            response = respond(reply.state, command, reply.events)
-            if longpoll.should_hold(bodies[index], response):
-                held[index] = (bodies[index], command, response, version)
-            results[index] = answered_json(response, bodies[index].protocol_version, level)
+            hold = (index, held, version)
+            results[index] = _fresh_answer(bodies[index], command, reply, hold, level, count_answer)
 
     await _each_group(by_group, one_group)
     return results, held
+
+
+def _fresh_answer(
+    body: HeartbeatRequest,
+    command: Heartbeat,
+    reply: Reply[GroupState, GroupEvent],
+    hold: tuple[int, dict[int, _Hold], int],
+    level: int,
+    count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None],
+) -> Any:
+    """An item's answer, decided now: counted, or kept in `hold` to be held (a long poll worth
+    holding: counted once held) at its index."""
+    response = respond(reply.state, command, reply.events)
+    index, held, version = hold
+    if longpoll.should_hold(body, response):
+        held[index] = (body, command, response, version)
+        return None
+    count_answer(body, response)
+    return answered_json(response, body.protocol_version, level)
 
 
 def _refused(error: CoordinationError) -> dict[str, Any]:
@@ -333,12 +364,15 @@ def _steady_answer(
     reply: Reply[GroupState, GroupEvent],
     command: Heartbeat,
     level: int,
+    count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None],
 ) -> EncodedJSON:
     """The answer to a remembered item that was not refused: as last time if the group's state
-    is the very same object (and the level too), else rendered and kept."""
+    is the very same object (and the level too: not counted again), else rendered, counted and
+    kept."""
     answer = steady.answer(known, reply.state, level)
     if answer is None:
         response = respond(reply.state, command, reply.events)
+        count_answer(known.body, response)
         answered = answered_json(response, known.body.protocol_version, level)
         answer = steady.keep_answer(known, reply.state, level, answered)
     return answer

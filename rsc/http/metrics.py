@@ -28,6 +28,7 @@ from rsc.events.events import (
 from rsc.events.group import GroupState
 from rsc.events.model import Layout, MemberState, MigrationPhase, Shard, ShardState
 from rsc.events.stream import StreamState
+from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.http import ratelimit
 
 log = logging.getLogger("rsc.metrics")
@@ -89,6 +90,21 @@ class Metrics:
             registry=self.prometheus,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
         )
+        self.heartbeat_answers = Counter(
+            "rsc_heartbeat_answers",
+            "Heartbeat answers decided, by status (SYNC_METADATA: a member reported a layout version"
+            " the coordinator does not have); an unchanged answer to a steady member, repeated as it"
+            " was, is not counted again",
+            ["stream", "group", "status"],
+            registry=self.prometheus,
+        )
+        self.producer_answers = Counter(
+            "rsc_producer_answers",
+            "Producer heartbeat answers, by status (SYNC_METADATA: a producer reported a layout"
+            " version the coordinator does not have)",
+            ["stream", "status"],
+            registry=self.prometheus,
+        )
         self.fenced = Counter(
             "rsc_members_fenced",
             "Members fenced, by reason",
@@ -104,6 +120,10 @@ class Metrics:
         self.prometheus.register(_RateCollector())
         self.prometheus.register(_SampleCollector(self))
         registry.group_observers.append(self.observe_group)
+
+    def count_answer(self, body: HeartbeatRequest, answer: HeartbeatResponse) -> None:
+        """One heartbeat answer decided (`rsc_heartbeat_answers`)."""
+        self.heartbeat_answers.labels(body.stream_prefix, body.consumer_group, answer.status.value).inc()
 
     def observe_group(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]

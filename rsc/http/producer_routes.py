@@ -67,4 +67,5 @@ def add_producer_routes(
             if body.full_shards:  # its appends found these shards full: trim them early
                 registry.trim_requests.ask(body.stream_prefix, body.full_shards)
             response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
+            metrics.producer_answers.labels(body.stream_prefix, response.status.value).inc()
             return json_response(answered_in(response, body.protocol_version, level))

@@ -6,7 +6,9 @@ the contract, broken as `RSC_BROKEN` says.
 * `ignore-revokes`: a revoke is never carried out (the shards are neither stopped nor
   acknowledged), so the coordinator fences it when the revoke timeout ends;
 * `not-idempotent`: its producer publishes without idempotence (a retry after a lost reply
-  appends again).
+  appends again);
+* `unreported-version`: its producer reports layout version 0 in every heartbeat instead of the
+  one it routes with (P1): the coordinator then never answers it SYNC_METADATA.
 
 The kit must fail it on the scenarios that check those rules (tests/conformance/test_kit.py).
 """
@@ -14,6 +16,7 @@ The kit must fail it on the scenarios that check those rules (tests/conformance/
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import trio
 
@@ -40,8 +43,21 @@ elif BROKEN == "not-idempotent":
     from rsc.client.producer_state import ProducerState
 
     ProducerState.idempotent = property(lambda self: False, lambda self, value: None)  # type: ignore[assignment]
+elif BROKEN == "unreported-version":
+    import attrs
+
+    from rsc.client.producer_state import ProducerState
+
+    honest = ProducerState.request
+
+    def unreported(self: ProducerState, *, leave: bool = False) -> Any:
+        return attrs.evolve(honest(self, leave=leave), metadata_version=0)
+
+    ProducerState.request = unreported  # type: ignore[method-assign]
 else:
-    raise SystemExit(f"RSC_BROKEN={BROKEN!r}: after-lease, ignore-revokes or not-idempotent")
+    raise SystemExit(
+        f"RSC_BROKEN={BROKEN!r}: after-lease, ignore-revokes, not-idempotent or unreported-version"
+    )
 
 if __name__ == "__main__":
     python_client.main()

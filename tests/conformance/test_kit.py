@@ -60,6 +60,7 @@ def test_the_node_client_passes_every_scenario(tmp_path: Path) -> None:
         ("after-lease", "lease-expiry", "M5", "handler starts after the shard moved away"),
         ("ignore-revokes", "scale-out", "M6", "REVOKE_TIMEOUT"),
         ("not-idempotent", "producer-cut-replies", "P6", "appended more than once"),
+        ("unreported-version", "older-copy", "P1", "never answered the producer SYNC_METADATA"),
     ],
 )
 def test_a_broken_client_fails_the_scenario_of_the_rule_it_breaks(

@@ -85,6 +85,31 @@ async def test_sync_metadata(client: httpx.AsyncClient, prefix: str) -> None:
     assert r["layout"]["metadataVersion"] == 1
 
 
+def answers_counted(metrics: str, prefix: str, status: str) -> float:
+    """`rsc_heartbeat_answers_total` of the `billing` group of `prefix` with `status`."""
+    labels = f'group="billing",status="{status}",stream="{prefix}"'
+    for line in metrics.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("rsc_heartbeat_answers_total{") and sorted(name[28:-1].split(",")) == sorted(
+            labels.split(",")
+        ):
+            return float(value)
+    return 0.0
+
+
+async def test_answers_are_counted_by_status_single_and_batched(
+    client: httpx.AsyncClient, prefix: str
+) -> None:
+    """What a conformance scenario asks the coordinator (not the client) about: the
+    SYNC_METADATA exchanges it had, on either route."""
+    await beat(client, hb(prefix, "a", 0, metadataVersion=7))
+    batch = [hb(prefix, "b", 0, metadataVersion=9), hb(prefix, "c", 0)]
+    assert (await client.post("/v1/heartbeats", json={"heartbeats": batch})).status_code == 200
+    metrics = (await client.get("/metrics")).text
+    assert answers_counted(metrics, prefix, "SYNC_METADATA") == 2
+    assert answers_counted(metrics, prefix, "OK") + answers_counted(metrics, prefix, "REVOKE_PENDING") == 1
+
+
 async def test_another_incarnation_is_a_409(client: httpx.AsyncClient, prefix: str) -> None:
     await beat(client, hb(prefix, "a", 0))
     response = await client.post("/v1/heartbeat", json=hb(prefix, "a", 0, incarnation="other"))

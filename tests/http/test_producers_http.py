@@ -9,6 +9,7 @@ import attrs
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import redis_servers
 from tests.httpkit import FAST, serve_on
@@ -127,6 +128,15 @@ async def test_a_producer_ahead_of_the_store_is_told_to_sync(client: httpx.Async
     assert r["layout"]["metadataVersion"] == 1
     view = await stream_view(client, prefix)
     assert {p["producerId"]: p["ackedVersion"] for p in view["producers"]}["api-1"] == 0
+    metrics = (await client.get("/metrics")).text
+    counted = {
+        sample.labels["status"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "rsc_producer_answers"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["stream"] == prefix
+    }
+    assert counted == {"OK": 1.0, "SYNC_METADATA": 1.0}
 
 
 async def test_a_producer_that_knows_a_stream_redis_lost_rebuilds_it(

@@ -41,6 +41,7 @@ if (env.RSC_ROLE === 'producer') {
   const producerId = env.RSC_PRODUCER_ID || `node-conformance-producer-${process.pid}`;
   const count = Number(env.RSC_PUBLISH_COUNT || 200);
   const batch = Number(env.RSC_PUBLISH_BATCH || 1);
+  const intervalMs = Number(env.RSC_PUBLISH_INTERVAL_MS || 0);
   const coordinator = new Coordinator({ urls: env.RSC_COORDINATOR_URL || 'http://127.0.0.1:8080', token: env.RSC_TOKEN || undefined });
   const redis = await connectRedis(env.RSC_REDIS_URL || 'redis://127.0.0.1:6379');
   const producer = new Producer({ coordinator, redis, stream: env.RSC_STREAM || 'conformance', producerId, log });
@@ -67,6 +68,7 @@ if (env.RSC_ROLE === 'producer') {
     }
     const t = Number(process.hrtime.bigint()) / 1e9;
     writeSync(1, messages.map((m, i) => JSON.stringify({ ev, mid: m.fields.mid, id: ids[i], t }) + '\n').join(''));
+    if (intervalMs) await new Promise((resolve) => setTimeout(resolve, intervalMs));
   }
   await producer.close();
   redis.disconnect();
