@@ -281,6 +281,31 @@ class Harness:
             for key, value in copy.items():
                 r.restore(key, 0, value, replace=True)
 
+    def routing(self) -> list[dict[str, Any]]:
+        """The stream's ACTIVE shards in routing order (`GET .../routing`)."""
+        return list(self.admin("GET", f"/v1/streams/{self.stream}/routing").json()["shards"])
+
+    def producers(self) -> dict[str, bool]:
+        """Producer id -> whether it reported `quiesced`, of the producers the stream view lists."""
+        view = self.admin("GET", f"/v1/streams/{self.stream}")
+        return {p["producerId"]: bool(p.get("quiesced")) for p in view.json().get("producers", ())}
+
+    def entries(self) -> list[tuple[str, str, dict[str, str]]]:
+        """(shard key, id, fields) of every entry of the stream's shard keys."""
+        out = []
+        with self.redis.client() as r:
+            for key in r.scan_iter(match=f"*{self.stream}*", _type="stream"):
+                if key.endswith(":dlq") or "journal" in key or "rsc:v1" in key:
+                    continue
+                out += [(key, entry, fields) for entry, fields in r.xrange(key)]
+        return out
+
+    def stream_length(self) -> int:
+        """Entries of the stream's shard keys together (XLEN)."""
+        with self.redis.client() as r:
+            keys = [k for k in r.scan_iter(match=f"*{self.stream}*", _type="stream") if "rsc:v1" not in k]
+            return sum(int(r.xlen(k)) for k in keys if not k.endswith(":dlq"))
+
     def producer_answers(self, status: str) -> float:
         """How many producer heartbeat answers of the stream had `status` since the coordinator
         started, as it counts them (`rsc_producer_answers_total` in `/metrics`)."""

@@ -7,6 +7,12 @@ the contract, broken as `RSC_BROKEN` says.
   acknowledged), so the coordinator fences it when the revoke timeout ends;
 * `not-idempotent`: its producer publishes without idempotence (a retry after a lost reply
   appends again);
+* `modulo-routing`: its producer routes a key by its hash modulo the ACTIVE shards, not jump-v1
+  (P2);
+* `ignore-seal`: its producer's appends name another seal key, so a shard's seal never refuses
+  them (P3);
+* `ignore-pause`: its producer never takes the stream's pause (P4);
+* `reorder`: its worker handles each read batch of a shard last entry first (M10);
 * `unreported-version`: its producer reports layout version 0 in every heartbeat instead of the
   one it routes with (P1): the coordinator then never answers it SYNC_METADATA.
 
@@ -54,10 +60,40 @@ elif BROKEN == "unreported-version":
         return attrs.evolve(honest(self, leave=leave), metadata_version=0)
 
     ProducerState.request = unreported  # type: ignore[method-assign]
+elif BROKEN == "modulo-routing":
+    from rsc.client.producer_state import ProducerState
+    from rsc.events.routing import key_hash
+
+    def modulo(self: ProducerState, key: Any) -> str:
+        active = self.router.active
+        raw = key.encode() if isinstance(key, str) else key
+        return active[key_hash(raw) % len(active)].key
+
+    ProducerState.shard_key = modulo  # type: ignore[method-assign]
+elif BROKEN == "ignore-seal":
+    from rsc.client import append_calls
+
+    append_calls.seal_key = lambda key: f"{key}:rsc:v1:not-the-seal"  # type: ignore[attr-defined]
+elif BROKEN == "ignore-pause":
+    from rsc.client.producer_state import ProducerState
+
+    ProducerState.paused = property(lambda self: False, lambda self, value: None)  # type: ignore[assignment]
+elif BROKEN == "reorder":
+    from rsc.client.poller.state import PollerState
+
+    queue_in_order = PollerState.enqueue
+
+    def reversed_batches(self: PollerState, shard: Any, messages: Any) -> None:
+        before = len(shard.home.queue)
+        queue_in_order(self, shard, messages)
+        tail = list(shard.home.queue)[before:]
+        for _ in tail:
+            shard.home.queue.pop()
+        shard.home.queue.extend(reversed(tail))
+
+    PollerState.enqueue = reversed_batches  # type: ignore[method-assign]
 else:
-    raise SystemExit(
-        f"RSC_BROKEN={BROKEN!r}: after-lease, ignore-revokes, not-idempotent or unreported-version"
-    )
+    raise SystemExit(f"RSC_BROKEN={BROKEN!r}: see the module's doc for the names")
 
 if __name__ == "__main__":
     python_client.main()

@@ -73,3 +73,23 @@ def test_a_broken_client_fails_the_scenario_of_the_rule_it_breaks(
     assert failure is not None
     assert rule in failure, failure
     assert why in failure, failure
+
+
+@pytest.mark.parametrize(
+    ("broken", "rule", "why"),
+    [
+        ("modulo-routing", "P2", "not on the shard jump-v1 gives their key"),
+        ("ignore-seal", "P3", "appended to the sealed shard after its seal"),
+        ("ignore-pause", "P4", "never reported quiesced"),
+        ("reorder", "M10", "handled out of publish order"),
+    ],
+)
+def test_a_broken_producer_or_reordering_worker_fails_producer_rules(
+    tmp_path: Path, broken: str, rule: str, why: str
+) -> None:
+    """Each break of the producer rules (and of per-key order) fails `producer-rules` on it."""
+    client = f"{sys.executable} -m tests.conformance.broken_client"
+    failure = kit(tmp_path, client, "producer-rules", RSC_BROKEN=broken)["producer-rules"]
+    assert failure is not None
+    assert failure.startswith(rule), failure
+    assert why in failure, failure
