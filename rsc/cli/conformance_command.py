@@ -51,7 +51,12 @@ def conformance(
         raise click.BadParameter(f"no scenario {sorted(unknown)}", param_hint="--scenario")
     if list_only:
         for s in chosen:
-            click.echo(f"{s.name:<20} {','.join(s.rules):<10} {s.summary}")
+            click.echo(f"{s.name:<21} {','.join(s.rules):<19} {s.summary}")
+        click.echo("\nrule  checked by")
+        for rule, names_ in scenarios.coverage().items():
+            click.echo(f"{rule:<5} {', '.join(names_) or '-'}")
+            if rule in scenarios.LIMITS:
+                click.echo(f"      not checked: {scenarios.LIMITS[rule]}")
         return
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="rsc-conformance-"))
     outcomes = []
