@@ -249,6 +249,16 @@ class Harness:
             process.kill()
             process.wait()
 
+    def stall_coordinator(self, seconds: float, port: int | None = None) -> None:
+        """SIGSTOP the coordinator for `seconds` (less than its lease and the members'): nobody
+        learns anything new from it meanwhile."""
+        process = self.coordinators[port or self.port]
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            process.send_signal(signal.SIGCONT)
+
     def use(self, port: int) -> None:
         """Ask the coordinator on `port` from now on (the views, the producer)."""
         self.port = port
@@ -283,7 +293,16 @@ class Harness:
 
     def routing(self) -> list[dict[str, Any]]:
         """The stream's ACTIVE shards in routing order (`GET .../routing`)."""
-        return list(self.admin("GET", f"/v1/streams/{self.stream}/routing").json()["shards"])
+        answer: list[dict[str, Any]] = []
+
+        def read() -> bool:
+            body = self.admin("GET", f"/v1/streams/{self.stream}/routing").json()
+            answer[:] = body.get("shards") or []
+            return "shards" in body
+
+        if not wait_for(read, 10, 0.1):
+            raise RuntimeError(f"no routing for {self.stream}")
+        return answer
 
     def producers(self) -> dict[str, bool]:
         """Producer id -> whether it reported `quiesced`, of the producers the stream view lists."""

@@ -307,7 +307,7 @@ def older_copy(h: Harness) -> None:
     h.kill_coordinator()
     h.redis.restart_from(copy)
     h.start_coordinator()
-    synced = wait_for(lambda: h.producer_answers("SYNC_METADATA") >= 1, JOIN_S, 0.05)
+    synced = wait_for(lambda: h.producer_answers("SYNC_METADATA") >= 1, JOIN_S / 2, 0.05)
     # What was acknowledged before is lost with the newer copy, and until its SYNC_METADATA
     # the producer routes by the layout Redis no longer has (docs/clients.md says what that
     # costs): judged are the publishes acknowledged once it was answered.
@@ -398,9 +398,11 @@ def producer_rules(h: Harness) -> None:
     answer = h.admin("PUT", f"/v1/admin/streams/{h.stream}", json={"shardCount": 3})
     expect(answer.status_code == 200, "P3", f"kit: the scale-in was refused: {answer.text}")
     sealed_ms = int(time.time() * 1000)
+    # nobody learns the new layout for a while: the producer's appends to shard 3 meet the seal
+    h.stall_coordinator(0.8)
     sealed_key = next(s["key"] for s in layouts[0] if s["index"] == 3)
     layouts.append(h.routing())
-    time.sleep(1.0)
+    time.sleep(0.5)
     # a pause: the producer reports quiesced and appends nothing until the resume
     answer = h.admin("POST", f"/v1/admin/streams/{h.stream}/pause", json={"reason": "conformance"})
     expect(answer.status_code == 200, "P4", f"kit: the pause was refused: {answer.text}")
