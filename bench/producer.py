@@ -7,6 +7,9 @@ creates a stream of 16 shards, then, in this one process:
   one pipeline per call) next to a hand-written coredis loop that pipelines
   XADD to the shard keys round robin;
 * sync: `SyncProducer.publish_many` next to the same loop on redis-py;
+* Node.js (when `node` and clients/node/node_modules are there): the Node.js client's
+  `publishMany` next to an ioredis loop that pipelines XADD the same way
+  (bench/producer_node.js, a process per run that times only its publishing);
 * each producer with idempotence off (`idempotent=False`) next to it on (the default): the
   cost of dedupe per append, measured side by side in the same rounds.
 
@@ -29,6 +32,7 @@ import contextlib
 import json
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,6 +68,8 @@ KEYS = 1_000
 MOVE_KEYS = 100_000
 #: Each producer and the raw loop it is measured against.
 PAIRS = (("rsc-trio", "raw-coredis"), ("rsc-sync", "raw-redis-py"))
+#: The Node.js client's producer and its raw loop (when Node.js is there).
+NODE_PAIR = ("rsc-node", "raw-ioredis")
 #: Each producer (idempotent, the default) and itself with idempotence off.
 IDEMPOTENCE = (("rsc-trio", "rsc-trio-off"), ("rsc-sync", "rsc-sync-off"))
 #: The anchor, run once in every round: what Redis takes without rsc (`redis_benchmark`).
@@ -116,6 +122,18 @@ def sync_producer(url: str, redis_url: str, batches: list[Any], idempotent: bool
         for batch in batches:
             producer.publish_many(batch)
         return time.perf_counter() - start
+
+
+def node(mode: str, url: str, redis_url: str, keys: list[str], count: int, batch: int) -> float:
+    """bench/producer_node.js: `rsc` (the Node.js producer) or `raw` (ioredis XADD pipelines)."""
+    argv = ["node", str(HERE / "producer_node.js"), mode, url, redis_url, STREAM, str(count), str(batch)]
+    done = subprocess.run([*argv, ",".join(keys)], capture_output=True, text=True, check=True, timeout=600)
+    return float(done.stdout.strip())
+
+
+def node_ready() -> bool:
+    """Whether the Node.js contenders can run: `node` and the client's dependencies."""
+    return shutil.which("node") is not None and (HERE.parent / "clients/node/node_modules/ioredis").is_dir()
 
 
 def sync_raw(redis_url: str, keys: list[str], batches: list[Any]) -> float:
@@ -220,6 +238,26 @@ def report_idempotence(results: dict[str, dict[str, Any]], runs: dict[str, list[
         )
 
 
+def report_pairs(
+    results: dict[str, dict[str, Any]], runs: dict[str, list[float]], pairs: tuple[tuple[str, str], ...]
+) -> None:
+    """Each producer beside its raw loop: throughput and the median of the per-round ratios."""
+    header = f"{'publisher':<14} {'msg/s':>10} {'vs raw':>8}   per-round ratios"
+    print(header)
+    print("-" * len(header))
+    for producer, raw in pairs:
+        per_round = ratios(runs[producer], runs[raw])
+        results[producer]["vsRawPerRound"] = [round(x, 3) for x in per_round]
+        results[producer]["vsRaw"] = round(statistics.median(per_round), 3)
+        for name in (producer, raw):
+            row = results[name]
+            ratio = row.get("vsRaw", 1.0)
+            shown = " ".join(f"{x:.2f}" for x in row.get("vsRawPerRound", []))
+            print(f"{name:<14} {row['messagesPerSecond']:>10} {ratio:>8.2f}   {shown}")
+    for producer, raw in pairs:
+        print(f"{producer} / {raw}: {results[producer]['vsRaw']:.2f} (median)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=50_000)
@@ -245,7 +283,10 @@ def main() -> None:
                 "raw-redis-py": lambda: sync_raw(redis_url, keys, batches),
                 "rsc-trio-off": lambda: trio.run(trio_producer, url, redis_url, batches, False),
                 "rsc-sync-off": lambda: sync_producer(url, redis_url, batches, False),
+                "rsc-node": lambda: node("rsc", url, redis_url, keys, args.messages, args.batch),
+                "raw-ioredis": lambda: node("raw", url, redis_url, keys, args.messages, args.batch),
             }
+            pairs = PAIRS + ((NODE_PAIR,) if node_ready() else ())
 
             def run(name: str, round_: int) -> float:
                 if name == ANCHOR:  # in every round too: the machine drifts, the anchor with it
@@ -257,27 +298,14 @@ def main() -> None:
 
             # ABBA: who goes first alternates, so a drifting machine favours neither
             offs = tuple((off,) for _, off in IDEMPOTENCE)
-            runs = run_rounds(args.rounds, (*PAIRS, *offs, (ANCHOR,)), run)
+            runs = run_rounds(args.rounds, (*pairs, *offs, (ANCHOR,)), run)
             anchor_runs = runs.pop(ANCHOR)
             anchor = args.messages / statistics.median(anchor_runs)
             with contextlib.suppress(redis.RedisError):
                 r.delete(*keys)
     results: dict[str, dict[str, Any]] = {name: throughput(s, args.messages) for name, s in runs.items()}
     print(f"{args.messages} messages, batches of {args.batch}, {SHARDS} shards; {args.rounds} rounds\n")
-    header = f"{'publisher':<14} {'msg/s':>10} {'vs raw':>8}   per-round ratios"
-    print(header)
-    print("-" * len(header))
-    for producer, raw in PAIRS:
-        per_round = ratios(runs[producer], runs[raw])
-        results[producer]["vsRawPerRound"] = [round(x, 3) for x in per_round]
-        results[producer]["vsRaw"] = round(statistics.median(per_round), 3)
-        for name in (producer, raw):
-            row = results[name]
-            ratio = row.get("vsRaw", 1.0)
-            shown = " ".join(f"{x:.2f}" for x in row.get("vsRawPerRound", []))
-            print(f"{name:<14} {row['messagesPerSecond']:>10} {ratio:>8.2f}   {shown}")
-    for producer, raw in PAIRS:
-        print(f"{producer} / {raw}: {results[producer]['vsRaw']:.2f} (median)")
+    report_pairs(results, runs, pairs)
     report_idempotence(results, runs, args.messages)
     report_anchor(results, runs, anchor_runs, args.messages)
 

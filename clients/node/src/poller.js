@@ -178,6 +178,8 @@ class ShardRun {
     /** @type {Promise<void>} */
     this.done = Promise.resolve();
     this.failures = 0;
+    /** @type {Set<Promise<void>>} acknowledgements in flight */
+    this.acks = new Set();
   }
   wake() {
     this.signal.notify();
@@ -445,6 +447,7 @@ export class Poller {
       }
       if (shard.state !== 'caughtUp' && shard.queue.length < this.settings.batch) this.readSignal.notify();
     }
+    await Promise.all(shard.acks);
   }
 
   /**
@@ -905,7 +908,11 @@ export class Poller {
       return;
     }
     this.handled += 1;
-    await this.#ack(shard, message.id);
+    // Acknowledged while the next entry is handled (M9 holds: its handler completed); the
+    // runner waits for every acknowledgement before it ends (a revoke reports it after them).
+    const acked = this.#ack(shard, message.id);
+    shard.acks.add(acked);
+    acked.finally(() => shard.acks.delete(acked));
   }
 
   /** @param {ShardRun} shard @param {string} id */

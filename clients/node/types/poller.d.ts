@@ -283,6 +283,8 @@ declare class ShardRun {
     /** @type {Promise<void>} */
     done: Promise<void>;
     failures: number;
+    /** @type {Set<Promise<void>>} acknowledgements in flight */
+    acks: Set<Promise<void>>;
     wake(): void;
     /** An interruptible pause (Infinity: until woken). @param {number} ms */
     pause(ms: number): Promise<any>;
