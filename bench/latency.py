@@ -139,12 +139,14 @@ def idle_window(r: redis.Redis, pid: int | None, seconds: float) -> dict[str, An
 # --- the consumers -------------------------------------------------------------
 
 
-def create_stream(url: str, stream: str, shards: int = SHARDS) -> list[str]:
-    """Create `stream` with `shards` shards (Admin API) and return its shard keys. It keeps
-    every entry (the coordinator's retention passes would blur the idle figures)."""
-    spec = {"shardCount": shards, "retention": {"keep": "all", "deadLetterMaxEntries": None}}
-    answer = httpx.put(f"{url}/v1/admin/streams/{stream}", json=spec, auth=ADMIN, timeout=10)
-    answer.raise_for_status()
+def create_stream(url: str, stream: str, shards: int | None = None) -> list[str]:
+    """Register `stream` and return its shard keys: a producer heartbeat creates it (the
+    coordinator's default shard count), or, given `shards`, the Admin API (`ADMIN`) with that
+    many, keeping every entry (the coordinator's retention passes would blur idle figures)."""
+    if shards is not None:
+        spec = {"shardCount": shards, "retention": {"keep": "all", "deadLetterMaxEntries": None}}
+        answer = httpx.put(f"{url}/v1/admin/streams/{stream}", json=spec, auth=ADMIN, timeout=10)
+        answer.raise_for_status()
     body = {"protocolVersion": 1, "streamPrefix": stream, "producerId": f"{stream}-setup", "leave": True}
     layout = httpx.post(url + "/v1/producers/heartbeat", json=body, timeout=10).json()["layout"]
     return [s["key"] for s in layout["shards"]]

@@ -319,11 +319,11 @@ class Harness:
                 out += [(key, entry, fields) for entry, fields in r.xrange(key)]
         return out
 
-    def stream_length(self) -> int:
-        """Entries of the stream's shard keys together (XLEN)."""
+    def last_ids(self) -> dict[str, str]:
+        """Each shard key of the stream and its last entry's id: appends move it, trims do not."""
         with self.redis.client() as r:
             keys = [k for k in r.scan_iter(match=f"*{self.stream}*", _type="stream") if "rsc:v1" not in k]
-            return sum(int(r.xlen(k)) for k in keys if not k.endswith(":dlq"))
+            return {k: str(r.xinfo_stream(k)["last-generated-id"]) for k in keys if not k.endswith(":dlq")}
 
     def producer_answers(self, status: str) -> float:
         """How many producer heartbeat answers of the stream had `status` since the coordinator

@@ -9,7 +9,7 @@ import { hostname } from 'node:os';
 import { CoordinatorAuthError, CoordinatorRejected, CoordinatorUnavailable } from './coordinator.js';
 import { PROTOCOL_VERSION } from './machine.js';
 import { CLIENT } from './member.js';
-import { route } from './routing.js';
+import { Router } from './routing.js';
 import { appendKeys, runScript } from './scripts.js';
 import { TRACEPARENT, sendSpan } from './tracing.js';
 
@@ -63,6 +63,8 @@ export class Producer {
     this.log = o.log ?? ((line) => process.stderr.write(line + '\n'));
     /** @type {any} */
     this.layout = null;
+    /** @type {import('./routing.js').Router|null} routes with `layout` (made again when it changes) */
+    this.router = null;
     this.metadataVersion = 0;
     this.paused = false;
     this.intervalMs = 3000;
@@ -199,8 +201,9 @@ export class Producer {
       for (let refresh = 0, waits = 0; calls.length || toRoute.length; ) {
         /** @type {Map<string, number[]>} */
         const byShard = new Map();
+        if (!this.router || this.router.layout !== this.layout) this.router = new Router(this.layout);
         for (const i of toRoute) {
-          const shard = /** @type {string} */ (route(this.layout, items[i].key).key);
+          const shard = /** @type {string} */ (this.router.shard(items[i].key).key);
           const list = byShard.get(shard) ?? [];
           list.push(i);
           byShard.set(shard, list);

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { jump, route, routingHash } from '../src/routing.js';
+import { Router, jump, route, routingHash } from '../src/routing.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const vectors = JSON.parse(readFileSync(join(here, '..', 'vectors', 'jump-v1.json'), 'utf8'));
@@ -37,6 +37,20 @@ test('routes in layouts with retired and draining shards', () => {
       assert.equal(route(layout, keyOf(v)).index, layout.routes[i], `key ${v.keyHex}`);
     });
   }
+});
+
+test('a Router routes as route does, bytes and text keys, from its cache too', () => {
+  for (const layout of vectors.layouts) {
+    const router = new Router(layout);
+    for (const round of [1, 2]) {
+      vectors.vectors.forEach((v, i) => {
+        assert.equal(router.shard(keyOf(v)).index, layout.routes[i], `key ${v.keyHex}, round ${round}`);
+        if (typeof v.key === 'string') assert.equal(router.shard(v.key).index, layout.routes[i], `text key ${v.key}`);
+      });
+    }
+  }
+  assert.throws(() => new Router({ routing: 'other', shards: [] }), /unsupported routing/);
+  assert.throws(() => new Router({ shards: [] }).shard('k'), /no ACTIVE shard/);
 });
 
 test('the table of docs/routing.md', () => {

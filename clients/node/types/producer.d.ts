@@ -42,6 +42,8 @@ export class Producer {
     log: (line: string) => void;
     /** @type {any} */
     layout: any;
+    /** @type {import('./routing.js').Router|null} routes with `layout` (made again when it changes) */
+    router: import("./routing.js").Router | null;
     metadataVersion: number;
     paused: boolean;
     intervalMs: number;

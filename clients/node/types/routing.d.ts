@@ -35,6 +35,20 @@ export function activeShards(layout: Layout): ShardSpec[];
  */
 export function route(layout: Layout, key: string | Uint8Array): ShardSpec;
 export const ROUTING: "jump-v1";
+/** Keys a `Router` remembers the shard of, at most (then it starts again). */
+export const ROUTE_CACHE: 100000;
+/** `route` for many keys under one layout: the ACTIVE shards picked out once, and the shard of
+ * each string key remembered (keys repeat: hashing each once is enough). */
+export class Router {
+    /** @param {Layout} layout */
+    constructor(layout: Layout);
+    layout: Layout;
+    active: ShardSpec[];
+    /** @type {Map<string, ShardSpec>} */
+    known: Map<string, ShardSpec>;
+    /** The shard `key` routes to. @param {string | Uint8Array} key @returns {ShardSpec} */
+    shard(key: string | Uint8Array): ShardSpec;
+}
 export type ShardSpec = {
     index: number;
     key?: string;
