@@ -36,6 +36,9 @@ from rsc.events.routing import bucket_of
 LEASE_S = LEASE_MS / 1000
 #: How long a client may take to start and join, and handling may take to catch up.
 JOIN_S, CATCH_UP_S = 20.0, 30.0
+#: How long a running producer may take to answer a change (a pause, a coordinator come back):
+#: 40 heartbeat intervals.
+QUIESCE_S = 8.0
 
 
 class Failed(Exception):
@@ -307,7 +310,7 @@ def older_copy(h: Harness) -> None:
     h.kill_coordinator()
     h.redis.restart_from(copy)
     h.start_coordinator()
-    synced = wait_for(lambda: h.producer_answers("SYNC_METADATA") >= 1, JOIN_S / 2, 0.05)
+    synced = wait_for(lambda: h.producer_answers("SYNC_METADATA") >= 1, QUIESCE_S, 0.05)
     # What was acknowledged before is lost with the newer copy, and until its SYNC_METADATA
     # the producer routes by the layout Redis no longer has (docs/clients.md says what that
     # costs): judged are the publishes acknowledged once it was answered.
@@ -406,7 +409,8 @@ def producer_rules(h: Harness) -> None:
     # a pause: the producer reports quiesced and appends nothing until the resume
     answer = h.admin("POST", f"/v1/admin/streams/{h.stream}/pause", json={"reason": "conformance"})
     expect(answer.status_code == 200, "P4", f"kit: the pause was refused: {answer.text}")
-    quiet = wait_for(lambda: h.producers().get("conformance-producer") is True, JOIN_S, 0.05)
+    # (a few heartbeat intervals: its next heartbeat is told, the one after says quiesced)
+    quiet = wait_for(lambda: h.producers().get("conformance-producer") is True, QUIESCE_S, 0.05)
     expect(quiet, "P4", "the paused producer never reported quiesced")
     before = h.last_ids()
     time.sleep(0.6)
