@@ -213,6 +213,8 @@ class Harness:
             "RSC_TICK_INTERVAL_MS": "100",
             "RSC_DEFAULT_SHARD_COUNT": str(SHARDS),
             "RSC_COORDINATOR_LEASE_TTL_MS": "1000",
+            # the judges read every entry back from Redis: retention must not trim them first
+            "RSC_RETENTION_INTERVAL_MS": "0",
             "RSC_ADMIN_PASSWORD": ADMIN_PASSWORD,
             "RSC_CREDENTIALS": json.dumps(credentials),
             "RSC_ADVERTISE_URL": f"http://127.0.0.1:{port}",

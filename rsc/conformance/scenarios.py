@@ -363,8 +363,7 @@ def producer_cut_replies(h: Harness) -> None:
     expect(len(acked) == 300, "P6", f"{len(acked)} of 300 publishes reported")
     h.publishes += producer.publishes
     handled_all(h, acked, "P6")
-    twice = {mid: n for mid, n in h.entries_by_mid().items() if n > 1}
-    expect(not twice, "P6", f"{len(twice)} messages appended more than once (e.g. {sorted(twice)[:3]})")
+    _once_each(h, acked, "P6")
     no_pending(h)
     history_clean(h, "P6/M4/M5/M10")
 
@@ -446,8 +445,7 @@ def _judge_publishes(
     expect(len(producer.publishes) == 1200, "P5", f"{len(producer.publishes)} of 1200 publishes reported")
     h.publishes += producer.publishes
     handled_all(h, [p.mid for p in producer.publishes], "P3")
-    twice = {mid: n for mid, n in h.entries_by_mid().items() if n > 1}
-    expect(not twice, "P6", f"{len(twice)} messages appended more than once (e.g. {sorted(twice)[:3]})")
+    _once_each(h, [p.mid for p in producer.publishes], "P5")
     entries = h.entries()
     late = [(key, i) for key, i, _ in entries if key == sealed_key and int(i.split("-")[0]) > sealed_ms]
     expect(
@@ -463,6 +461,16 @@ def _judge_publishes(
         "P2",
         f"{len(misrouted)} entries not on the shard jump-v1 gives their key (e.g. {misrouted[:2]})",
     )
+
+
+def _once_each(h: Harness, acked: list[str], rule: str) -> None:
+    """Each acknowledged publish is in the stream's shard keys exactly once (the kit's coordinator
+    never trims: a missing one was lost, or the judge would be blind)."""
+    found = h.entries_by_mid()
+    missing = [mid for mid in acked if mid not in found]
+    expect(not missing, rule, f"{len(missing)} acknowledged publishes are not in Redis (e.g. {missing[:3]})")
+    twice = {mid: n for mid, n in found.items() if n > 1}
+    expect(not twice, "P6", f"{len(twice)} messages appended more than once (e.g. {sorted(twice)[:3]})")
 
 
 def _seq(mid: str) -> int:
