@@ -26,6 +26,16 @@ class RedisOutOfMemory(StoreUnavailable):
     Counted in `OOM_REFUSALS` (`/metrics`: `rsc_redis_oom_refusals_total`)."""
 
 
+class RedisRefused(StoreError):
+    """Redis refused a command for a reason asking again will not fix (`code`: `WRONGTYPE`,
+    `NOPERM`...): the operator's to fix; `key`, where known, is the key the command named."""
+
+    def __init__(self, message: str, code: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.key = key
+
+
 #: Writes Redis refused with `OOM`, in this process (the coordinator's own).
 OOM_REFUSALS = [0]
 

@@ -82,5 +82,10 @@ def server(standalone_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 def test_the_api_holds_to_its_document(case: schemathesis.Case, server: str) -> None:
     # A list's `cursor` is opaque: only the `nextCursor` the server gave is one, so any other
     # string, schema-valid as it is, is rightly refused (400 INVALID_CURSOR, tests/http/test_paging.py).
-    excluded = [positive_data_acceptance] if "cursor" in (case.query or {}) else []
+    # A reset's `to.ids` names shards by index: one the stream does not have (it depends on what
+    # earlier cases created) is rightly refused (400, tests/clients/test_group_operations_end_to_end.py).
+    names_shards = (
+        isinstance(case.body, dict) and isinstance(case.body.get("to"), dict) and "ids" in case.body["to"]
+    )
+    excluded = [positive_data_acceptance] if "cursor" in (case.query or {}) or names_shards else []
     case.call_and_validate(base_url=server, headers={"Authorization": ADMIN}, excluded_checks=excluded)

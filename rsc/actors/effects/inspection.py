@@ -14,14 +14,14 @@ import attrs
 import coredis
 
 from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
-from rsc.actors.errors import StoreUnavailable
+from rsc.actors.errors import RedisRefused, StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
 from rsc.events.drain import DrainEvidence, GroupDrain, evidence
 from rsc.events.slots import Primary, Topology
 from rsc.events.wire import seal_key
 from rsc.lua import script
-from rsc.redis_errors import error_code
+from rsc.redis_errors import error_code, is_unavailable
 from rsc.resp import Multiplexed
 
 
@@ -118,7 +118,7 @@ class RedisInspection(RedisEffectsBase):
             for key, xlen, xinfo in zip(chunk, results[::2], results[1::2], strict=True):
                 length, infos = xlen, xinfo
                 if isinstance(xlen, BaseException) or isinstance(xinfo, BaseException):
-                    _raise_unless_missing(xlen, xinfo)
+                    _raise_unless_missing(key, xlen, xinfo)
                     length, infos = 0, ()  # the key does not exist (yet)
                 groups = tuple(
                     GroupLag(
@@ -150,16 +150,21 @@ class RedisInspection(RedisEffectsBase):
         return out
 
 
-def _raise_unless_missing(xlen: object, xinfo: object) -> None:
+def _raise_unless_missing(key: str, xlen: object, xinfo: object) -> None:
     """Raise the error of `XLEN` or `XINFO GROUPS` of one key, unless the key does not exist:
     then `XLEN` answers 0 and `XINFO` refuses with the generic `ERR` code (Redis gives a missing
     key no code of its own; any other refusal has one, e.g. `WRONGTYPE`, and is raised). The
-    refusal is classified by its code alone, never by the rest of its text."""
-    if isinstance(xlen, BaseException):
-        raise StoreUnavailable(f"reading shard statistics: {xlen}") from xlen
+    refusal is classified by its code alone, never by the rest of its text: `RedisRefused`
+    (`WRONGTYPE`: something else wrote the key), or `StoreUnavailable` for a Redis that may
+    answer later."""
     missing = xlen == 0 and isinstance(xinfo, coredis.exceptions.ResponseError) and error_code(xinfo) == "ERR"
-    if isinstance(xinfo, BaseException) and not missing:
-        raise StoreUnavailable(f"reading shard statistics: {xinfo}") from xinfo
+    for failure in (xlen, xinfo):
+        if not isinstance(failure, BaseException) or (failure is xinfo and missing):
+            continue
+        code = error_code(failure)
+        if code is not None and not is_unavailable(failure):
+            raise RedisRefused(f"reading shard statistics of {key}: {failure}", code, key) from failure
+        raise StoreUnavailable(f"reading shard statistics: {failure}") from failure
 
 
 def topology_from_shards(shards: Iterable[Mapping[str, Any]]) -> Topology:
