@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # refresh it with `make constraints` after a green run on newer ones).
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml rsc/__init__.py constraints.txt | cksum | cut -d' ' -f1)
 
-.PHONY: constraints setup run $(addprefix test-,$(TIERS)) clean-demo test test-fast lint bench clean
+.PHONY: constraints setup setup-node run $(addprefix test-,$(TIERS)) clean-demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml rsc/__init__.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,17 +17,19 @@ $(STAMP): pyproject.toml rsc/__init__.py constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# The Node.js reference client's packages (clients/node, `npm ci` from its lock file), when
-# Node.js is installed: the conformance tier runs it.
+# The Node.js reference client's packages (clients/node, `npm ci` from its lock file): the
+# conformance tier and `make test` run it, so Node.js 20 with npm is required for the tests
+# (`.ci/run` installs it where it is missing); `make run` needs only Python.
 NODE_DIR := clients/node
-NODE_STAMP := $(NODE_DIR)/node_modules/.installed-$(shell cat $(NODE_DIR)/package-lock.json 2>/dev/null | cksum | cut -d' ' -f1)
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed-$(shell cat $(NODE_DIR)/package-lock.json | cksum | cut -d' ' -f1)
 
-$(NODE_STAMP): $(wildcard $(NODE_DIR)/package-lock.json)
-	@if command -v npm >/dev/null && [ -f $(NODE_DIR)/package-lock.json ]; then \
-		cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error && rm -f node_modules/.installed-* && touch ../../$@; \
-	else echo "setup: no npm (or no clients/node/package-lock.json): the Node.js client is not installed"; fi
+$(NODE_STAMP): $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "setup: Node.js 20 with npm is required for the tests (apt-get install nodejs npm)" >&2; exit 1; }
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error && rm -f node_modules/.installed-* && touch ../../$@
 
-setup: $(STAMP) $(NODE_STAMP)
+setup: $(STAMP)
+
+setup-node: $(NODE_STAMP)
 
 # The demo's keys live under their own namespace (`make clean-demo` removes them), and its
 # admin password (loopback only) is `demo` unless RSC_ADMIN_PASSWORD says otherwise.
@@ -46,10 +48,10 @@ clean-demo: setup
 # that they start early) three at a time (they mostly wait on their servers and processes, each
 # of its own on free ports), then the Node.js client's own tests. Every part runs; the target
 # fails if any did.
-test: setup
+test: setup setup-node
 	@$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
 	$(BIN)/pytest -n 3 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
-	if command -v npm >/dev/null; then (cd $(NODE_DIR) && npm test --silent); else true; fi; node=$$?; \
+	(cd $(NODE_DIR) && npm test --silent); node=$$?; \
 	exit $$(( first || second || node ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without
@@ -60,7 +62,7 @@ test-fast: setup
 # One tier: make test-core, test-actors, test-http, test-clients, test-processes, test-chaos,
 # test-browser, test-compat (docs/development.md says which to run when).
 TIERS := core actors http clients processes chaos browser compat conformance
-$(addprefix test-,$(TIERS)): test-%: setup
+$(addprefix test-,$(TIERS)): test-%: setup setup-node
 	$(BIN)/pytest -q tests/$*
 
 lint: setup

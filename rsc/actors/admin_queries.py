@@ -11,7 +11,7 @@ below `rsc.http`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -20,15 +20,17 @@ import trio
 from rsc.actors import stream_dead_letters
 from rsc.actors.actor import Aggregate, fold_loaded
 from rsc.actors.aggregates import StreamAggregate
+from rsc.actors.effects.inspection import ShardStats
 from rsc.actors.effects.positions import PendingEntry
 from rsc.actors.features import FeatureState
 from rsc.actors.keys import AggregateId
 from rsc.actors.registry import Registry
 from rsc.actors.stream_dead_letters import DeadLetterCount, DeadLetterEntry, ReplayOutcome
 from rsc.events import admin_rules
+from rsc.events.drain import DrainEvidence
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.group_position import entry_id
-from rsc.events.model import Shard
+from rsc.events.model import MigrationPhase, Shard
 from rsc.events.scaling import Scale, ShardWork, scale
 from rsc.events.stream import StreamState
 from rsc.events.versions import Party
@@ -230,3 +232,44 @@ async def group_scale(registry: Registry, stream_prefix: str, group: str, member
             ShardWork(stats[key].length if found is None else found.lag, found.pending if found else 0)
         )
     return scale(works, members, paused, members_per_replica)
+
+
+@attrs.frozen
+class StreamFacts:
+    """What Redis says of a stream's shards for its view: each readable shard's statistics,
+    the drain evidence of its DRAINING shards, and (while a quiesce migration waits in
+    QUIESCED) the evidence of every readable shard (`consumed`)."""
+
+    stats: Mapping[str, ShardStats]
+    evidence: Mapping[str, DrainEvidence]
+    consumed: Mapping[str, DrainEvidence] | None
+
+
+async def stream_facts(registry: Registry, state: StreamState) -> StreamFacts:
+    """Read a stream's `StreamFacts` from Redis. Raises `StoreError`."""
+    effects = registry.effects
+    stats = await effects.shard_stats(s.key for s in state.layout.shards if s.readable)
+    evidence = await effects.drain_evidence(s.key for s in state.layout.draining)
+    consumed = None
+    if state.migration is not None and state.migration.phase is MigrationPhase.QUIESCED:
+        consumed = await effects.drain_evidence(s.key for s in state.layout.shards if s.readable)
+    return StreamFacts(stats, evidence, consumed)
+
+
+@attrs.frozen
+class ShardFigures:
+    """The figures `/metrics` reports of a set of shard keys: statistics and dead letters."""
+
+    stats: Mapping[str, ShardStats]
+    dead_letters: Mapping[str, int]
+
+
+async def shard_figures(registry: Registry, keys: Sequence[str]) -> ShardFigures:
+    """Every key's statistics and dead-letter count, pipelined in chunks. Raises `StoreError`."""
+    stats = await registry.effects.shard_stats(keys)
+    return ShardFigures(stats, await registry.effects.dead_letter_counts(keys))
+
+
+async def redis_answers(registry: Registry) -> bool:
+    """Whether the coordinator's Redis answers (`PING`). Raises nothing."""
+    return await registry.effects.ping()

@@ -38,6 +38,7 @@ from rsc.events.errors import CoordinationError
 from rsc.events.model import MAX_COUNTER, Layout, Timing
 from rsc.events.placement import shard_key
 from rsc.events.stream import StreamState
+from rsc.events.versions import SEAL_LEVEL
 
 log = logging.getLogger("rsc.registry")
 
@@ -122,21 +123,30 @@ class LossCorrections:
             lost = not only_new and await self._leaves_keys(stream_prefix)
         return lost
 
-    async def rebuild(self, command: CreateStream, seen_version: int) -> CreateStream:
+    async def rebuild(self, command: CreateStream, seen_version: int, level: int) -> CreateStream:
         """A lost stream: its first layout is above the version the fleet reported (so that
         members and producers take it as a layout change), with the shard keys Redis still
         holds, or that producers routing by the lost layout have appended to since (found by
-        name), plus any index between them; the default count when none is found.
+        name), plus any index between them; the default count when none is found. A found key
+        Redis holds sealed (at feature `level` 2 and above) was DRAINING or RETIRED: it is
+        DRAINING again (read to its end, then retired), never ACTIVE.
 
-        Raises `StoreError` (the SCAN)."""
+        Raises `StoreError` (the SCAN, the seals)."""
         found = dict(await self._scan(command.stream_prefix))
+        sealed: frozenset[int] = frozenset()
+        if found and level >= SEAL_LEVEL:
+            evidence = await self.effects.drain_evidence(found.values())
+            sealed = frozenset(i for i, key in found.items() if evidence[key].sealed)
         if found:  # the namespace is the part of a found key before its name
             some = found[min(found)]
             namespace = some[: some.index(f"{command.stream_prefix}:{{")]
             for index in range(min(found), max(found) + 1):
                 found.setdefault(index, shard_key(command.stream_prefix, index, namespace=namespace))
         return attrs.evolve(
-            command, metadata_version=seen_version + 1, found_keys=tuple(sorted(found.items()))
+            command,
+            metadata_version=seen_version + 1,
+            found_keys=tuple(sorted(found.items())),
+            sealed=sealed,
         )
 
     def stream_rebuilt(self, stream_prefix: str, seen_version: int, layout: Layout, found_keys: bool) -> None:

@@ -110,7 +110,7 @@ class Creation:
             retention = creation_retention(level)
             command = CreateStream(stream_prefix, count, self.clock.now_ms(), topology, retention=retention)
             if lost:
-                command = await self.corrections.rebuild(command, seen_version)
+                command = await self.corrections.rebuild(command, seen_version, level)
             # Only over what was seen missing: a stream created meanwhile is not created twice.
             reply = await actor.ask(command, seen if only_new else None)
             if counted is not None and reply.events:
@@ -174,7 +174,8 @@ class Creation:
                 config = attrs.evolve(config, start_from=StartFrom.EARLIEST)
             reply = await stream.ask(RegisterGroup(group, config.start_from))
             layout = reply.state.layout
-            command = CreateGroup(stream_prefix, group, layout, self.timing, config, self.clock.now_ms())
+            now_ms = self.clock.now_ms()
+            command = CreateGroup(stream_prefix, group, layout, self.timing, config, now_ms, rebuilt=lost)
             await actor.ask(command)
             if lost:
                 self.corrections.group_recreated(stream_prefix, group, seen_version)

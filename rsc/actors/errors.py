@@ -26,7 +26,7 @@ class RedisOutOfMemory(StoreUnavailable):
     Counted in `OOM_REFUSALS` (`/metrics`: `rsc_redis_oom_refusals_total`)."""
 
 
-class RedisRefused(StoreError):
+class CommandRefused(StoreError):
     """Redis refused a command for a reason asking again will not fix (`code`: `WRONGTYPE`,
     `NOPERM`...): the operator's to fix; `key`, where known, is the key the command named."""
 

@@ -108,7 +108,8 @@ def lease_expiry(h: Harness) -> None:
     h.start_client(RSC_HANDLER_MS="20")
     joined(h, 2, "two members")
     mids = h.publish(300)
-    wait_for(lambda: any(r.pid == first.pid for r in h.records()), 10)
+    handling = wait_for(lambda: any(r.pid == first.pid for r in h.records()), 10)
+    expect(handling, "M5", "the first member handled nothing within 10 s: nothing to stop it in")
     first.signal(signal.SIGSTOP)
     h.faults.append(_fault(first.pid, "STOP"))
     # the lease ends, its shards move to the other member, which handles on

@@ -39,6 +39,10 @@ class CreateGroup:
     timing: Timing = Timing()
     config: GroupConfig = GroupConfig()
     now_ms: int = 0
+    #: Recreated after Redis lost the group (feature level 4): a member of the lost group may
+    #: still be handling any shard, so every readable one is quarantined for one lease, and a
+    #: member of the lost group that reports the shards it holds is taken in holding them.
+    rebuilt: bool = False
 
 
 @attrs.define(unsafe_hash=True)
@@ -188,6 +192,10 @@ class CreateStream:
     #: Rebuilding a lost stream: the shard keys found in Redis (index -> key); the layout has
     #: these (ACTIVE) instead of `shard_count` new ones. Empty: new shards.
     found_keys: tuple[tuple[int, str], ...] = ()
+    #: Of `found_keys`, the indexes whose keys Redis holds sealed (feature level 2): they were
+    #: DRAINING or RETIRED in the lost layout, so they are DRAINING in the rebuilt one (read to
+    #: their end, then retired), never ACTIVE again (producers would meet their seal).
+    sealed: frozenset[int] = frozenset()
     #: The new stream's retention policy (feature level 5; None: none is stored, it keeps all).
     retention: Retention | None = None
 

@@ -77,6 +77,9 @@ from rsc.events.events import (
     MemberJoined,
     MemberLeaving,
     MemberLeft,
+    QuarantineEnded,
+    ShardsInstalled,
+    ShardsQuarantined,
     ShardsReleased,
     ShardsReportedStalled,
     TimersRestarted,
@@ -179,6 +182,13 @@ def _decide(
             if members:
                 shown = ", ".join(members[:5]) + (", ..." if len(members) > 5 else "")
                 raise NotEmpty(f"the group has {len(members)} live member(s): {shown}; stop them first")
+            waiting = decision.group.quarantined(command.now_ms)
+            if waiting:  # a group made afresh would give them out at once
+                until = max(decision.group.quarantine[s] for s in waiting)
+                raise NotEmpty(
+                    f"shards {sorted(waiting)} may still be handled by a member that was fenced (or of "
+                    f"a group Redis lost) for {until - command.now_ms} ms more; delete it after that"
+                )
             decision.emit(GroupDeleted(command.now_ms))
         case _:
             assert_never(command)
@@ -251,6 +261,11 @@ def _create(decision: Decision, command: CreateGroup) -> None:
             created_at_ms=command.now_ms,
         )
     )
+    readable = command.layout.readable_indexes
+    if command.rebuilt and decision.static_level and readable:
+        # The lost group's members may be handling any shard until their leases end: nobody
+        # is installed one before then unless its holder reports it (`_adopt`) and releases it.
+        decision.emit(ShardsQuarantined(readable, command.now_ms + command.timing.lease_ttl_ms))
 
 
 def _heartbeat(decision: Decision, hb: Heartbeat) -> None:
@@ -281,7 +296,8 @@ def _heartbeat(decision: Decision, hb: Heartbeat) -> None:
     if hb.member_epoch == -1:
         _leave(decision, hb)
         return
-    if member is None and hb.member_epoch > 0:
+    claimed = _claimed(decision, hb) if member is None and hb.member_epoch > 0 else None
+    if member is None and hb.member_epoch > 0 and not claimed:
         tomb = group.fenced.get(hb.member_id)
         if tomb is None:
             decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.UNKNOWN_MEMBER))
@@ -301,6 +317,9 @@ def _heartbeat(decision: Decision, hb: Heartbeat) -> None:
                 hb.member_id, hb.incarnation, hb.client, hb.now_ms, group.group_epoch + 1, static=static
             )
         )
+        if claimed:  # a holder of the lost group: it keeps what it reports until revoked
+            decision.emit(QuarantineEnded(claimed))
+            decision.emit(ShardsInstalled(hb.member_id, claimed))
     elif hb.member_epoch > 0 and not _epoch_accepted(member, hb):
         decision.emit(HeartbeatRejected(hb.member_id, HeartbeatStatus.FENCED, FenceReason.STALE_EPOCH))
         return
@@ -316,6 +335,24 @@ def _heartbeat(decision: Decision, hb: Heartbeat) -> None:
         decision.emit(MemberLeaving(hb.member_id, decision.group.group_epoch + 1))
     refresh_target(decision, hb.now_ms)
     reconcile(decision, hb)
+
+
+def _claimed(decision: Decision, hb: Heartbeat) -> frozenset[int]:
+    """The shards a member the group does not know (`memberEpoch` > 0) reports holding, if it
+    is a holder of a group Redis lost: it is not fenced, reports shards, and every readable one
+    it reports is quarantined and installed to nobody (the rebuilt group waits for exactly
+    these holders). It is then taken in holding them, and they move on through the ordinary
+    revoke -> release -> install, `REVOKE_PENDING` for whoever waits for them. Anything else
+    (a shard another member holds or that is free: a conflict, or a stale member): nothing,
+    and it is answered `UNKNOWN_MEMBER` as before. Raises nothing."""
+    group = decision.group
+    if not decision.static_level or not hb.owned or hb.member_id in group.fenced or hb.leaving:
+        return frozenset()
+    claimed = hb.owned & group.layout.readable_indexes
+    quarantined = group.quarantined(hb.now_ms)
+    if not claimed or not claimed <= quarantined or any(s in group.owners for s in claimed):
+        return frozenset()
+    return claimed
 
 
 def _drain_reports(group: GroupState, member: Member | None, hb: Heartbeat) -> tuple[DrainProgress, ...]:

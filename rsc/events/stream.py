@@ -316,7 +316,10 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
     if command.metadata_version < 1:
         raise InvalidCommand("a stream's first metadataVersion is at least 1")
     if command.found_keys:  # a lost stream rebuilt from the shard keys Redis still holds
-        shards = tuple(Shard(i, key) for i, key in sorted(command.found_keys))
+        shards = tuple(
+            Shard(i, key, ShardState.DRAINING if i in command.sealed else ShardState.ACTIVE)
+            for i, key in sorted(command.found_keys)
+        )
         if len({s.index for s in shards}) != len(shards) or len(shards) > MAX_SHARDS:
             raise InvalidCommand("found shard keys must have distinct indexes, at most MAX_SHARDS")
     else:

@@ -19,9 +19,9 @@ from werkzeug.exceptions import HTTPException
 from rsc.actors.errors import (
     OOM_REFUSALS,
     ActorStopped,
+    CommandRefused,
     NotFinalized,
     RedisOutOfMemory,
-    RedisRefused,
     StoreError,
     UnsupportedSchema,
 )
@@ -70,6 +70,8 @@ def error_answer(error: Exception, method: str = "", path: str = "") -> ErrorAns
 
     Anything but the errors named in the module is a bug: it is logged with its traceback (call
     this inside the `except` block) and answered 500 naming only the request id."""
+    while isinstance(error, ExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]  # one failure that a trio nursery wrapped: answered as itself
     if isinstance(error, ApiError):
         headers: list[tuple[str, str]] = []
         if error.status == 401 and isinstance(error, Refused):
@@ -86,7 +88,7 @@ def error_answer(error: Exception, method: str = "", path: str = "") -> ErrorAns
             # problem: run a release that supports it). Clients retry elsewhere or later.
             log.error("%s", error)
             return ErrorAnswer(503, "UNSUPPORTED_VERSION", str(error))
-        if isinstance(error, RedisRefused):
+        if isinstance(error, CommandRefused):
             return _refused(error.code, error.key, error)
         if isinstance(error, NotFinalized):
             log.error("bug: %s", error)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -43,12 +44,26 @@ from rsc.http.throttle import FailureThrottle, client_key
 log = logging.getLogger("rsc.http")
 
 
-def create_app(registry: Registry, settings: Settings | None = None) -> QuartTrio:
+class CoordinatorApp(QuartTrio):
+    """Quart (on trio) with the heartbeat fast path in front of its ASGI application: a
+    request enters through `front` (`rsc.http.fast_heartbeat`), which hands everything it does
+    not answer to Quart's own `asgi_app`."""
+
+    front: HeartbeatFastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        if self.front is None:
+            await self.asgi_app(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
+
+
+def create_app(registry: Registry, settings: Settings | None = None) -> CoordinatorApp:
     """The coordinator's HTTP application over `registry` (admin routes are added by `serve`).
 
     Raises nothing (a bad `settings` was refused when it was loaded)."""
     settings = settings or Settings()
-    app = QuartTrio("rsc")
+    app = CoordinatorApp("rsc")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     metrics = Metrics(registry)
     if tracing.trace_group not in registry.group_observers:  # rebalances and layouts as spans
@@ -79,8 +94,7 @@ def create_app(registry: Registry, settings: Settings | None = None) -> QuartTri
     add_monitoring_routes(app, registry, gate, metrics)
     fast = HeartbeatFastPath(app.asgi_app, app.extensions["rsc.heartbeat_answers"], gate, app.config)
     app.extensions[fast_heartbeat.EXTENSION] = fast
-    # Quart's documented middleware hook (`app.asgi_app = middleware(app.asgi_app)`):
-    app.asgi_app = fast  # type: ignore[method-assign]
+    app.front = fast
     return app
 
 

@@ -92,8 +92,8 @@ class Gate:
         Authenticated once per request (the result is kept in its `Exchange`)."""
         ctx = exchange.current()
         cached = ctx.principal
-        if cached is not exchange.UNSET:
-            return cached  # type: ignore[return-value]
+        if not isinstance(cached, exchange.Unset):
+            return cached
         found: Credential | None = None
         header = ctx.authorization
         if header:

@@ -13,13 +13,22 @@ exchange never leaks into another request.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import re
 import secrets
 from contextvars import ContextVar
 
-#: `Exchange.principal` before authentication ran.
-UNSET: object = object()
+from rsc.events.auth import Credential
+
+
+class Unset(enum.Enum):
+    """`Exchange.principal` before authentication ran (a type of its own: None is an answer)."""
+
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
 
 
 class Exchange:
@@ -35,7 +44,7 @@ class Exchange:
         #: The id echoed in `X-Request-Id` and in every error body.
         self.request_id = request_id
         #: The authenticated caller (`rsc.events.auth.Credential` or None), or `UNSET`.
-        self.principal: object = UNSET
+        self.principal: Credential | Unset | None = UNSET
         #: The code of a `CoordinationError` answered (the audit tells quota refusals by it).
         self.error_code: str | None = None
 

@@ -1,5 +1,5 @@
-"""`POST /v1/heartbeat` and `POST /v1/heartbeats` answered below Quart, as ASGI middleware
-(`app.asgi_app`, Quart's hook for it).
+"""`POST /v1/heartbeat` and `POST /v1/heartbeats` answered below Quart, as ASGI middleware in
+front of Quart's own `asgi_app` (`rsc.http.app.CoordinatorApp.front`).
 
 Heartbeats are the coordinator's most frequent requests, and Quart's machinery around a route
 (a request object and context, a task for the body, hooks, a `Response`) cost about as much

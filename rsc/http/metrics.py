@@ -12,6 +12,7 @@ import trio
 from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from rsc.actors import admin_queries
 from rsc.actors.dataset import DATA_LOSS, KINDS
 from rsc.actors.errors import OOM_REFUSALS, StoreError
 from rsc.actors.registry import Registry
@@ -172,13 +173,12 @@ class Metrics:
         exactly when its lag must go on being reported."""
         self._learn_layouts()
         samples: dict[tuple[str, int], ShardSample] = {}
-        effects = self.registry.effects
         layouts = list(self._layouts.items())
         # Every stream's shards in one pass (pipelined in chunks by the effects), not two round
         # trips per stream: 10,000 streams are 20,000 round trips every interval otherwise.
         keys = [s.key for _, shards in layouts for s in shards]
-        stats = await effects.shard_stats(keys)
-        dead = await effects.dead_letter_counts(keys)
+        figures = await admin_queries.shard_figures(self.registry, keys)
+        stats, dead = figures.stats, figures.dead_letters
         for prefix, shards in layouts:
             for shard in shards:
                 found = stats.get(shard.key)

@@ -25,7 +25,6 @@ from rsc.actors.registry import Registry
 from rsc.events import auth, codec
 from rsc.events.auth import Action
 from rsc.events.errors import UnknownGroup, UnknownStream
-from rsc.events.model import MigrationPhase
 from rsc.http import paging, views
 from rsc.http.authenticate import Gate, Refused
 from rsc.http.errors import ApiError
@@ -69,12 +68,9 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
     async def stream(stream_prefix: str) -> Response:
         actor = await existing_stream_actor(stream_prefix)
         state = actor.state
-        stats = await registry.effects.shard_stats(s.key for s in state.layout.shards if s.readable)
-        evidence = await registry.effects.drain_evidence(s.key for s in state.layout.draining)
-        consumed = None
-        if state.migration is not None and state.migration.phase is MigrationPhase.QUIESCED:
-            consumed = await registry.effects.drain_evidence(s.key for s in state.layout.shards if s.readable)
-        view = views.stream_view(state, actor.leases, registry.clock.now_ms(), stats, evidence, consumed)
+        facts = await admin_queries.stream_facts(registry, state)
+        now_ms = registry.clock.now_ms()
+        view = views.stream_view(state, actor.leases, now_ms, facts.stats, facts.evidence, facts.consumed)
         return json_response(view)
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
@@ -172,7 +168,7 @@ def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics:
     @app.get("/readyz")
     async def readyz() -> Response:
         with trio.move_on_after(READY_TIMEOUT_S):
-            if await registry.effects.ping():
+            if await admin_queries.redis_answers(registry):
                 try:  # readiness is public: a credential that does not authenticate is nobody here
                     caller = gate.principal()
                 except Refused:

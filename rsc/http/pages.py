@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import swagger_ui_bundle  # the static files of Swagger UI, vendored by that package
-from quart import Response, redirect
+from quart import Response
 from quart_trio import QuartTrio
 
 from rsc.http.errors import ApiError
@@ -50,7 +50,7 @@ def add_page_routes(app: QuartTrio, document: Callable[[], dict[str, Any]]) -> N
 
     @app.get("/")
     async def home() -> Response:
-        return redirect("/ui")  # type: ignore[return-value]
+        return Response("", status=302, headers={"Location": "/ui"})
 
     @app.get("/ui")
     async def dashboard() -> Response:

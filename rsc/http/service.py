@@ -12,7 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -94,8 +94,19 @@ def registry_settings(settings: Settings) -> RegistrySettings:
     )
 
 
+@attrs.frozen
+class Running:
+    """What `open_coordinator` opened: the registry, the audit log, the lease, and every running
+    coordinator as the features endpoint lists them (`parties`)."""
+
+    registry: Registry
+    audit: AuditLog
+    leadership: Leadership
+    parties: Callable[[], Awaitable[list[Party]]]
+
+
 @contextlib.asynccontextmanager
-async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, AuditLog, Leadership]]:
+async def open_coordinator(settings: Settings) -> AsyncIterator[Running]:
     """Redis, the coordinator lease, the store, the registry and the audit log, while the block runs.
 
     Actors run only while this process holds the lease (see `rsc.actors.leadership`):
@@ -134,7 +145,12 @@ async def open_coordinator(settings: Settings) -> AsyncIterator[tuple[Registry, 
                     watch = watch_dataset(redis, keys, leadership, features, registry)
                     terms.start_soon(watch.run)
                     await terms.start(leadership.run, registry.stop_all)
-                    yield registry, AuditLog(redis, keys=keys, lean=lean), leadership
+                    audit = AuditLog(redis, keys=keys, lean=lean)
+
+                    async def parties() -> list[Party]:
+                        return await coordinator_parties(redis, leadership.backend, keys)
+
+                    yield Running(registry, audit, leadership, parties)
                 terms.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -216,7 +232,8 @@ async def serve(
     check_exposure(settings, bind)
     for line in auth.narrowing_warnings(settings.credentials):
         log.warning("%s", line)
-    async with open_coordinator(settings) as (registry, audit, leadership), trio.open_nursery() as nursery:
+    async with open_coordinator(settings) as running, trio.open_nursery() as nursery:
+        registry, audit, leadership = running.registry, running.audit, running.leadership
         limits = Limits.from_settings(settings)
         config = hypercorn_config(bind, limits)
         trigger = shutdown if shutdown is not None else trio.Event()
@@ -226,13 +243,7 @@ async def serve(
             config.certfile, config.keyfile = settings.certfile, settings.keyfile
         app = create_app(registry, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-        redis = registry.effects.redis  # type: ignore[attr-defined]
-        keys = registry.effects.keys  # type: ignore[attr-defined]
-
-        async def coordinators() -> list[Party]:
-            return await coordinator_parties(redis, leadership.backend, keys)
-
-        add_admin_routes(app, registry, account, audit, coordinators)
+        add_admin_routes(app, registry, account, audit, running.parties)
         add_openapi_route(app)
         add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
         stopped = trio.Event()

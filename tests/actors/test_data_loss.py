@@ -282,7 +282,9 @@ async def test_a_stream_and_group_lost_with_the_coordinators_memory_are_rebuilt_
     """Redis lost everything and the coordinator restarted too (or a standby took over): nothing
     remembers the stream but its members and producers. A member that knows layout version V
     rebuilds it at V + 1 (a layout change for every party) with the shard keys Redis holds
-    (producers routing by the old layout recreated them), its group at `0`; it rejoins."""
+    (producers routing by the old layout recreated them), its group at `0`. The rebuilt group
+    learns the member held its shards from its report and takes it in holding them: nothing is
+    dropped, nothing is read twice at once (a key sealed before the loss stays DRAINING)."""
     DATA_LOSS.reset()
     effects = MemoryEffects()
     async with registry_on(MemoryStore(), effects) as first:
@@ -293,10 +295,13 @@ async def test_a_stream_and_group_lost_with_the_coordinators_memory_are_rebuilt_
         assert actor.state is not None
         lost_layout = actor.state.layout
         assert a.owned == frozenset(range(6))
-    # A new coordinator over an emptied Redis; the shard keys are back (producers appended).
+    # A new coordinator over an emptied Redis; the shard keys are back (producers appended),
+    # and one of them is sealed (it was DRAINING when Redis lost the stream).
     effects.consumer_groups.clear()
     effects.tokens.clear()
     effects.registered.clear()
+    sealed_key = lost_layout.shards[5].key
+    effects.sealed[sealed_key] = 1
     version = a.machine.metadata_version
     assert version == lost_layout.metadata_version
     async with registry_on(MemoryStore(), effects) as second:
@@ -308,9 +313,10 @@ async def test_a_stream_and_group_lost_with_the_coordinators_memory_are_rebuilt_
         from rsc.events.respond import respond
 
         answer = respond(reply.state, command, reply.events)
-        assert answer.status is HeartbeatStatus.UNKNOWN_MEMBER  # not a member of the new group
+        assert answer.status in (HeartbeatStatus.OK, HeartbeatStatus.REVOKE_PENDING)  # taken in
+        assert answer.assignment.assigned == frozenset(range(6))
         a.machine.receive(request, answer, second.clock.now_ms() / 1000)
-        assert a.owned == frozenset()  # dropped everything; rejoins at once
+        assert a.owned == frozenset(range(6))  # it dropped nothing
         a.registry = second  # the same process, talking to the new coordinator
         for _ in range(3):
             response = await a.heartbeat()
@@ -320,6 +326,9 @@ async def test_a_stream_and_group_lost_with_the_coordinators_memory_are_rebuilt_
         stream = await second.stream("orders")
         assert stream.state is not None
         assert [s.key for s in stream.state.layout.shards] == [s.key for s in lost_layout.shards]
+        states = {s.key: s.state.value for s in stream.state.layout.shards}
+        assert states.pop(sealed_key) == "DRAINING"  # never ACTIVE again: producers met its seal
+        assert set(states.values()) == {"ACTIVE"}
         assert set(effects.consumer_groups.values()) == {"0"}  # never `$`
         assert DATA_LOSS.counts["rebuilt"] == 2  # the stream, then the group
 

@@ -52,7 +52,12 @@ def test_every_entry_of_a_v0_1_0_journal_is_read_and_folds_into_the_state_it_mea
         assert folded is not None
         if key == "rsc:v1:{g/fixture/billing}:journal":
             # m0, m1, m2 joined, m1 left; the others were fenced when their leases ran out.
-            assert set(folded.members) <= {"m0", "m2"}
+            assert not folded.members
+            assert not folded.owners
+            assert {m: t.reason.value for m, t in folded.fenced.items()} == {
+                "m0": "LEASE_EXPIRED",
+                "m2": "LEASE_EXPIRED",
+            }
 
 
 def test_a_real_0_1_0_entry_is_upcast_before_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"bkey": key, "seq": str(seq), "mid": f"{key}/{seq}", "producer": args.name}, key
 
     def publish(messages: list[tuple[dict[str, str], str]]) -> None:
+        started = time.clock_gettime(time.CLOCK_MONOTONIC)  # (a fault judges by when a call began)
         try:
             routes = [producer.shard_key(key) for _, key in messages]  # advisory: the layout may change
             ids = producer.publish_many(messages)
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         for (fields, _), entry_id, route in zip(messages, ids, routes, strict=True):
             journal.write(
                 ev="ack",
+                t0=started,
                 id=entry_id,
                 key=route,
                 bkey=fields["bkey"],

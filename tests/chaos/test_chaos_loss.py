@@ -2,8 +2,9 @@
 and a coordinator, real processes, while Redis is flushed (FLUSHALL), restarted without its
 data, and rolled back to an older copy of itself (what a lagging replica's promotion does).
 
-What the history must show: every publish acknowledged after Redis answers again is handled
-(entries only in the lost data are gone: Redis' durability, not ours); no entry is handled by
+What the history must show: every publish begun after Redis answers again is handled, from
+the first moment (one Redis ran before the fault may be acknowledged after it: only that
+entry may be gone with the lost data, Redis' durability, not ours); no entry is handled by
 two members at once; no handler starts on a shard not installed to its member (the group's
 journal, read before each fault, holds the installs a loss takes with it); the group
 converges after each fault; `rsc journal verify` passes at the
@@ -24,9 +25,6 @@ import redis
 
 from rsc.conformance.history import Publish, check, entry_key, ownership_from_journal
 from tests.chaos.test_chaos import ROOT, Chaos, chaos, now, read_jsonl
-
-#: A publish Redis took just before a fault may be acknowledged just after it.
-MARGIN_S = 0.5
 
 
 class Losses:
@@ -52,19 +50,30 @@ class Losses:
             if r["ev"] == "ack"
         ]
 
+    def began(self) -> dict[str, float]:
+        """When each acknowledged publish call began (mid -> monotonic time)."""
+        return {
+            r["mid"]: float(r["t0"])
+            for n in range(2)
+            for r in read_jsonl(self.run.tmp / f"published-{n}.jsonl")
+            if r["ev"] == "ack"
+        }
+
     def unhandled(self, since: float, until: float) -> list[str]:
         done = {r.mid for r in self.run.records() if r.ev == "end"}
-        return [p.mid for p in self.acked() if since < p.t <= until and p.mid not in done]
+        began = self.began()
+        return [p.mid for p in self.acked() if since < began[p.mid] and p.t <= until and p.mid not in done]
 
     def after(self, fault: str, at: float) -> None:
         """Redis answers again since `at`: the group converges, publishes flow, and every one
         acknowledged since is handled (checked up to now)."""
-        since = at + MARGIN_S
+        since = at  # every publish begun after Redis answers again, the first moments included
         self.run.wait_converged(fault, at)
         records = self.run.records
 
         def first_handled() -> float | None:
-            after = {p.mid for p in self.acked() if p.t > since}
+            began = self.began()
+            after = {p.mid for p in self.acked() if began[p.mid] > since}
             ends = [r.t for r in records() if r.ev == "end" and r.mid in after]
             return min(ends, default=None)
 
@@ -86,7 +95,8 @@ class Losses:
         end = now()
         assert self.run.wait_until(lambda: not self.unhandled(self.windows[-1][1], end), 30, "the drain")
         self.windows.append((self.windows[-1][1], end))
-        must = [p for p in self.acked() if any(a < p.t <= b for a, b in self.windows)]
+        began = self.began()
+        must = [p for p in self.acked() if any(a < began[p.mid] <= b for a, b in self.windows)]
         publishes = [
             Publish.from_json(r) for n in range(2) for r in read_jsonl(self.run.tmp / f"published-{n}.jsonl")
         ]

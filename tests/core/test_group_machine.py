@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -31,7 +32,7 @@ from rsc.events.commands import (
     RetireShards,
     Tick,
 )
-from rsc.events.errors import IncarnationMismatch
+from rsc.events.errors import IncarnationMismatch, NotEmpty
 from rsc.events.events import (
     GroupDeleted,
     MemberFenced,
@@ -43,6 +44,7 @@ from rsc.events.events import (
     ShardsReleased,
     ShardsRevokeAcked,
 )
+from rsc.events.liveness import Leases
 from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import (
     ClientInfo,
@@ -178,7 +180,12 @@ class GroupMachine(RuleBasedStateMachine):
             assert (r.status, r.fence_reason) == (HeartbeatStatus.FENCED, FenceReason.REPLACED)
             return
         assert live is None or live.incarnation == incarnation
-        if r.status not in REJECTED and epoch > 0:
+        if r.status not in REJECTED and epoch > 0 and live is None:
+            # taken in as a holder of a group Redis lost: what it reported was quarantined
+            adopted = self.g.state.members[member_id]
+            assert adopted.incarnation == incarnation
+            assert adopted.installed == owned & self.g.state.layout.readable_indexes
+        elif r.status not in REJECTED and epoch > 0:
             assert live is not None
             assert epoch in (live.member_epoch, live.previous_epoch)
 
@@ -309,7 +316,12 @@ class GroupMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.g.state.members)
     @rule()
     def delete_and_recreate(self) -> None:
-        """The Admin API deletes the empty group; a later join creates it afresh (epochs restart)."""
+        """The Admin API deletes the empty group; a later join creates it afresh (epochs restart).
+        Refused while a shard is quarantined (a process may still be handling it)."""
+        if self.g.state.quarantined(self.g.now):
+            with pytest.raises(NotEmpty):
+                self.g.run(DeleteGroup(self.g.now))
+            return
         self.g.run(DeleteGroup(self.g.now))
         assert self.g.state.deleted
         self.g.run(
@@ -318,6 +330,23 @@ class GroupMachine(RuleBasedStateMachine):
         assert not self.g.state.deleted
         self.epochs = (0, 0)
         self.member_epochs = {}
+
+    @rule()
+    def redis_loses_the_group(self) -> None:
+        """Redis loses the group and no coordinator remembers it: it is recreated (rebuilt) on
+        the stream's layout while every member process runs on, holding what it held. The
+        journal, the lease table and every epoch start again."""
+        command = CreateGroup(
+            "orders", "billing", self.stream.layout, self.g.state.timing, now_ms=self.g.now, rebuilt=True
+        )
+        self.g.state, events = group.execute(None, command, self.g.level)
+        self.g.events = list(events)
+        self.g.timed = [(self.g.now, e) for e in events]
+        self.g.leases = Leases()
+        self.checked = self.timed_checked = 0
+        self.holder, self.acked, self.quarantined = {}, {}, {}
+        self.epochs, self.member_epochs = (0, 0), {}
+        self._draining_owners = {}
 
     @rule()
     def settle(self) -> None:
@@ -374,6 +403,16 @@ class GroupMachine(RuleBasedStateMachine):
         for at in {self.g.now, due - 1}:
             if self.g.now <= at < due:
                 assert group.decide(self.g.state, Tick(at, self.g.leases), self.g.level, self.g.leases) == []
+
+    @invariant()
+    def handlers_never_overlap(self) -> None:
+        """No shard is held by two member processes that may be handling it (their own lease
+        not yet past its fence: a paused one may resume before it), zombies and processes of a
+        group Redis lost included."""
+        now = self.g.now / 1000
+        processes = [*self.clients.values(), *(z for zs in self.zombies.values() for z in zs)]
+        handling = Counter(s for c in processes if now < c.machine.fence_at for s in c.machine.owned)
+        assert all(n == 1 for n in handling.values()), handling
 
     @invariant()
     def exclusivity(self) -> None:
@@ -465,18 +504,27 @@ class GroupMachine(RuleBasedStateMachine):
     def nothing_is_installed_while_quarantined(self) -> None:
         """A shard whose fenced holder may still be running a handler (its lease may run) is
         installed to nobody before that lease can have ended."""
-        for at, event in self.g.timed[self.timed_checked :]:
+        timed = self.g.timed
+        for i in range(self.timed_checked, len(timed)):
+            at, event = timed[i]
             match event:
                 case ShardsQuarantined():
                     for s in event.shards:
                         self.quarantined[s] = max(self.quarantined.get(s, 0), event.until_ms)
-                case QuarantineEnded():
-                    assert all(at >= self.quarantined.get(s, 0) for s in event.shards)
+                case QuarantineEnded() if not all(at >= self.quarantined.get(s, 0) for s in event.shards):
+                    # Early only for the holder of a group Redis lost, which reported them: it
+                    # joined just now and they are installed to it next (`group._claimed`).
+                    joined, installed = timed[i - 1][1], timed[i + 1][1]
+                    assert isinstance(joined, MemberJoined), timed[i - 1 : i + 2]
+                    assert isinstance(installed, ShardsInstalled), timed[i - 1 : i + 2]
+                    assert (installed.member_id, installed.shards) == (joined.member_id, event.shards)
+                    for s in event.shards:
+                        self.quarantined.pop(s, None)
                 case ShardsInstalled():
                     assert all(at >= self.quarantined.get(s, 0) for s in event.shards), (at, event)
                 case GroupDeleted():  # no member is left; a group created afresh starts clean
                     self.quarantined.clear()
-        self.timed_checked = len(self.g.timed)
+        self.timed_checked = len(timed)
 
     @invariant()
     def superseded_incarnations_never_hold_anything(self) -> None:

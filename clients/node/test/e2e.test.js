@@ -9,7 +9,7 @@ import { createServer } from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createProducer, createWorker } from '../src/index.js';
-import { REDIS_URL, deleteKeys, prefix, redisOrNull } from './helpers.js';
+import { REDIS_URL, deleteKeys, prefix, connectRedis } from './helpers.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const RSC = join(root, '.venv', 'bin', 'rsc');
@@ -36,9 +36,8 @@ async function until(check, timeoutMs, what) {
 }
 
 test('coordinator + two workers + producer: every message handled, never twice at once on a shard', { timeout: 60_000 }, async (t) => {
-  if (!existsSync(RSC)) return t.skip(`no ${RSC}`);
-  const redis = await redisOrNull();
-  if (!redis) return t.skip('no Redis');
+  assert.ok(existsSync(RSC), `${RSC} is missing: run 'make setup' at the repository root first`);
+  const redis = await connectRedis();
   const keyPrefix = prefix();
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;

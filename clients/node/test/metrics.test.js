@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { WorkerMetrics } from '../src/metrics.js';
 import { Poller, monotonic } from '../src/poller.js';
 import { appendKeys, ownersKey, runScript } from '../src/scripts.js';
-import { deleteKeys, prefix, redisOrNull } from './helpers.js';
+import { deleteKeys, prefix, connectRedis } from './helpers.js';
 
 /** @type {any} */
 let redis = null;
@@ -14,7 +14,7 @@ const layout = { shards: keys.map((key, index) => ({ index, key, state: 'ACTIVE'
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 before(async () => {
-  redis = await redisOrNull();
+  redis = await connectRedis();
   if (!redis) return;
   for (const key of keys) {
     await redis.xgroup('CREATE', key, 'g', '0', 'MKSTREAM');
@@ -29,7 +29,6 @@ after(async () => {
 });
 
 test('handled, failed, retried, owned shards, per-shard lag and pending, the handler histogram; served on /metrics', async (t) => {
-  if (!redis) return t.skip('no Redis');
   const metrics = new WorkerMetrics({ defaultMetrics: false });
   let calls = 0;
   const poller = new Poller({

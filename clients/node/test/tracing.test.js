@@ -13,7 +13,7 @@ import { context, trace } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { createProducer, createWorker } from '../src/index.js';
-import { REDIS_URL, deleteKeys, prefix, redisOrNull } from './helpers.js';
+import { REDIS_URL, deleteKeys, prefix, connectRedis } from './helpers.js';
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 const RSC = join(root, '.venv', 'bin', 'rsc');
@@ -31,9 +31,8 @@ function freePort() {
 }
 
 test('publish to handler in one trace, through a retry and a dead letter', { timeout: 60_000 }, async (t) => {
-  if (!existsSync(RSC)) return t.skip(`no ${RSC}`);
-  const redis = await redisOrNull();
-  if (!redis) return t.skip('no Redis');
+  assert.ok(existsSync(RSC), `${RSC} is missing: run 'make setup' at the repository root first`);
+  const redis = await connectRedis();
   const exporter = new InMemorySpanExporter();
   const provider = new BasicTracerProvider();
   provider.addSpanProcessor(new SimpleSpanProcessor(exporter));

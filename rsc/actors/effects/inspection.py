@@ -14,7 +14,7 @@ import attrs
 import coredis
 
 from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
-from rsc.actors.errors import RedisRefused, StoreUnavailable
+from rsc.actors.errors import CommandRefused, StoreUnavailable
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
 from rsc.events.drain import DrainEvidence, GroupDrain, evidence
@@ -154,7 +154,7 @@ def _raise_unless_missing(key: str, xlen: object, xinfo: object) -> None:
     """Raise the error of `XLEN` or `XINFO GROUPS` of one key, unless the key does not exist:
     then `XLEN` answers 0 and `XINFO` refuses with the generic `ERR` code (Redis gives a missing
     key no code of its own; any other refusal has one, e.g. `WRONGTYPE`, and is raised). The
-    refusal is classified by its code alone, never by the rest of its text: `RedisRefused`
+    refusal is classified by its code alone, never by the rest of its text: `CommandRefused`
     (`WRONGTYPE`: something else wrote the key), or `StoreUnavailable` for a Redis that may
     answer later."""
     missing = xlen == 0 and isinstance(xinfo, coredis.exceptions.ResponseError) and error_code(xinfo) == "ERR"
@@ -163,7 +163,7 @@ def _raise_unless_missing(key: str, xlen: object, xinfo: object) -> None:
             continue
         code = error_code(failure)
         if code is not None and not is_unavailable(failure):
-            raise RedisRefused(f"reading shard statistics of {key}: {failure}", code, key) from failure
+            raise CommandRefused(f"reading shard statistics of {key}: {failure}", code, key) from failure
         raise StoreUnavailable(f"reading shard statistics: {failure}") from failure
 
 
