@@ -20,21 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
 
-from rsc.actors.actor import Actor
+from rsc.actors.actor import Actor, Reply
 from rsc.actors.aggregates import GroupActor, GroupAggregate
 from rsc.actors.clock import Clock
 from rsc.actors.dataset import DATA_LOSS, EVERYTHING, LEASE, REBUILT, ROLLBACK, sweep
 from rsc.actors.effects.port import Effects
 from rsc.actors.errors import ActorStopped, StoreError
 from rsc.actors.keys import AggregateId
-from rsc.events.commands import CreateStream, RemoveMember
+from rsc.events.commands import AdoptShardKeys, CreateStream, RemoveMember, StreamCommand
 from rsc.events.errors import CoordinationError
+from rsc.events.events import ShardsAdded, StreamEvent
 from rsc.events.model import MAX_COUNTER, Layout, Timing
 from rsc.events.placement import shard_key
 from rsc.events.stream import StreamState
@@ -48,6 +49,17 @@ EVIDENCE_RETRY_MS = 10_000
 #: At most so many of those SCANs a minute, one at a time, for all names together.
 EVIDENCE_SCANS_PER_MINUTE = 12
 MAX_EVIDENCE_ENTRIES = 10_000
+#: How often a stream whose parties route by a newer layout is looked at for shard keys only
+#: that layout named (`LossCorrections.behind_the_fleet`).
+ORPHAN_LOOK_MS = 10_000
+
+
+class AskStream(Protocol):
+    """`Registry.ask_stream`: a command to a stream's actor (`create`: the third argument)."""
+
+    def __call__(
+        self, stream_prefix: str, command: StreamCommand, create: bool | None
+    ) -> Awaitable[Reply[StreamState, StreamEvent]]: ...
 
 
 class Settings(Protocol):
@@ -84,6 +96,8 @@ class LossCorrections:
         self.settings = settings
         #: Streams rebuilt this term after Redis lost them: groups made on them start at `0`.
         self.rebuilt: set[str] = set()
+        #: When each stream may next be looked at for shard keys a lost layout named.
+        self._orphan_looks: dict[str, int] = {}
         #: When each group last had its 0.1.0 members fenced after a loss (`check_all`).
         self._blind_fenced_at: dict[AggregateId, int] = {}
         #: Streams whose shard keys were looked for and not found, until when not to look again.
@@ -174,6 +188,46 @@ class LossCorrections:
             f"while a member knows layout version {seen_version}; recreated, its "
             "consumer groups at 0 (its members rejoin)",
         )
+
+    async def scan(self, stream_prefix: str) -> dict[int, str]:
+        """The shard keys of `stream_prefix` Redis holds now, for a stream that exists (see
+        `_scan`: bounded; a name found without keys earlier is looked at again). Raises
+        `StoreError`."""
+        self._no_keys_until.pop(stream_prefix, None)
+        return await self._scan(stream_prefix)
+
+    def behind_the_fleet(self, stream_prefix: str, level: int, ask: AskStream) -> None:
+        """A party routes by a layout newer than the stored one (Redis came back from an older
+        copy while it routed by the newer): look soon for shard keys of the stream only that
+        lost layout named (producers appended to them), and have them read to their end and
+        retired (`AdoptShardKeys` through `ask`: DRAINING, sealed). At most one look per
+        `ORPHAN_LOOK_MS` per stream, bounded like every search for shard keys (`scan`); from
+        feature `level` 2 (seals). Raises nothing."""
+        now = self.clock.now_ms()
+        if level < SEAL_LEVEL or self._orphan_looks.get(stream_prefix, -1) > now:
+            return
+        if len(self._orphan_looks) > MAX_EVIDENCE_ENTRIES:
+            self._orphan_looks.clear()
+        self._orphan_looks[stream_prefix] = now + ORPHAN_LOOK_MS
+        self.nursery.start_soon(self._adopt_orphans, stream_prefix, ask)
+
+    async def _adopt_orphans(self, stream_prefix: str, ask: AskStream) -> None:
+        try:
+            found = await self.scan(stream_prefix)
+            if not found:
+                return
+            reply = await ask(stream_prefix, AdoptShardKeys(tuple(sorted(found.items()))), False)
+            added = [s.index for e in reply.events if isinstance(e, ShardsAdded) for s in e.shards]
+            if added:
+                log.warning(
+                    "stream %r: shard keys %s are in Redis but not in its stored layout (an older "
+                    "copy of Redis came back while producers routed by a newer layout): added "
+                    "DRAINING, to be read to their end and retired",
+                    stream_prefix,
+                    added,
+                )
+        except (StoreError, ActorStopped, CoordinationError) as exc:
+            log.info("stream %r: looking for shard keys of a lost layout failed: %s", stream_prefix, exc)
 
     async def _leaves_keys(self, stream_prefix: str) -> bool:
         """Whether Redis holds shard keys of `stream_prefix` (`_scan`)."""

@@ -241,6 +241,11 @@ class Registry:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def behind_the_fleet(self, stream_prefix: str) -> None:
+        """A party routes by a layout newer than the stored one: have shard keys only that
+        lost layout named drained (`LossCorrections.behind_the_fleet`). Raises nothing."""
+        self.corrections.behind_the_fleet(stream_prefix, self.known_feature_level(), self.ask_stream)
+
     # --- actors ---------------------------------------------------------
 
     async def group(

@@ -332,8 +332,18 @@ class ResumeProducers:
     now_ms: int
 
 
+@attrs.frozen
+class AdoptShardKeys:
+    """Shard keys of the stream that Redis holds and its layout lacks (index -> key): a layout
+    the stored state never had (Redis came back from an older copy while producers routed by a
+    newer one) named them. They are added DRAINING: read to their end, then retired."""
+
+    found: tuple[tuple[int, str], ...]
+
+
 StreamCommand = (
     CreateStream
+    | AdoptShardKeys
     | ChangeShardCount
     | RetireShards
     | RegisterGroup

@@ -33,6 +33,7 @@ from typing import assert_never
 from rsc.events import codec, quotas
 from rsc.events.commands import (
     AbortMigration,
+    AdoptShardKeys,
     AdvanceMigration,
     ChangeShardCount,
     CreateStream,
@@ -77,13 +78,15 @@ from rsc.events.events import (
     ProducersResumed,
     RetentionLoss,
     RetentionSet,
+    ShardsAdded,
+    ShardsDraining,
     ShardsRetired,
     StreamCreated,
     StreamDeleted,
     StreamEvent,
 )
 from rsc.events.liveness import expired
-from rsc.events.migration import advance, reshard, stall_if_late, then_advance, unswitched
+from rsc.events.migration import advance, moving, reshard, stall_if_late, then_advance, unswitched
 from rsc.events.model import (
     ClientInfo,
     DrainCheck,
@@ -147,6 +150,8 @@ def decide(state: StreamState | None, command: StreamCommand) -> list[StreamEven
             return reshard(state, command)
         case RetireShards():
             return then_advance(state, _retire(state, command), command.now_ms)
+        case AdoptShardKeys():
+            return _adopt_keys(state, command)
         case AdvanceMigration():
             read = (command.migration_id, command.read_at_ms)
             return advance(state, command.now_ms, command.evidence, command.topology, read)
@@ -332,6 +337,21 @@ def _create(state: StreamState | None, command: CreateStream) -> list[StreamEven
     if command.retention is not None:
         created.append(RetentionSet(command.retention))
     return created
+
+
+def _adopt_keys(state: StreamState, command: AdoptShardKeys) -> list[StreamEvent]:
+    """Add the found keys the layout has neither by index nor by name, ACTIVE then DRAINING at
+    once (two existing events: keys and consumer groups at `0` are made, then sealed), so that
+    no producer is ever routed to them and every group reads them to their end. Nothing while a
+    migration moves (it changes the layout itself; asked again later)."""
+    layout = state.layout
+    indexes, keys = {s.index for s in layout.shards}, {s.key for s in layout.shards}
+    new = tuple(Shard(i, k) for i, k in sorted(command.found) if i not in indexes and k not in keys)
+    if not new or moving(state) or len(layout.shards) + len(new) > MAX_SHARDS:
+        return []
+    version = layout.metadata_version
+    check_counter(version + 2, "metadataVersion")
+    return [ShardsAdded(new, version + 1), ShardsDraining(frozenset(s.index for s in new), version + 2)]
 
 
 def _resume_migration(state: StreamState, command: ResumeMigration) -> list[StreamEvent]:

@@ -64,6 +64,8 @@ def add_producer_routes(
                 seen_version=heartbeat_rules.producer_seen_version(body, may_create),
                 quota=quota,
             )
+            if body.metadata_version > reply.state.layout.metadata_version:
+                registry.behind_the_fleet(body.stream_prefix)  # it routes by a layout Redis lost
             if body.full_shards:  # its appends found these shards full: trim them early
                 registry.trim_requests.ask(body.stream_prefix, body.full_shards)
             response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)

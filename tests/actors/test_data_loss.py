@@ -529,3 +529,47 @@ async def test_a_join_that_comes_first_after_a_loss_rebuilds_from_the_shard_keys
         assert set(effects.consumer_groups.values()) == {"0"}  # never `$`
         assert DATA_LOSS.counts["rebuilt"] >= 1
     DATA_LOSS.reset()
+
+
+async def test_shard_keys_only_a_lost_layout_named_are_drained_without_an_operator(
+    autojump_clock: Clock,
+) -> None:
+    """Redis came back from an older copy (6 shards) while producers routed by a newer layout
+    (8 shards) and appended to shards 6 and 7: once a party reports the newer version, those
+    keys are added DRAINING (sealed, every group's consumer group at `0`): read to their end
+    and retired, never routed to, and nobody has to rescale by hand."""
+    from rsc.events.model import ShardState
+
+    effects = MemoryEffects()
+    async with registry_on(MemoryStore(), effects) as registry:
+        stream = await registry.stream("orders")
+        await registry.group("orders", "billing")
+        assert stream.state is not None
+        before = stream.state.layout
+        assert len(before.shards) == 6
+        effects.shard_keys.update(f"orders:{{orders:{i}}}" for i in (6, 7))  # appended under v2
+        assert await registry.feature_level() >= 2  # (read once a term: seals exist from 2)
+        registry.behind_the_fleet("orders")
+        registry.behind_the_fleet("orders")  # (asked again meanwhile: one look)
+        await trio.sleep(1)
+        state = (await registry.stream("orders")).state
+        assert state is not None
+        states = {s.index: s.state for s in state.layout.shards}
+        assert states == {
+            **dict.fromkeys(range(6), ShardState.ACTIVE),
+            6: ShardState.DRAINING,
+            7: ShardState.DRAINING,
+        }
+        assert state.layout.metadata_version == before.metadata_version + 2
+        assert [s.index for s in state.layout.active] == list(range(6))  # producers never routed there
+        keys = {f"orders:{{orders:{i}}}" for i in (6, 7)}
+        assert keys <= set(effects.sealed)
+        assert all(effects.consumer_groups[k, "billing"] == "0" for k in keys)
+        # read to their end (nothing left in them here), they retire; a later look adds nothing
+        autojump_clock.jump(11)
+        registry.behind_the_fleet("orders")
+        await trio.sleep(30)
+        again = (await registry.stream("orders")).state
+        assert again is not None
+        assert [s.key for s in again.layout.shards] == [s.key for s in state.layout.shards]
+        assert {s.index for s in again.layout.shards if s.state is ShardState.RETIRED} == {6, 7}

@@ -14,6 +14,7 @@ are never routed to its seal; every publish begun after the rebuild is handled."
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -63,6 +64,8 @@ def test_a_rebuilt_group_hands_shards_over_from_their_reported_holders(tmp_path:
         # a scale-in first: shard 4 drains, is sealed and retires; its key stays (with its seal)
         answer = run.http.put(f"/v1/admin/streams/{run.prefix}", json={"shardCount": 4}, auth=AUTH)
         assert answer.status_code == 200, answer.text
+        run.shards = 4
+        run.context = "a scale-in to 4"
 
         def shards() -> list[dict[str, Any]]:
             found: list[dict[str, Any]] = run.http.get(f"/v1/streams/{run.prefix}").json()["shards"]
@@ -73,6 +76,8 @@ def test_a_rebuilt_group_hands_shards_over_from_their_reported_holders(tmp_path:
         journal_before = run.journal()
         run.wait_converged("the scale-in", now())
         time.sleep(1.0)
+        view = run.view() or {"members": []}
+        held = {shard: m["memberId"] for m in view["members"] for shard in m["assigned"]}
         lost = lose_the_aggregates(run)
         run.wait_converged("the rebuild", lost)
         time.sleep(2.0)  # under load for a while after it
@@ -83,12 +88,20 @@ def test_a_rebuilt_group_hands_shards_over_from_their_reported_holders(tmp_path:
         journal_after = run.journal()
         kinds = [kind for _, kind, _ in journal_after]
         assert kinds[:2] == ["GroupCreated", "ShardsQuarantined"], kinds[:6]
-        # members were taken in holding their shards: installs before any release
-        first_release = kinds.index("ShardsReleased") if "ShardsReleased" in kinds else len(kinds)
-        adopted = [json.loads(d) for _, k, d in journal_after[:first_release] if k == "ShardsInstalled"]
-        assert adopted, kinds[:20]
+        # members were taken in holding their shards: an install right after the end of their
+        # quarantine (`group._claimed`), each shard back to the member that held it
+        adopted = {
+            shard: json.loads(data)["memberId"]
+            for (_, ended, _), (_, kind, data) in itertools.pairwise(journal_after)
+            if ended == "QuarantineEnded" and kind == "ShardsInstalled"
+            for shard in json.loads(data)["shards"]
+        }
+        # (a member that reports a shard another was taken in with, as a handoff under way at the
+        # loss can make it, is told UNKNOWN_MEMBER and drops all: the history judges safety)
+        assert adopted, kinds[:40]
+        assert set(adopted) <= set(held), (adopted, held)
+        moved_meanwhile = {s: (held[s], m) for s, m in adopted.items() if held[s] != m}
         assert answers(run, "REVOKE_PENDING") >= 1
-        assert answers(run, "UNKNOWN_MEMBER") == 0  # nobody had to drop what it held
 
         publishes, _pending, _drain = run.finish()
         acked = [
@@ -105,6 +118,6 @@ def test_a_rebuilt_group_hands_shards_over_from_their_reported_holders(tmp_path:
         offset = run.clock_offset()
         ownership = ownership_from_journal([entries[i] for i in sorted(entries, key=entry_key)], offset)
         report = check(run.records(), [p for p in publishes if isinstance(p, Publish)], run.faults, ownership)
-        assert not report.overlaps, report.overlaps[:3]  # never two members on one entry at once
+        assert not report.overlaps, (report.overlaps[:3], moved_meanwhile)  # never two at once
         assert not report.stale_starts, report.stale_starts[:3]
         assert not run.failures, run.failures

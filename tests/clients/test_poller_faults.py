@@ -66,10 +66,12 @@ async def test_nothing_starts_without_a_valid_lease_and_a_call_cut_by_its_end_go
 ) -> None:
     starts: list[tuple[float, str]] = []
     done: list[str] = []
+    third_may_end = trio.Event()  # the third call runs until the lease ends (however fast I/O is)
 
     async def handle(message: Message) -> None:
         starts.append((trio.current_time(), message.id))
-        await trio.sleep(0.2)
+        if message.id == ids[2]:
+            await third_may_end.wait()
         done.append(message.id)
 
     own(sync_redis, shard_key, "w0")
@@ -83,12 +85,13 @@ async def test_nothing_starts_without_a_valid_lease_and_a_call_cut_by_its_end_go
 
         until = trio.current_time() + 0.5
         poller.renewed(until)
-        await trio.sleep(1.0)  # the lease ends at 0.5 s, in the third call
+        await trio.sleep(1.0)  # the lease ends at 0.5 s, in the third call (it waits for it)
         assert [i for _, i in starts] == ids[:3]
         assert all(t < until for t, _ in starts)
         assert done == ids[:2]  # the third was cancelled at the lease end
         assert poller.cut_by_lease == 1
 
+        third_may_end.set()
         poller.renewed(math.inf)  # a heartbeat confirms the shard: the cut entry goes first
         await wait_for(lambda: len(done) == 6)
         await wait_for(lambda: sync_redis.xpending(shard_key, "billing")["pending"] == 0)
