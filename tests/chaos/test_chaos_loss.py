@@ -42,27 +42,19 @@ class Losses:
         with contextlib.suppress(redis.RedisError):
             self.journal.update((entry[0], entry) for entry in self.run.journal())
 
-    def acked(self) -> list[Publish]:
+    def acked(self) -> list[tuple[Publish, float]]:
+        """Each acknowledged publish and when its call began (monotonic), from one read of the
+        producers' files (they grow meanwhile)."""
         return [
-            Publish.from_json(r)
+            (Publish.from_json(r), float(r["t0"]))
             for n in range(2)
             for r in read_jsonl(self.run.tmp / f"published-{n}.jsonl")
             if r["ev"] == "ack"
         ]
 
-    def began(self) -> dict[str, float]:
-        """When each acknowledged publish call began (mid -> monotonic time)."""
-        return {
-            r["mid"]: float(r["t0"])
-            for n in range(2)
-            for r in read_jsonl(self.run.tmp / f"published-{n}.jsonl")
-            if r["ev"] == "ack"
-        }
-
     def unhandled(self, since: float, until: float) -> list[str]:
         done = {r.mid for r in self.run.records() if r.ev == "end"}
-        began = self.began()
-        return [p.mid for p in self.acked() if since < began[p.mid] and p.t <= until and p.mid not in done]
+        return [p.mid for p, began in self.acked() if since < began and p.t <= until and p.mid not in done]
 
     def after(self, fault: str, at: float) -> None:
         """Redis answers again since `at`: the group converges, publishes flow, and every one
@@ -72,8 +64,7 @@ class Losses:
         records = self.run.records
 
         def first_handled() -> float | None:
-            began = self.began()
-            after = {p.mid for p in self.acked() if began[p.mid] > since}
+            after = {p.mid for p, began in self.acked() if began > since}
             ends = [r.t for r in records() if r.ev == "end" and r.mid in after]
             return min(ends, default=None)
 
@@ -95,8 +86,7 @@ class Losses:
         end = now()
         assert self.run.wait_until(lambda: not self.unhandled(self.windows[-1][1], end), 30, "the drain")
         self.windows.append((self.windows[-1][1], end))
-        began = self.began()
-        must = [p for p in self.acked() if any(a < began[p.mid] <= b for a, b in self.windows)]
+        must = [p for p, began in self.acked() if any(a < began <= b for a, b in self.windows)]
         publishes = [
             Publish.from_json(r) for n in range(2) for r in read_jsonl(self.run.tmp / f"published-{n}.jsonl")
         ]
