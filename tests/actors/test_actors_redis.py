@@ -180,7 +180,7 @@ async def test_shard_stats_and_primary_nodes(
     assert (await effects.shard_stats([missing]))[missing].length == 0
     assert (await effects.shard_stats([missing]))[missing].groups == ()
     await redis.set(missing, "x")  # another refusal (WRONGTYPE) is raised
-    with pytest.raises(CommandRefused, match="WRONGTYPE|wrong kind"):
+    with pytest.raises(CommandRefused, match=r"WRONGTYPE|wrong kind"):
         await effects.shard_stats([missing])
     nodes = {s.primary_node for s in stats.values()}
     if isinstance(redis, coredis.RedisCluster):
