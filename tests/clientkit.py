@@ -21,7 +21,7 @@ from rsc.events.liveness import Leases
 from rsc.events.model import DrainProgress, Layout, Shard, Timing
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
-from rsc.http.held_answers import GroupChanges
+from rsc.http.heartbeats.held import GroupChanges
 
 TIMING = Timing(heartbeat_interval_ms=1_000, lease_ttl_ms=5_000, revoke_timeout_ms=10_000)
 

@@ -13,8 +13,8 @@ import httpx
 import trio
 
 from rsc.config import Settings
+from rsc.coordinator_process import serve
 from rsc.events.auth import Credential, credential
-from rsc.http.service import serve
 
 #: Leases long enough that a loaded machine never fences a test's member by accident.
 FAST = Settings(

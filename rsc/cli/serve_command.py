@@ -1,4 +1,4 @@
-"""`rsc serve`: the coordinator (`rsc.http.service`), optionally with demo members
+"""`rsc serve`: the coordinator (`rsc.coordinator_process`), optionally with demo members
 (`rsc.demo`); the start-up failures an operator can fix leave as one line, exit 2."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import click
 import trio
 
 from rsc import config as config_module
+from rsc import coordinator_process as serving
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.keys import check_namespace
 from rsc.cli.process_setup import StartupError, logging_options, setup_logging
 from rsc.connect import RedisRefused
 from rsc.demo import run_demo
-from rsc.http import service as serving
 from rsc.redis_errors import first_leaf
 
 

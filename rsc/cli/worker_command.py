@@ -12,10 +12,10 @@ from typing import NoReturn
 import click
 import trio
 
+from rsc import coordinator_process as serving
 from rsc.cli.process_setup import StartupError, logging_options, setup_logging
 from rsc.client.errors import CoordinatorRejected, MemberReplaced, RscError
 from rsc.client.worker import App
-from rsc.http import service as serving
 from rsc.redis_errors import first_leaf
 from rsc.tools.running import run_on_redis
 

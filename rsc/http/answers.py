@@ -1,7 +1,7 @@
 """What an exception raised while answering a request is answered with, on any path.
 
 Quart's error handlers (`rsc.http.app`) and the heartbeat fast path below Quart
-(`rsc.http.fast_heartbeat`) both answer through `error_answer`, so that a refusal has the same
+(`rsc.http.heartbeats.fast_path`) both answer through `error_answer`, so that a refusal has the same
 status, code, words and headers whichever path took the request: 4xx for what the client sent,
 503 when Redis is unavailable or an aggregate restarts, 500 only for a bug (logged, without
 internals in the answer).

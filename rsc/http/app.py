@@ -7,9 +7,9 @@ is unavailable; 500 only for a bug, and then without internals.
 
 Before any route runs, what the path alone decides is authorized here (heartbeats again per
 stream once parsed) and the per-caller rate limits of views and Admin API writes applied.
-The routes, one job a module: `heartbeat_routes` (members), `producer_routes`,
+The routes, one job a module: `heartbeats` (members), `producer_routes`,
 `monitoring_routes` (views, `/metrics`, `/v1/version`, probes); the Admin API is
-`rsc.http.admin`'s, added by `rsc.http.service`. JSON in and out is `rsc.http.json_io`'s.
+`rsc.http.admin`'s, added by `rsc.coordinator_process`. JSON in and out is `rsc.http.json_io`'s.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from rsc.config import Settings
 from rsc.events import auth
 from rsc.events.auth import Action
 from rsc.events.errors import CoordinationError
-from rsc.http import exchange, fast_heartbeat
+from rsc.http import exchange
 from rsc.http.answers import answer_response, error_answer, http_error_answer
 from rsc.http.authenticate import PUBLIC_PATHS, AdminAccount, Gate
 from rsc.http.callers import QuotaTable, caller_key
 from rsc.http.errors import ApiError
-from rsc.http.fast_heartbeat import HeartbeatFastPath
-from rsc.http.heartbeat_routes import add_heartbeat_routes
+from rsc.http.heartbeats import fast_path as fast_heartbeat
+from rsc.http.heartbeats.fast_path import HeartbeatFastPath
+from rsc.http.heartbeats.routes import add_heartbeat_routes
 from rsc.http.metrics import Metrics
 from rsc.http.monitoring_routes import add_monitoring_routes
 from rsc.http.producer_routes import add_producer_routes
@@ -46,7 +47,7 @@ log = logging.getLogger("rsc.http")
 
 class CoordinatorApp(QuartTrio):
     """Quart (on trio) with the heartbeat fast path in front of its ASGI application: a
-    request enters through `front` (`rsc.http.fast_heartbeat`), which hands everything it does
+    request enters through `front` (`rsc.http.heartbeats.fast_path`), which hands everything it does
     not answer to Quart's own `asgi_app`."""
 
     front: HeartbeatFastPath | None = None

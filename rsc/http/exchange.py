@@ -1,5 +1,5 @@
 """The facts of the request being answered, wherever it is answered: through Quart's routes or
-on the heartbeat fast path below Quart (`rsc.http.fast_heartbeat`).
+on the heartbeat fast path below Quart (`rsc.http.heartbeats.fast_path`).
 
 One `Exchange` per request, in a context variable that the first thing to see the request sets
 (Quart's first `before_request` hook, or the fast path): the `Authorization` header, the peer's

@@ -432,7 +432,7 @@ async def test_a_feature_record_lost_before_the_first_write_comes_back_at_its_le
     written nothing since (heartbeats are not journaled). Redis then loses it: it comes back at
     level 1, whether the correction or the next write recreates it, never at the newest."""
     from rsc.actors.features import Features
-    from rsc.http.service import check_feature_level
+    from rsc.coordinator_process import check_feature_level
 
     keys = KeySpace("rsc-test-features-loss:")
     await lease_redis.delete([keys.features])

@@ -1,5 +1,5 @@
 """A release and the install it allows, decided in one batch and written in one write
-(`Actor.follow_ups`, `rsc.http.held_answers.GroupChanges.follow_ups`), on fakes under trio's
+(`Actor.follow_ups`, `rsc.http.heartbeats.held.GroupChanges.follow_ups`), on fakes under trio's
 autojump clock: the held heartbeat's answer comes with the release's write; a conflict drops
 the follow-up and it is decided on its own; a failed write answers it as it stood."""
 
@@ -21,7 +21,7 @@ from rsc.events.events import GroupConfigured
 from rsc.events.model import GroupConfig, HeartbeatStatus
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatResponse
-from rsc.http.held_answers import RegistryHold
+from rsc.http.heartbeats.held import RegistryHold
 from tests.actorkit import Member, registry_on
 
 Clock = trio.testing.MockClock

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rsc import coordinator_process as serving
 from rsc.cli import main
 from rsc.config import ConfigError, Settings, load
-from rsc.http import service as serving
 
 
 def test_defaults_without_file_or_environment() -> None:

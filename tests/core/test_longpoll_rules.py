@@ -1,5 +1,5 @@
 """The long-poll rules (`rsc.events.longpoll`), rechecks in the core, and the hold loop's
-limits (`rsc.http.held_answers.GroupChanges`) under trio's autojump clock."""
+limits (`rsc.http.heartbeats.held.GroupChanges`) under trio's autojump clock."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo, HeartbeatStatus, ReleaseReason
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
-from rsc.http.held_answers import GroupChanges
+from rsc.http.heartbeats.held import GroupChanges
 from tests.groupkit import Group
 
 

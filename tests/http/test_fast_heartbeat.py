@@ -1,4 +1,4 @@
-"""`POST /v1/heartbeat` and `/v1/heartbeats` below Quart (`rsc.http.fast_heartbeat`) answer
+"""`POST /v1/heartbeat` and `/v1/heartbeats` below Quart (`rsc.http.heartbeats.fast_path`) answer
 exactly as the Quart routes do: every request is sent twice over a real socket, once on the
 fast path and once with the fast path stepped aside (its paths pointed elsewhere, so Quart's
 routes answer), and the two answers must agree: status, headers, error codes and words, the
@@ -17,9 +17,9 @@ import attrs
 import httpx
 import trio
 
+from rsc.coordinator_process import serve
 from rsc.events.auth import credential
-from rsc.http import fast_heartbeat
-from rsc.http.service import serve
+from rsc.http.heartbeats import fast_path as fast_heartbeat
 from tests import redis_servers
 from tests.httpkit import FAST, hb, serve_on, workers_and_others
 

@@ -24,7 +24,7 @@ from rsc.events.model import Layout, Shard, Timing
 from rsc.events.wire import HeartbeatRequest, ProducerHeartbeatRequest
 from rsc.http.admin.bodies import GroupSpec, PauseRequest, StreamSpec
 from rsc.http.errors import ApiError
-from rsc.http.heartbeat_routes import HeartbeatBatch
+from rsc.http.heartbeats.routes import HeartbeatBatch
 from rsc.http.json_io import parse_json, structure
 from tests.httpkit import FAST, serve_on
 

@@ -15,10 +15,10 @@ import redis as redis_py
 import trio
 
 from rsc.config import Settings
+from rsc.coordinator_process import Exposed, serve
 from rsc.events.auth import credential
 from rsc.events.placement import shard_key
 from rsc.http.audit import AUDIT_KEY
-from rsc.http.service import Exposed, serve
 from tests.httpkit import FAST, hb, serve_on
 
 MEMBER_TOKEN = "member-token-0123456789"

@@ -1,4 +1,4 @@
-"""Steady heartbeats parsed and answered once (`rsc.http.steady_heartbeats`): the memo changes
+"""Steady heartbeats parsed and answered once (`rsc.http.heartbeats.steady`): the memo changes
 no answer. The same scenario of batches goes to a coordinator with the memo and to one without
 it, and every answer must agree; refusals, authorization and rate limits still apply to an item
 its member sent before; and the memo's own rules, on their own."""
@@ -15,8 +15,9 @@ import pytest
 
 from rsc.events.auth import credential
 from rsc.events.wire import HeartbeatRequest
-from rsc.http import heartbeat_routes, steady_heartbeats
-from rsc.http.steady_heartbeats import SteadyHeartbeats
+from rsc.http.heartbeats import routes as heartbeat_routes
+from rsc.http.heartbeats import steady as steady_heartbeats
+from rsc.http.heartbeats.steady import SteadyHeartbeats
 from tests.httpkit import FAST, beat, hb, serve_on, workers_and_others
 
 TOKEN = "steady-member-token-0123456789"

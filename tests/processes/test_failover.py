@@ -50,11 +50,11 @@ from rsc.actors.store_connection import RedisClient, open_redis
 from rsc.client.coordinator import Backoff, Coordinator
 from rsc.client.member import Member
 from rsc.config import Settings
+from rsc.coordinator_process import serve
 from rsc.events import codec
 from rsc.events.member_machine import MemberMachine, MemberSettings
 from rsc.events.model import ClientInfo
 from rsc.events.wire import HeartbeatResponse, OwnerToken
-from rsc.http.service import serve
 from tests import redis_servers
 from tests.clientkit import Recorder
 from tests.clients.test_member import Log, never_overlapping

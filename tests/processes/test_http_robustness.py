@@ -26,8 +26,8 @@ import httpx
 import pytest
 import trio
 
+from rsc.coordinator_process import serve
 from rsc.events.auth import credential
-from rsc.http.service import serve
 from tests.httpkit import FAST, wait_for_output
 from tests.redis_servers import free_port
 
@@ -41,7 +41,8 @@ HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 @contextlib.asynccontextmanager
 async def running(redis_url: str, tls: ssl.SSLContext | None = None, **settings: Any) -> AsyncIterator[int]:
-    """`rsc.http.service.serve` on a free port; yields the port. `tls`: how clients reach it by HTTPS."""
+    """`rsc.coordinator_process.serve` on a free port; yields the port. `tls`: how clients reach
+    it by HTTPS."""
     config = attrs.evolve(FAST, redis_url=redis_url, max_body_bytes=LIMIT, **settings)
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:

@@ -17,7 +17,7 @@ import redis
 import trio
 
 from rsc.actors.keys import COORDINATOR_LEASE_KEY
-from rsc.http.service import serve
+from rsc.coordinator_process import serve
 from tests import redis_servers
 from tests.httpkit import FAST, hb, serve_on, wait_for_output
 

@@ -33,7 +33,7 @@ from rsc.connect import (
     parse_sentinel_url,
     redacted,
 )
-from rsc.http.service import embedded_redis, redis_answers
+from rsc.coordinator_process import embedded_redis, redis_answers
 from rsc.sync_connect import sync_redis
 from tests.httpkit import FAST, serve_on
 from tests.processes.test_redis_data_loss import Publisher, _flowing, stop_all, verify_journals

@@ -24,8 +24,8 @@ from rsc.client.producer import open_producer
 from rsc.client.worker import App
 from rsc.config import Settings
 from rsc.connect import open_redis
+from rsc.coordinator_process import serve
 from rsc.events.wire import HeartbeatRequest
-from rsc.http.service import serve
 from tests import redis_servers
 from tests.httpkit import FAST, hb
 
