@@ -7,15 +7,12 @@ appended again and deleted in one step, none lost, none replayed twice).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, redis_errors
+from rsc.actors.effects.pipelines import CoordinatorScript, RedisEffectsBase, chunks
+from rsc.actors.store_connection import redis_errors
 from rsc.events.wire import dead_letter_key
-from rsc.lua import script
-from rsc.resp import Multiplexed
 
 
 class DeadLetters(Protocol):
@@ -43,15 +40,7 @@ class DeadLetters(Protocol):
 class RedisDeadLetters(RedisEffectsBase):
     """`DeadLetters` on Redis."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        fence_token: Callable[[], int] | None = None,
-        keys: KeySpace = DEFAULT_KEYS,
-        lean: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(redis, fence_token, keys, lean)
-        self._replay = redis.register_script(script("coordinator/replay_dead_letters"))
+    _replay = CoordinatorScript("replay_dead_letters")
 
     async def dead_letter_counts(self, shard_keys: Iterable[str]) -> dict[str, int]:
         """See `DeadLetters.dead_letter_counts`."""

@@ -7,22 +7,19 @@ Nothing here writes. Drain evidence is read in one script on the shard key's own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 import coredis
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
+from rsc.actors.effects.pipelines import CoordinatorScript, RedisEffectsBase, chunks
 from rsc.actors.errors import CommandRefused, StoreUnavailable
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
+from rsc.actors.store_connection import ScriptCall, redis_errors
 from rsc.events.drain import DrainEvidence, GroupDrain, evidence
 from rsc.events.slots import Primary, Topology
 from rsc.events.wire import seal_key
-from rsc.lua import script
 from rsc.redis_errors import error_code, is_unavailable
-from rsc.resp import Multiplexed
 
 
 @attrs.frozen
@@ -71,15 +68,7 @@ class Inspection(Protocol):
 class RedisInspection(RedisEffectsBase):
     """`Inspection` on Redis: pipelined per node, 512 keys per round trip."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        fence_token: Callable[[], int] | None = None,
-        keys: KeySpace = DEFAULT_KEYS,
-        lean: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(redis, fence_token, keys, lean)
-        self._drain_evidence = redis.register_script(script("coordinator/drain_evidence"))
+    _drain_evidence = CoordinatorScript("drain_evidence")
 
     async def ping(self) -> bool:
         """See `Inspection.ping`."""

@@ -9,16 +9,14 @@ coordinator that resumes mid-write cannot overwrite the tokens its successor wro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from rsc.actors.effects.pipelines import RedisEffectsBase
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
-from rsc.actors.store_connection import RedisClient, ScriptCall
+from rsc.actors.effects.pipelines import CoordinatorScript, RedisEffectsBase
+from rsc.actors.keys import owner_key
+from rsc.actors.store_connection import ScriptCall
 from rsc.events import codec
 from rsc.events.wire import OwnerToken
-from rsc.lua import script
-from rsc.resp import Multiplexed
 
 #: The field of an owner-token hash that keeps the highest coordinator token that wrote it
 #: (not a group name: those start with a letter or digit). The scripts are given it (ARGV[1]).
@@ -59,17 +57,9 @@ def token_text(token: OwnerToken) -> str:
 class RedisOwnerTokens(RedisEffectsBase):
     """`OwnerTokens` on Redis: one fenced script per shard key, pipelined per node."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        fence_token: Callable[[], int] | None = None,
-        keys: KeySpace = DEFAULT_KEYS,
-        lean: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(redis, fence_token, keys, lean)
-        self._set_owner = redis.register_script(script("coordinator/set_owner"))
-        self._delete_owner = redis.register_script(script("coordinator/delete_owner"))
-        self._clear_owner = redis.register_script(script("coordinator/clear_owner"))
+    _set_owner = CoordinatorScript("set_owner")
+    _delete_owner = CoordinatorScript("delete_owner")
+    _clear_owner = CoordinatorScript("clear_owner")
 
     async def set_owners(self, group: str, tokens: Mapping[str, OwnerToken]) -> None:
         """See `OwnerTokens.set_owners`."""

@@ -20,6 +20,7 @@ import coredis
 from rsc.actors.errors import TermFenced
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.store_connection import RedisClient, ScriptCall, Scripts, raise_first, redis_errors
+from rsc.lua import script
 from rsc.redis_errors import error_code
 from rsc.resp import Command, Multiplexed
 
@@ -27,6 +28,27 @@ _T = TypeVar("_T")
 
 #: Commands per pipeline when creating many shard keys or consumer groups.
 CHUNK = 512
+
+
+class CoordinatorScript:
+    """A coordinator script an effects class calls (`rsc/lua/coordinator/<name>.lua`), declared
+    once as a class attribute and registered with the instance's client on first use: the
+    effects' mixins need no `__init__` of their own (they compose in `RedisEffects`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = f"coordinator/{name}"
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = f"_registered{attr}"
+
+    def __get__(self, instance: RedisEffectsBase | None, owner: type) -> Any:
+        if instance is None:
+            return self
+        found = instance.__dict__.get(self.attr)
+        if found is None:
+            found = instance.__dict__[self.attr] = instance.redis.register_script(script(self.name))
+        return found
 
 
 class RedisEffectsBase:

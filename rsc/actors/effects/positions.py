@@ -9,19 +9,16 @@ its pending entries) under the owner-token fence of the shard.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import attrs
 
 from rsc.actors.effects.owners import OWNER_FENCE_FIELD
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
+from rsc.actors.effects.pipelines import CoordinatorScript, RedisEffectsBase, chunks
+from rsc.actors.store_connection import ScriptCall, redis_errors
 from rsc.events.group_position import ShardPosition
 from rsc.events.wire import owner_key
-from rsc.lua import script
-from rsc.resp import Multiplexed
 
 #: The most entries one count call reads.
 COUNT_CHUNK = 10_000
@@ -76,17 +73,9 @@ def _text(value: Any) -> str:
 class RedisPositions(RedisEffectsBase):
     """`Positions` on Redis."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        fence_token: Callable[[], int] | None = None,
-        keys: KeySpace = DEFAULT_KEYS,
-        lean: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(redis, fence_token, keys, lean)
-        self._read_position = redis.register_script(script("coordinator/read_position"))
-        self._count_entries = redis.register_script(script("coordinator/count_entries"))
-        self._set_position = redis.register_script(script("coordinator/set_position"))
+    _read_position = CoordinatorScript("read_position")
+    _count_entries = CoordinatorScript("count_entries")
+    _set_position = CoordinatorScript("set_position")
 
     async def positions(self, shard_keys: Iterable[str], group: str) -> dict[str, ShardPosition]:
         """See `Positions.positions`."""

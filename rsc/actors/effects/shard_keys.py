@@ -9,18 +9,16 @@ expired with everything kept next to it (owner tokens, seal, dead letters).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import attrs
 from coredis.tokens import PureToken
 
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace, owner_key
-from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
+from rsc.actors.effects.pipelines import CoordinatorScript, RedisEffectsBase, chunks
+from rsc.actors.keys import owner_key
+from rsc.actors.store_connection import ScriptCall, redis_errors
 from rsc.events.wire import cap_key, dead_letter_key, seal_key, trimmed_key
-from rsc.lua import script
-from rsc.resp import Multiplexed
 
 
 class ShardKeys(Protocol):
@@ -98,19 +96,11 @@ def shard_companions(key: str) -> tuple[str, ...]:
 class RedisShardKeys(RedisEffectsBase):
     """`ShardKeys` on Redis: one script or command per key, pipelined in chunks per node."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        fence_token: Callable[[], int] | None = None,
-        keys: KeySpace = DEFAULT_KEYS,
-        lean: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(redis, fence_token, keys, lean)
-        self._ensure_stream = redis.register_script(script("coordinator/ensure_stream"))
-        self._ensure_group = redis.register_script(script("coordinator/ensure_group"))
-        self._destroy_group = redis.register_script(script("coordinator/destroy_group"))
-        self._prune = redis.register_script(script("coordinator/prune_consumers"))
-        self._idle = redis.register_script(script("coordinator/idle_consumers"))
+    _ensure_stream = CoordinatorScript("ensure_stream")
+    _ensure_group = CoordinatorScript("ensure_group")
+    _destroy_group = CoordinatorScript("destroy_group")
+    _prune = CoordinatorScript("prune_consumers")
+    _idle = CoordinatorScript("idle_consumers")
 
     async def ensure_streams(self, shard_keys: Iterable[str]) -> None:
         """See `ShardKeys.ensure_streams`."""

@@ -8,15 +8,14 @@ of what each consumer group lost to them (`<shard key>:rsc:v1:trimmed`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import attrs
 
 from rsc.actors.effects.owners import OWNER_FENCE_FIELD
-from rsc.actors.effects.pipelines import RedisEffectsBase, chunks
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, ScriptCall, redis_errors
+from rsc.actors.effects.pipelines import CoordinatorScript, RedisEffectsBase, chunks
+from rsc.actors.store_connection import ScriptCall, redis_errors
 from rsc.events.retention import Keep, Retention
 from rsc.events.wire import (
     TRIMMED_TOTAL_FIELD,
@@ -25,8 +24,6 @@ from rsc.events.wire import (
     owner_key,
     trimmed_key,
 )
-from rsc.lua import script
-from rsc.resp import Multiplexed
 
 #: The most entries one call removes one by one (counting each group's loss); more: called again.
 TRIM_LIMIT = 10_000
@@ -82,15 +79,7 @@ def _opt(n: int | None) -> str:
 class RedisTrimming(RedisEffectsBase):
     """`Trimming` on Redis."""
 
-    def __init__(
-        self,
-        redis: RedisClient,
-        fence_token: Callable[[], int] | None = None,
-        keys: KeySpace = DEFAULT_KEYS,
-        lean: Multiplexed | None = None,
-    ) -> None:
-        super().__init__(redis, fence_token, keys, lean)
-        self._trim = redis.register_script(script("coordinator/trim"))
+    _trim = CoordinatorScript("trim")
 
     async def trim(self, calls: Sequence[TrimCall], limit: int = TRIM_LIMIT) -> list[Trimmed]:
         """See `Trimming.trim`."""
