@@ -12,11 +12,14 @@ __all__ = ["NO_ANSWER", "Answer", "FollowUps", "Many", "NoAnswer", "Pending", "S
 
 
 class Pending:
-    """A one-shot answer slot; `expect`: the revision the aggregate must be at when the command
-    is decided (an HTTP `If-Match`), else it is refused with `PreconditionFailed`."""
+    """A one-shot answer slot (the only one: every caller waits on one); `expect`: the revision
+    the aggregate must be at when the command is decided (an HTTP `If-Match`), else it is
+    refused with `PreconditionFailed`; `on_done`: told once it is answered (True: resolved,
+    False: failed), before any waiter wakes."""
 
-    def __init__(self, expect: int | None = None) -> None:
+    def __init__(self, expect: int | None = None, on_done: Callable[[bool], None] | None = None) -> None:
         self.expect = expect
+        self._on_done = on_done
         self._done = trio.Event()
         self._value: Any = None
         self._error: BaseException | None = None
@@ -24,12 +27,31 @@ class Pending:
     def resolve(self, value: Any) -> None:
         if not self._done.is_set():
             self._value = value
-            self._done.set()
+            self._finish(True)
 
     def fail(self, error: BaseException) -> None:
         if not self._done.is_set():
             self._error = error
-            self._done.set()
+            self._finish(False)
+
+    def _finish(self, resolved: bool) -> None:
+        if self._on_done is not None:
+            self._on_done(resolved)
+        self._done.set()
+
+    @property
+    def value(self) -> Any:
+        """What it was resolved with (None while unanswered or failed)."""
+        return self._value
+
+    @property
+    def error(self) -> BaseException | None:
+        """What it failed with (None while unanswered or resolved)."""
+        return self._error
+
+    async def settled(self) -> None:
+        """Return once it is answered, whichever way (never raises its error)."""
+        await self._done.wait()
 
     async def wait(self) -> Any:
         await self._done.wait()

@@ -24,8 +24,8 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -68,6 +68,17 @@ from rsc.events.stream import StreamState
 log = logging.getLogger("rsc.registry")
 
 ASK_ATTEMPTS = 3
+T = TypeVar("T")
+
+
+async def _again_if_stopped(ask: Callable[[], Awaitable[T]]) -> T:
+    """`ask` (find an aggregate's actor, starting it if need be, and ask it), asked again while
+    the actor it found stopped meanwhile (idle, or a term ended), at most `ASK_ATTEMPTS` times
+    in all: the one ask-and-retry of the registry. Raises what `ask` raises."""
+    for _ in range(ASK_ATTEMPTS - 1):
+        with contextlib.suppress(ActorStopped):
+            return await ask()
+    return await ask()
 
 
 @attrs.frozen
@@ -178,21 +189,14 @@ class Registry:
         """Send `command` to the group's actor (started, and created if needed and `create`);
         `expect`: only at that revision (`PreconditionFailed`); `seen_version`, `quota`: see
         `group`."""
-        for attempt in range(ASK_ATTEMPTS):
-            try:
-                actor = await self.group(
-                    stream_prefix,
-                    group,
-                    create=create,
-                    seen_version=seen_version,
-                    rebuild=rebuild,
-                    quota=quota,
-                )
-                return await actor.ask(command, expect)
-            except ActorStopped:
-                if attempt == ASK_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        async def once() -> Reply[GroupState, GroupEvent]:
+            actor = await self.group(
+                stream_prefix, group, create=create, seen_version=seen_version, rebuild=rebuild, quota=quota
+            )
+            return await actor.ask(command, expect)
+
+        return await _again_if_stopped(once)
 
     async def ask_group_many(
         self,
@@ -205,21 +209,14 @@ class Registry:
         quota: Quota | None = None,
     ) -> list[Reply[GroupState, GroupEvent] | CoordinationError]:
         """Send `commands` to the group's actor together (one wake-up for all their answers)."""
-        for attempt in range(ASK_ATTEMPTS):
-            try:
-                actor = await self.group(
-                    stream_prefix,
-                    group,
-                    create=create,
-                    seen_version=seen_version,
-                    rebuild=rebuild,
-                    quota=quota,
-                )
-                return await actor.ask_many(commands)
-            except ActorStopped:
-                if attempt == ASK_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        async def once() -> list[Reply[GroupState, GroupEvent] | CoordinationError]:
+            actor = await self.group(
+                stream_prefix, group, create=create, seen_version=seen_version, rebuild=rebuild, quota=quota
+            )
+            return await actor.ask_many(commands)
+
+        return await _again_if_stopped(once)
 
     async def ask_stream(
         self,
@@ -230,16 +227,11 @@ class Registry:
         seen_version: int = 0,
         quota: Quota | None = None,
     ) -> Reply[StreamState, StreamEvent]:
-        for attempt in range(ASK_ATTEMPTS):
-            try:
-                actor = await self.stream(
-                    stream_prefix, create=create, seen_version=seen_version, quota=quota
-                )
-                return await actor.ask(command, expect)
-            except ActorStopped:
-                if attempt == ASK_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        async def once() -> Reply[StreamState, StreamEvent]:
+            actor = await self.stream(stream_prefix, create=create, seen_version=seen_version, quota=quota)
+            return await actor.ask(command, expect)
+
+        return await _again_if_stopped(once)
 
     def behind_the_fleet(self, stream_prefix: str) -> None:
         """A party routes by a layout newer than the stored one: have shard keys only that

@@ -32,7 +32,7 @@ import attrs
 import trio
 
 from rsc.actors.actor import Reply
-from rsc.actors.answers import Answer
+from rsc.actors.answers import Answer, Pending
 from rsc.actors.errors import ActorStopped, Redecide, StoreError
 from rsc.actors.registry import Registry
 from rsc.events import longpoll
@@ -48,30 +48,6 @@ log = logging.getLogger("rsc.http.heartbeats.held")
 RECENT = 64
 
 
-class _Decided:
-    """The answer slot of a recheck decided in the batch of the change that concerned it."""
-
-    def __init__(self, woken: trio.Event, version: Callable[[], int]) -> None:
-        self.woken = woken
-        self._version = version
-        self.done = trio.Event()
-        self.reply: Reply[GroupState, GroupEvent] | None = None
-        self.error: BaseException | None = None
-        #: The group's change version when it was answered (its batch observed, no later one).
-        self.version: int | None = None
-
-    def resolve(self, value: Reply[GroupState, GroupEvent]) -> None:
-        self.reply = value
-        self.version = self._version()
-        self.done.set()
-        self.woken.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.done.set()
-        self.woken.set()
-
-
 @attrs.define(eq=False)
 class _Waiter:
     member_id: str
@@ -82,7 +58,19 @@ class _Waiter:
     woken: trio.Event = attrs.field(factory=trio.Event)
     #: The recheck decided with the change that concerned it, and its slot (`follow_ups`).
     recheck: Heartbeat | None = None
-    decided: _Decided | None = None
+    decided: Pending | None = None
+    #: The group's change version when its recheck was answered (its batch observed, no later).
+    decided_version: int | None = None
+
+    def answered(self, version: Callable[[], int]) -> Callable[[bool], None]:
+        """What its recheck's slot tells when it is answered: the version then, and wake it."""
+
+        def done(resolved: bool) -> None:
+            if resolved:
+                self.decided_version = version()
+            self.woken.set()
+
+        return done
 
 
 @attrs.define
@@ -148,7 +136,7 @@ class GroupChanges:
                 recheck = longpoll.again(waiter.command, waiter.latest, self.now_ms())
                 state.waiters.discard(waiter)  # (only once its recheck is made: nothing raises after)
                 waiter.recheck = recheck
-                waiter.decided = _Decided(waiter.woken, state.current_version)
+                waiter.decided = Pending(on_done=waiter.answered(state.current_version))
                 more.append((recheck, waiter.decided))
         return more
 
@@ -193,10 +181,10 @@ class GroupChanges:
                     state.waiters.discard(waiter)
                 decided = waiter.decided
                 if decided is not None:  # taken into a batch: its answer comes with the batch's
-                    await decided.done.wait()
+                    await decided.settled()
                 version = state.version
-                if decided is not None and decided.version is not None:
-                    version = decided.version  # (a later batch may be observed by now)
+                if decided is not None and waiter.decided_version is not None:
+                    version = waiter.decided_version  # (a later batch may be observed by now)
                 try:
                     # Dropped with its batch (a conflict), or its actor stopped: asked again.
                     if decided is not None and not isinstance(decided.error, (Redecide, ActorStopped)):
@@ -204,8 +192,8 @@ class GroupChanges:
                         command = waiter.recheck
                         if decided.error is not None:
                             raise decided.error
-                        assert decided.reply is not None
-                        latest = respond(decided.reply.state, command, decided.reply.events)
+                        reply: Reply[GroupState, GroupEvent] = decided.value
+                        latest = respond(reply.state, command, reply.events)
                     else:
                         command = longpoll.again(command, latest, self.now_ms())
                         latest = await decide(command)
