@@ -14,6 +14,9 @@ it what happened:
     steps = machine.silent(now)                 # when woken with no answer
     machine.next_heartbeat_at(now)              # when to send the next one
 
+Its life is a table, `LIFECYCLE`: `Phase` MEMBER -> LEAVING -> LEFT, or -> REPLACED, moved by
+an `Event`; `leaving`, `left` and `replaced` are views of the phase, not flags of their own.
+
 The rules it keeps:
 
 * Reconciliation: shards in `revoke`, and shards it holds that are no longer
@@ -53,6 +56,9 @@ The rules it keeps:
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
+
 import attrs
 
 from rsc.events.model import (
@@ -67,6 +73,48 @@ from rsc.events.versions import PROTOCOL_VERSION
 from rsc.events.wire import DEFAULT_REVOKE_TIMEOUT_MS, MAX_WAIT_MS, HeartbeatRequest, HeartbeatResponse
 
 NOTHING: frozenset[int] = frozenset()
+
+
+class Phase(enum.Enum):
+    """Where a member process is in its life: the only states it has (no loose flags)."""
+
+    #: Joining, or in the group: heartbeating, reconciling, reading what it holds.
+    MEMBER = "member"
+    #: `stop()` (or it gave up on answers it cannot read): its heartbeats say `leaving`, it
+    #: hands each shard over, and once nothing is held the next request is the leave.
+    LEAVING = "leaving"
+    #: The leave was sent and answered, or went unanswered (the lease ends it): nothing more.
+    LEFT = "left"
+    #: A newer process took its static member id over: it dropped everything, for good.
+    REPLACED = "replaced"
+
+
+class Event(enum.Enum):
+    """What moves a member process from one `Phase` to another."""
+
+    STOP = "stop()"
+    UNREADABLE = "no answer could be read for a lease"
+    LEAVE_ANSWERED = "the leave (epoch -1) answered"
+    LEAVE_UNANSWERED = "the leave (epoch -1) failed"
+    REPLACED = "FENCED with reason REPLACED"
+
+
+#: Every transition of the life of a member process; a pair not here leaves the phase as it is
+#: (a second `stop()`, anything after the end). Within MEMBER and LEAVING, what it holds moves
+#: by the rules of the module's docstring: `owned` (reading or stopping), `revoking` (stopping,
+#: a subset of `owned`), `to_ack` (stopped, not yet reported; never in `owned`), `pending`
+#: (targeted, held elsewhere), `waiting` (the last answer only said wait: worth a long poll).
+LIFECYCLE: Mapping[tuple[Phase, Event], Phase] = {
+    (Phase.MEMBER, Event.STOP): Phase.LEAVING,
+    (Phase.MEMBER, Event.UNREADABLE): Phase.LEAVING,
+    (Phase.LEAVING, Event.UNREADABLE): Phase.LEAVING,
+    (Phase.MEMBER, Event.LEAVE_ANSWERED): Phase.LEFT,
+    (Phase.LEAVING, Event.LEAVE_ANSWERED): Phase.LEFT,
+    (Phase.LEAVING, Event.LEAVE_UNANSWERED): Phase.LEFT,
+    (Phase.MEMBER, Event.LEAVE_UNANSWERED): Phase.LEFT,
+    (Phase.MEMBER, Event.REPLACED): Phase.REPLACED,
+    (Phase.LEAVING, Event.REPLACED): Phase.REPLACED,
+}
 
 
 @attrs.frozen
@@ -163,18 +211,33 @@ class MemberMachine:
         #: Since when every answer has been one it cannot read.
         self.unintelligible_since: float | None = None
         self.self_fenced = 0
+        #: Where it is in its life (`LIFECYCLE`), and why it left MEMBER when a reason says more.
+        self.phase = Phase.MEMBER
         self.gave_up: str | None = None
-        #: Why it stopped for good: a newer process took its static member id over.
-        self.replaced: str | None = None
-        #: `stop()` was called: revoking everything, then the leave.
-        self.leaving = False
-        #: The leave (epoch -1) was sent: nothing more to do.
-        self.left = False
+        self._replaced_why: str | None = None
         self._urgent = True
         self._leave_since: float | None = None
         self._sent: tuple[HeartbeatRequest, float] | None = None
         #: When the next heartbeat is due when nothing is urgent.
         self._due_at = float("-inf")
+
+    def _move(self, event: Event) -> None:
+        self.phase = LIFECYCLE.get((self.phase, event), self.phase)
+
+    @property
+    def leaving(self) -> bool:
+        """`stop()` was called (or it gave up): revoking everything, then the leave."""
+        return self.phase in (Phase.LEAVING, Phase.LEFT)
+
+    @property
+    def left(self) -> bool:
+        """Nothing more to do: the leave went, or a newer process has its id."""
+        return self.phase in (Phase.LEFT, Phase.REPLACED)
+
+    @property
+    def replaced(self) -> str | None:
+        """Why it stopped for good when a newer process took its static member id over."""
+        return self._replaced_why if self.phase is Phase.REPLACED else None
 
     # --- outputs -----------------------------------------------------------
 
@@ -275,7 +338,7 @@ class MemberMachine:
         self.metadata_version = response.metadata_version
         self._due_at = (sent if request.wait_ms else now) + self.interval_s
         if request.member_epoch == -1:
-            self.left = True
+            self._move(Event.LEAVE_ANSWERED)
             self.epoch, self.to_ack, self.pending, self.waiting = 0, NOTHING, NOTHING, False
             return Steps(warnings=tuple(warnings), answered=True)
         if response.status is HeartbeatStatus.FENCED and response.fence_reason is FenceReason.REPLACED:
@@ -283,8 +346,8 @@ class MemberMachine:
                 f"replaced: another process joined with member id {self.member_id!r} (static "
                 "membership); this one drops every shard and stops"
             )
-            self.replaced = message
-            self.left = True  # nothing to leave: the id is the other process's now
+            self._replaced_why = message
+            self._move(Event.REPLACED)  # nothing to leave: the id is the other process's now
             self.epoch = 0
             return attrs.evolve(self._drop_all([message]), answered=True, replaced=message)
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
@@ -341,7 +404,7 @@ class MemberMachine:
         self._due_at = now + min(self.settings.retry_interval_s, self.interval_s)
         warnings: list[str] = []
         if request.member_epoch == -1:  # a leave not acknowledged: the lease will end it
-            self.left = True
+            self._move(Event.LEAVE_UNANSWERED)
             self.epoch, self.to_ack = 0, NOTHING
             return Steps(warnings=(f"leave not acknowledged (the lease will end it): {why}",))
         if self.failing_since is None:
@@ -390,7 +453,7 @@ class MemberMachine:
         is held the leave (epoch -1) goes. A coordinator that has not asked for everything
         within `leave_handoff_s` of the first such heartbeat (one that does not know `leaving`)
         gets every shard revoked then."""
-        self.leaving = True
+        self._move(Event.STOP)
         self._urgent = True
         return NO_STEPS
 
@@ -429,6 +492,6 @@ class MemberMachine:
         )
         self.gave_up = message
         steps = self._drop_all([*warnings, message])
-        self.leaving = True
+        self._move(Event.UNREADABLE)
         self._urgent = True
         return attrs.evolve(steps, gave_up=message)

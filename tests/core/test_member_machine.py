@@ -283,3 +283,26 @@ def test_the_revoke_budget_follows_the_answers_revoke_timeout() -> None:
     assert m.revoke_budget_s() == 10.0 - 1.0 - 1.0
     m.receive(m.request(2), attrs.evolve(answer(assigned={0}), revoke_timeout_ms=1_000), 2)
     assert m.revoke_budget_s() == 0.5  # never less than half a second
+
+
+def test_the_life_of_a_member_is_a_table() -> None:
+    """`LIFECYCLE` is every transition: the ends have none out, LEFT is reached only by a leave
+    (answered or not), REPLACED only by the coordinator's REPLACED; the old flags are views of
+    the phase."""
+    from rsc.events.member_machine import LIFECYCLE, Event, Phase
+
+    assert not [pair for pair in LIFECYCLE if pair[0] in (Phase.LEFT, Phase.REPLACED)]
+    into = {(event, to) for (_, event), to in LIFECYCLE.items()}
+    assert {e for e, to in into if to is Phase.LEFT} == {Event.LEAVE_ANSWERED, Event.LEAVE_UNANSWERED}
+    assert {e for e, to in into if to is Phase.REPLACED} == {Event.REPLACED}
+    m = machine()
+    assert (m.phase, m.leaving, m.left, m.replaced) == (Phase.MEMBER, False, False, None)
+    m.stop()
+    m.stop()  # a second stop changes nothing
+    assert (m.phase, m.leaving, m.left) == (Phase.LEAVING, True, False)
+    request = m.request(0)
+    assert request.member_epoch == -1  # nothing held: the next request is the leave
+    m.receive(request, answer(epoch=0), 0)
+    assert (m.phase, m.leaving, m.left) == (Phase.LEFT, True, True)
+    m.stop()
+    assert m.phase is Phase.LEFT
