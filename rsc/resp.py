@@ -47,12 +47,24 @@ try:
 except ImportError:  # pragma: no cover - hiredis is a dependency; a build without it still runs
     hiredis = None
 
-__all__ = ["Command", "Connection", "Endpoint", "Multiplexed", "open_lean", "refusal"]
+__all__ = [
+    "Command",
+    "Connection",
+    "Endpoint",
+    "Multiplexed",
+    "ScriptCall",
+    "eval_scripts",
+    "open_lean",
+    "refusal",
+]
 
 #: How much a read asks the socket for at once.
 _READ_SIZE = 256 * 1024
 #: One command: its name and arguments.
 Command = Sequence[str | bytes | int | float]
+#: One script call: a script registered with a coredis client (`register_script`: its `sha`
+#: and `script`), its keys, its arguments.
+ScriptCall = tuple[Any, Sequence[str], Sequence[Any]]
 _PARSER = Parser()
 
 
@@ -395,6 +407,29 @@ class Multiplexed:
         line.wake.set()
         if not self._nursery.cancel_scope.cancel_called:
             self._nursery.start_soon(trio.aclose_forcefully, line.connection.stream)
+
+
+async def eval_scripts(lean: Multiplexed, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Each call (a registered script, with its `sha` and `script` text; its keys; its args) as
+    `EVALSHA` on `lean`, all in one round trip, without asking first whether Redis holds the
+    scripts. Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its scripts
+    were flushed) are they loaded and every call sent again: each must be idempotent. The one
+    place the lean connection reloads scripts, for the coordinator and the clients alike.
+
+    The replies in order, an error reply as its coredis class (returned, not raised); raises a
+    failed load, and what a connection that cannot answer raises."""
+    commands: list[Command] = [
+        ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
+    ]
+    replies = await lean.call(commands)
+    if not any(isinstance(r, coredis.exceptions.NoScriptError) for r in replies):
+        return replies
+    scripts = list({script.sha: script for script, _, _ in calls}.values())
+    loaded = await lean.call([("SCRIPT", "LOAD", script.script) for script in scripts])
+    for reply in loaded:
+        if isinstance(reply, Exception):
+            raise reply
+    return await lean.call(commands)
 
 
 def _lost(exc: Exception) -> Exception:

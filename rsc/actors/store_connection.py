@@ -13,7 +13,7 @@ from rsc import connect
 from rsc.actors.errors import OOM_REFUSALS, RedisOutOfMemory, StoreUnavailable
 from rsc.connect import DEFAULT_REDIS_URL, RedisClient
 from rsc.redis_errors import error_code, is_unavailable, redis_leaf
-from rsc.resp import Command, Multiplexed, open_lean
+from rsc.resp import Multiplexed, ScriptCall, eval_scripts, open_lean
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -25,10 +25,6 @@ __all__ = [
     "open_redis",
     "redis_errors",
 ]
-
-#: One script call: a script registered with the coredis client (`register_script`: its `sha`
-#: and `script`), its keys, its arguments.
-ScriptCall = tuple[Any, Sequence[str], Sequence[Any]]
 
 
 @contextlib.contextmanager
@@ -120,15 +116,7 @@ class Scripts:
 
     @staticmethod
     async def _run_lean(lean: Multiplexed, calls: Sequence[ScriptCall]) -> list[Any]:
-        commands: list[Command] = [
-            ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
-        ]
-        replies = await lean.call(commands)
-        if any(isinstance(r, coredis.exceptions.NoScriptError) for r in replies):
-            loads: list[Command] = [("SCRIPT", "LOAD", s.script) for s in _distinct(calls)]
-            raise_first(await lean.call(loads))
-            replies = await lean.call(commands)
-        return raise_first(replies)
+        return raise_first(await eval_scripts(lean, calls))
 
 
 def raise_first(replies: list[Any]) -> list[Any]:

@@ -21,8 +21,6 @@ from typing import Any
 # coredis imports its pipeline module on the first call of any script: loaded here, with the
 # poller, rather than on a newly owned shard's first claim (a millisecond or more of a handoff).
 import attrs
-import coredis.exceptions
-import coredis.patterns.pipeline
 
 from rsc.client.errors import Fenced, RedisCommandFailed
 from rsc.client.poller.book import ShardEntry
@@ -31,7 +29,7 @@ from rsc.client.redis_calls import redis_call
 from rsc.events.wire import dead_letter_key, owner_key
 from rsc.lua import script
 from rsc.redis_errors import reply_code
-from rsc.resp import Multiplexed
+from rsc.resp import Multiplexed, eval_scripts
 
 __all__ = ["MemberScripts", "ShardRead", "refusal"]
 
@@ -193,12 +191,7 @@ class MemberScripts:
         lean = self.lean
         if lean is None:
             return await fenced_script(keys=keys, args=args)
-        command = ("EVALSHA", fenced_script.sha, len(keys), *keys, *args)
-        [reply] = await lean.call([command])
-        if isinstance(reply, coredis.exceptions.NoScriptError):  # Redis restarted, failed over...
-            loaded, reply = await lean.call([("SCRIPT", "LOAD", fenced_script.script), command])
-            if isinstance(loaded, Exception):
-                raise loaded
+        [reply] = await eval_scripts(lean, [(fenced_script, keys, args)])  # (reloads on NOSCRIPT)
         if isinstance(reply, Exception):
             raise reply
         return reply
