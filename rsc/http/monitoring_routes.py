@@ -19,13 +19,16 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from rsc.actors import admin_queries, retention
+from rsc.actors.aggregates import StreamActor
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import StoreError
 from rsc.actors.registry import Registry
 from rsc.events import auth, codec
 from rsc.events.auth import Action
 from rsc.events.errors import UnknownGroup, UnknownStream
+from rsc.events.stream import StreamState
 from rsc.http import paging, views
+from rsc.http.admin.lookup import stream_state
 from rsc.http.authenticate import Gate, Refused
 from rsc.http.errors import ApiError
 from rsc.http.json_io import error_response, json_response
@@ -67,7 +70,7 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
     @app.get("/v1/streams/<stream_prefix>")
     async def stream(stream_prefix: str) -> Response:
         actor = await existing_stream_actor(stream_prefix)
-        state = actor.state
+        state = stream_state(actor)
         facts = await admin_queries.stream_facts(registry, state)
         now_ms = registry.clock.now_ms()
         view = views.stream_view(state, actor.leases, now_ms, facts.stats, facts.evidence, facts.consumed)
@@ -98,10 +101,10 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
         body["nextCursor"] = page.next_cursor  # null on the last page, not left out
         return paging.with_link(json_response(body, plain=True), page.next_cursor, wanted.limit)
 
-    async def existing_stream(stream_prefix: str) -> Any:
-        return (await existing_stream_actor(stream_prefix)).state
+    async def existing_stream(stream_prefix: str) -> StreamState:
+        return stream_state(await existing_stream_actor(stream_prefix))
 
-    async def existing_stream_actor(stream_prefix: str) -> Any:
+    async def existing_stream_actor(stream_prefix: str) -> StreamActor:
         try:
             return await registry.stream(stream_prefix, create=False)
         except UnknownStream as exc:

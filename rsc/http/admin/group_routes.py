@@ -29,7 +29,7 @@ from rsc.http.admin.bodies import (
     spec_of,
     strict,
 )
-from rsc.http.admin.lookup import conditional_stream, existing_group, stream_actor
+from rsc.http.admin.lookup import conditional_stream, existing_group, group_config, stream_actor, stream_state
 from rsc.http.admin.preconditions import (
     check_if_match,
     check_if_none_match,
@@ -61,7 +61,8 @@ def add_group_routes(app: QuartTrio, registry: Registry) -> None:
     async def patch_group(stream_prefix: str, consumer_group: str) -> Response:
         patch = merge_patch_body(await json_body(), GroupPatch)
         actor = await existing_group(registry, stream_prefix, consumer_group)
-        now = codec.wire.unstructure(spec_of(actor.state.config)) if actor is not None else {}
+        config_now = group_config(actor)
+        now = codec.wire.unstructure(spec_of(config_now)) if config_now is not None else {}
         if "startAt" in patch:  # one of two shapes: replaced whole, never merged into the other
             now.pop("startAt", None)
         spec = strict(merge_patch(now, patch), GroupSpec)
@@ -71,7 +72,7 @@ def add_group_routes(app: QuartTrio, registry: Registry) -> None:
     @app.delete(GROUP)
     async def delete_group(stream_prefix: str, consumer_group: str) -> Response:
         stream = await conditional_stream(registry, stream_prefix)
-        if consumer_group not in stream.state.groups:
+        if consumer_group not in stream_state(stream).groups:
             missing_with_if_match(f"group {consumer_group!r} of {stream_prefix!r}")
             raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
         actor = await existing_group(registry, stream_prefix, consumer_group)  # never creates
@@ -184,7 +185,7 @@ async def group_resource(
     Raises `ApiError` (404) if there is no such stream or (`create` None) group, and
     `UnknownGroup` if the group is gone by the time it is read."""
     stream = await stream_actor(registry, stream_prefix, None)
-    if create is None and consumer_group not in stream.state.groups:
+    if create is None and consumer_group not in stream_state(stream).groups:
         raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
     actor = await registry.group(stream_prefix, consumer_group, create=False)
     state = actor.state

@@ -5,16 +5,34 @@ Nothing here creates an aggregate unless asked to (`stream_actor` with a shard c
 
 from __future__ import annotations
 
-from typing import Any
-
+from rsc.actors.aggregates import GroupActor, StreamActor
 from rsc.actors.registry import Registry
 from rsc.events.errors import UnknownGroup, UnknownStream
+from rsc.events.model import GroupConfig
 from rsc.events.quotas import Quota
+from rsc.events.stream import StreamState
 from rsc.http.admin.preconditions import missing_with_if_match
 from rsc.http.errors import ApiError
 
 
-async def existing_stream(registry: Registry, stream_prefix: str) -> Any:
+def stream_state(actor: StreamActor) -> StreamState:
+    """The state of a stream's actor (loaded once the actor answers; a stream deleted since is
+    gone). Raises `ApiError` (404 `UNKNOWN_STREAM`) when it has none."""
+    state = actor.state
+    if state is None or state.deleted:
+        raise ApiError(
+            404, "UNKNOWN_STREAM", f"stream {actor.aggregate.aggregate_id.stream_prefix!r} does not exist"
+        )
+    return state
+
+
+def group_config(actor: GroupActor | None) -> GroupConfig | None:
+    """The config of a group's actor, None when there is no such group (or it was deleted)."""
+    state = actor.state if actor is not None else None
+    return None if state is None or state.deleted else state.config
+
+
+async def existing_stream(registry: Registry, stream_prefix: str) -> StreamActor | None:
     """The stream's actor, or None if there is no such stream (nothing is created).
 
     Raises `StoreError` if the stream cannot be read."""
@@ -24,7 +42,7 @@ async def existing_stream(registry: Registry, stream_prefix: str) -> Any:
         return None
 
 
-async def conditional_stream(registry: Registry, stream_prefix: str) -> Any:
+async def conditional_stream(registry: Registry, stream_prefix: str) -> StreamActor:
     """The stream's actor for a change of an existing stream; nothing is created.
 
     Raises `ApiError`: 404 `UNKNOWN_STREAM` if there is none, or 412 if the request has an
@@ -42,7 +60,7 @@ async def stream_actor(
     shard_count: int | None,
     only_new: bool = False,
     quota: Quota | None = None,
-) -> Any:
+) -> StreamActor:
     """The stream's actor; created with `shard_count` shards if it is given (`only_new`,
     `quota`: see `Registry.stream`).
 
@@ -60,7 +78,7 @@ async def stream_actor(
         raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
 
 
-async def existing_group(registry: Registry, stream_prefix: str, group: str) -> Any:
+async def existing_group(registry: Registry, stream_prefix: str, group: str) -> GroupActor | None:
     """The group's actor, or None if there is no such group (nothing is created).
 
     Raises `StoreError` if the group cannot be read."""

@@ -28,7 +28,7 @@ from rsc.http.admin.bodies import (
     stream_spec,
     strict,
 )
-from rsc.http.admin.lookup import conditional_stream, existing_stream, stream_actor
+from rsc.http.admin.lookup import conditional_stream, existing_stream, stream_actor, stream_state
 from rsc.http.admin.preconditions import (
     check_if_match,
     check_if_none_match,
@@ -66,7 +66,7 @@ def add_stream_routes(app: QuartTrio, registry: Registry) -> None:
                 "UNKNOWN_STREAM",
                 f"no stream {stream_prefix!r}: create it with a shardCount (PUT or PATCH)",
             )
-        spec_now = codec.wire.unstructure(stream_spec(current.state)) if current is not None else {}
+        spec_now = codec.wire.unstructure(stream_spec(stream_state(current))) if current is not None else {}
         if "retention" in patch and patch["retention"] is None:
             patch["retention"] = {}  # null: the default policy (left out would keep the stream's)
             spec_now.pop("retention", None)
@@ -147,7 +147,7 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
             expect = None
         else:
             expect = check_if_match(actor.revision)
-    state = actor.state
+    state = stream_state(actor)
     admin_rules.require(admin_rules.scale_in_gate(spec.shard_count, state), level)
     reshard = admin_rules.reshard_for(state, spec.shard_count, spec.reshard_mode, level)
     retention = admin_rules.retention_for(spec.retention, state.retention)
@@ -166,7 +166,7 @@ async def stream_resource(registry: Registry, stream_prefix: str) -> Response:
 
     Raises `ApiError` (404 `UNKNOWN_STREAM`) if there is no such stream."""
     actor = await stream_actor(registry, stream_prefix, None)
-    state = actor.state
+    state = stream_state(actor)
     g.revision = actor.revision
     body = {
         "spec": stream_spec(state),
