@@ -22,7 +22,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "lists": ("--streams 20 --step 10 --heartbeat-streams 100", "rows"),
     "churn": (
         "--members 40 --batch 20 --shards 64 --seconds 2 --leaves 2 --joins 2 --interval-ms 1000 "
-        "--settle-timeout 60",
+        "--settle-timeout 150",
         "churn",
     ),
     "scale": (

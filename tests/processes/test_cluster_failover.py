@@ -61,7 +61,7 @@ class ClusterPublisher:
         self.client.close()
 
 
-def fail_over(url: str, key: str, timeout: float = 30.0) -> tuple[str, str]:
+def fail_over(url: str, key: str, timeout: float = 90.0) -> tuple[str, str]:
     """`CLUSTER FAILOVER` on the replica of the primary holding `key`'s slot (coordinated: the
     replica catches up first, nothing is lost); (old, new) primary once every node agrees."""
     slot = key_slot(key)
