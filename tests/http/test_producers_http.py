@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -264,7 +265,10 @@ async def test_a_group_s_oldest_pending_entries_without_fields_but_for_the_admin
     assert (await client.put(f"/v1/admin/streams/{prefix}", json={"shardCount": 2}, auth=AUTH)).is_success
     assert (await client.put(f"/v1/admin/streams/{prefix}/groups/g", json={}, auth=AUTH)).is_success
     keys = [s["key"] for s in (await client.get(f"/v1/streams/{prefix}/routing")).json()["shards"]]
-    ids = [sync_redis.xadd(keys[n % 2], {"n": str(n)}) for n in range(6)]
+    # explicit ids: two appends in one millisecond on two shards would get the same id, and the
+    # order of equal ids over the shards is not specified
+    base = int(time.time() * 1000) + 1_000
+    ids = [sync_redis.xadd(keys[n % 2], {"n": str(n)}, id=f"{base + n}-0") for n in range(6)]
     for key in keys:
         sync_redis.xreadgroup("g", "m1", {key: ">"}, count=2)
     shown = await client.get(f"/v1/streams/{prefix}/groups/g/pending", params={"limit": 3})
