@@ -39,36 +39,21 @@ def kit(tmp_path: Path, client: str | None, *scenarios: str, **env: str) -> dict
     return verdicts
 
 
-#: The reference clients' runs of every scenario, in this many parts (each its own kit run), so
-#: that the process tier's workers share them instead of one worker running all 14 in a row.
-PARTS = 3
-
-
-def part(n: int) -> list[str]:
-    """The scenarios of part `n` (every PARTS-th, from the n-th)."""
-    return [s.name for i, s in enumerate(SCENARIOS) if i % PARTS == n]
-
-
-def test_the_parts_cover_every_scenario_once() -> None:
-    names = [name for n in range(PARTS) for name in part(n)]
-    assert sorted(names) == sorted(s.name for s in SCENARIOS)
-
-
-@pytest.mark.parametrize("n", range(PARTS))
-def test_the_python_worker_passes_every_scenario(tmp_path: Path, n: int) -> None:
-    verdicts = kit(tmp_path, None, *part(n))
-    assert set(verdicts) == set(part(n))
+def test_the_python_worker_passes_every_scenario(tmp_path: Path) -> None:
+    verdicts = kit(tmp_path, None)
+    assert set(verdicts) == {s.name for s in SCENARIOS}
     assert {name: why for name, why in verdicts.items() if why} == {}
 
 
-@pytest.mark.parametrize("n", range(PARTS))
-def test_the_node_client_passes_every_scenario(tmp_path: Path, n: int) -> None:
+def test_the_node_client_passes_every_scenario(tmp_path: Path) -> None:
     """clients/node's worker under the contract (`make test` installs its packages; no Node.js
-    is a failure, never a skip)."""
+    is a failure, never a skip). (Run as one kit run, not in parts: parts running at once on
+    the process tier's three workers load the machine enough to break the static-member chaos
+    run's timing, and gained nothing in wall time.)"""
     assert shutil.which("node"), "Node.js is required (make test installs clients/node with npm)"
     assert (ROOT / "clients" / "node" / "node_modules").is_dir(), "run make setup (npm ci in clients/node)"
-    verdicts = kit(tmp_path, f"node {ROOT / 'clients' / 'node' / 'bin' / 'conformance-client.js'}", *part(n))
-    assert set(verdicts) == set(part(n))
+    verdicts = kit(tmp_path, f"node {ROOT / 'clients' / 'node' / 'bin' / 'conformance-client.js'}")
+    assert set(verdicts) == {s.name for s in SCENARIOS}
     assert {name: why for name, why in verdicts.items() if why} == {}
 
 
