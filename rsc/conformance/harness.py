@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rsc.actors.keys import AggregateId
 from rsc.client.sync import SyncCoordinator, SyncProducer
 from rsc.conformance.history import Fault, Ownership, Publish, Record, ownership_from_journal
+from rsc.events.wire import SEAL_SUFFIX
 from rsc.sync_connect import sync_redis
 
 #: The coordinator's timings in every scenario: short, so that leases and revokes run in seconds.
@@ -260,6 +261,32 @@ class Harness:
             time.sleep(seconds)
         finally:
             process.send_signal(signal.SIGCONT)
+
+    def stall_at_seal(
+        self, path: str, body: Mapping[str, Any], shard_key: str, seconds: float
+    ) -> tuple[httpx.Response, int]:
+        """`PUT path` (a scale-in) and, the moment Redis holds `shard_key`'s seal (before the
+        coordinator can tell anyone the new layout, within a few ms), SIGSTOP the coordinator for
+        `seconds`: its parties go on with the layout they had, so a producer that ignores the
+        seal appends to the sealed shard. The answer, and when the seal was seen (ms since the
+        epoch: no correct append lands on the key after it)."""
+        process = self.coordinators[self.port]
+        answer: list[httpx.Response] = []
+        put = threading.Thread(target=lambda: answer.append(self.admin("PUT", path, json=dict(body))))
+        put.start()
+        seal = f"{shard_key}{SEAL_SUFFIX}"
+        with self.redis.client() as r:
+            if not wait_for(lambda: bool(r.exists(seal)), 10, 0.001):
+                put.join()
+                raise RuntimeError(f"kit: the scale-in never sealed {shard_key}: {answer}")
+        process.send_signal(signal.SIGSTOP)
+        sealed_ms = int(time.time() * 1000)
+        try:
+            time.sleep(seconds)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        put.join()
+        return answer[0], sealed_ms
 
     def use(self, port: int) -> None:
         """Ask the coordinator on `port` from now on (the views, the producer)."""

@@ -82,13 +82,25 @@ def producer_rules(h: Harness) -> None:
     wait_for(lambda: len(producer.publishes) >= 300, CATCH_UP_S, 0.02)
     # per-key order is judged before the online scale-in, and after it drained
     scaled_in_from = min(_seq(p.mid) for p in producer.publishes[-4:])
-    # an online scale-in: shard 3 drains, sealed; appends to it are refused SEALED from now on
-    answer = h.admin("PUT", f"/v1/admin/streams/{h.stream}", json={"shardCount": 3})
-    expect(answer.status_code == 200, "P3", f"kit: the scale-in was refused: {answer.text}")
-    sealed_ms = int(time.time() * 1000)
-    # nobody learns the new layout for a while: the producer's appends to shard 3 meet the seal
-    h.stall_coordinator(0.8)
+    # an online scale-in: shard 3 drains, sealed; appends to it are refused SEALED from now on.
+    # The coordinator is stopped the moment the seal is in Redis, before anyone can learn the
+    # new layout: the producer's appends to shard 3 meet the seal for a while (one that ignores
+    # it appends there, always: before, it could learn the layout between the answer and a stop)
     sealed_key = next(s["key"] for s in layouts[0] if s["index"] == 3)
+    path, body = f"/v1/admin/streams/{h.stream}", {"shardCount": 3}
+    answer, sealed_ms = h.stall_at_seal(path, body, sealed_key, 0.8)
+    # (stopped in the middle of it, the coordinator may have lost its lease: the change is made,
+    # its answer may be a 503; asked again once it is active, it is 200 as it stands)
+    answers = [answer]
+
+    def applied() -> bool:
+        answers.append(h.admin("PUT", path, json=body))
+        return answers[-1].status_code == 200
+
+    if answer.status_code != 200:
+        wait_for(applied, 15, 0.2)
+    answer = answers[-1]
+    expect(answer.status_code == 200, "P3", f"kit: the scale-in was refused: {answer.text}")
     layouts.append(h.routing())
     time.sleep(0.5)
     # a pause: the producer reports quiesced and appends nothing until the resume
