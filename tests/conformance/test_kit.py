@@ -90,9 +90,21 @@ def test_a_broken_client_fails_the_scenario_of_the_rule_it_breaks(
 def test_a_broken_producer_or_reordering_worker_fails_producer_rules(
     tmp_path: Path, broken: str, rule: str, why: str
 ) -> None:
-    """Each break of the producer rules (and of per-key order) fails `producer-rules` on it."""
+    """Each break of the producer rules (and of per-key order) fails `producer-rules` on it.
+
+    A producer that ignores the seal is caught only if it appends to the sealed shard before it
+    learns the new layout; the kit stops the coordinator the moment the seal is in Redis, but a
+    heartbeat answered between the layout's write and the seal's (a few ms) tells it first. So
+    the run is repeated, up to three times, until the break shows; never more than once passes
+    for another reason: every run's failure must name the rule."""
     client = f"{sys.executable} -m tests.conformance.broken_client"
-    failure = kit(tmp_path, client, "producer-rules", RSC_BROKEN=broken)["producer-rules"]
+    failure: str | None = None
+    for attempt in range(3 if broken == "ignore-seal" else 1):
+        (tmp_path / f"run-{attempt}").mkdir()
+        verdicts = kit(tmp_path / f"run-{attempt}", client, "producer-rules", RSC_BROKEN=broken)
+        failure = verdicts["producer-rules"]
+        if failure is not None:
+            break
     assert failure is not None
     assert failure.startswith(rule), failure
     assert why in failure, failure
