@@ -23,9 +23,10 @@ from rsc.actors import dataset
 from rsc.actors.actor import ActorSettings
 from rsc.actors.clock import WallClock
 from rsc.actors.dataset import DATA_LOSS, DatasetWatch
+from rsc.actors.deployment import Deployment
 from rsc.actors.effects.redis_effects import RedisEffects
-from rsc.actors.errors import StoreError
-from rsc.actors.features import Features, UnsupportedFeatureLevel, coordinator_parties, register, unsupported
+from rsc.actors.errors import StoreError, UnsupportedFeatureLevel
+from rsc.actors.features import Features, coordinator_parties, register, unsupported
 from rsc.actors.health import REDIS_OUTAGE
 from rsc.actors.keys import KeySpace
 from rsc.actors.leadership import Leadership, RedisLease
@@ -241,9 +242,10 @@ async def serve(
             nursery.start_soon(_stop_on_signals, trigger)
         if settings.certfile is not None:
             config.certfile, config.keyfile = settings.certfile, settings.keyfile
-        app = create_app(registry, settings)
+        deployment = Deployment(registry)  # the HTTP layer's one door into the actors
+        app = create_app(deployment, settings)
         account = AdminAccount(settings.admin_user, settings.admin_password, settings.admin_password_sha256)
-        add_admin_routes(app, registry, account, audit, running.parties)
+        add_admin_routes(app, deployment, account, audit, running.parties)
         add_openapi_route(app)
         add_standby_gate(app, leadership)  # last, so that its answer is the one audited and sent
         stopped = trio.Event()

@@ -41,6 +41,8 @@ from coredis.connection import TCPLocation
 from coredis.parser import Parser
 from coredis.pool import ConnectionPool
 
+from rsc.scripts import reloading
+
 hiredis: Any  # (its stubs type `pack_command` as taking one argument)
 try:
     import hiredis
@@ -411,25 +413,24 @@ class Multiplexed:
 
 async def eval_scripts(lean: Multiplexed, calls: Sequence[ScriptCall]) -> list[Any]:
     """Each call (a registered script, with its `sha` and `script` text; its keys; its args) as
-    `EVALSHA` on `lean`, all in one round trip, without asking first whether Redis holds the
-    scripts. Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its scripts
-    were flushed) are they loaded and every call sent again: each must be idempotent. The one
-    place the lean connection reloads scripts, for the coordinator and the clients alike.
+    `EVALSHA` on `lean`, all in one round trip, the calls Redis answers `NOSCRIPT` loaded and
+    sent again (`rsc.scripts.reloading`).
 
     The replies in order, an error reply as its coredis class (returned, not raised); raises a
     failed load, and what a connection that cannot answer raises."""
-    commands: list[Command] = [
-        ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
-    ]
-    replies = await lean.call(commands)
-    if not any(isinstance(r, coredis.exceptions.NoScriptError) for r in replies):
-        return replies
-    scripts = list({script.sha: script for script, _, _ in calls}.values())
-    loaded = await lean.call([("SCRIPT", "LOAD", script.script) for script in scripts])
-    for reply in loaded:
-        if isinstance(reply, Exception):
-            raise reply
-    return await lean.call(commands)
+
+    async def send(each: Sequence[ScriptCall]) -> list[Any]:
+        return await lean.call(
+            [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in each]
+        )
+
+    async def load(each: Sequence[ScriptCall]) -> None:
+        scripts = {script.sha: script.script for script, _, _ in each}
+        for reply in await lean.call([("SCRIPT", "LOAD", text) for text in scripts.values()]):
+            if isinstance(reply, Exception):
+                raise reply
+
+    return await reloading(calls, send, load)
 
 
 def _lost(exc: Exception) -> Exception:

@@ -40,6 +40,19 @@ class CommandRefused(StoreError):
 OOM_REFUSALS = [0]
 
 
+class UnsupportedFeatureLevel(StoreError):
+    """The deployment is finalized at a level this release does not know: it must not write."""
+
+
+class FeatureLevelMoved(StoreError):
+    """Another coordinator changed the level meanwhile, or data above the new level exists."""
+
+    def __init__(self, message: str, level: int, written: int) -> None:
+        super().__init__(message)
+        self.level = level
+        self.written = written
+
+
 class UnsupportedSchema(StoreError):
     """A snapshot or journal entry was written by a newer release, at a feature level this
     release does not know: it cannot be read."""

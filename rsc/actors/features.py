@@ -31,7 +31,7 @@ import attrs
 import trio
 
 from rsc import __version__
-from rsc.actors.errors import StoreError, StoreUnavailable
+from rsc.actors.errors import FeatureLevelMoved, StoreError, StoreUnavailable, UnsupportedFeatureLevel
 from rsc.actors.keys import DEFAULT_KEYS, KeySpace
 from rsc.actors.leadership import LeaseBackend
 from rsc.actors.store_connection import redis_errors
@@ -52,19 +52,6 @@ COORDINATORS_KEY = DEFAULT_KEYS.coordinators
 REGISTRATION_FRESH_MS = 30_000
 #: How often a coordinator writes its registry entry.
 REGISTER_EVERY_S = 5.0
-
-
-class UnsupportedFeatureLevel(StoreError):
-    """The deployment is finalized at a level this release does not know: it must not write."""
-
-
-class FeatureLevelMoved(StoreError):
-    """Another coordinator changed the level meanwhile, or data above the new level exists."""
-
-    def __init__(self, message: str, level: int, written: int) -> None:
-        super().__init__(message)
-        self.level = level
-        self.written = written
 
 
 @attrs.frozen

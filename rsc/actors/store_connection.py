@@ -14,6 +14,7 @@ from rsc.actors.errors import OOM_REFUSALS, RedisOutOfMemory, StoreUnavailable
 from rsc.connect import DEFAULT_REDIS_URL, RedisClient
 from rsc.redis_errors import error_code, is_unavailable, redis_leaf
 from rsc.resp import Multiplexed, ScriptCall, eval_scripts, open_lean
+from rsc.scripts import reloading
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -83,40 +84,39 @@ class Scripts:
         being unavailable raises (coredis' `ConnectionError`, `TimeoutError`...), and
         `StoreUnavailable` when a cluster node did not take a script.
 
-        Each is sent as `EVALSHA` without asking first whether Redis holds the script (coredis
-        asks, with `SCRIPT EXISTS`, before every pipeline that holds a script: a round trip
-        more each time). Only when Redis answers `NOSCRIPT` (it restarted, failed over, or its
-        scripts were flushed) are the scripts loaded and every call sent again: each script
-        sent this way must be idempotent."""
+        Each is sent as `EVALSHA`; only the calls Redis answers `NOSCRIPT` are loaded and sent
+        again (`rsc.scripts.reloading`)."""
         if self.lean is not None:
-            return await self._run_lean(self.lean, calls)
-        if len(calls) == 1:  # alone: no pipeline (coredis' script call loads it on NOSCRIPT)
+            return raise_first(await eval_scripts(self.lean, calls))
+        return raise_first(await reloading(calls, self._send, self._load))
+
+    async def _send(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """One reply per call (an error reply as its exception); raises what coredis raises
+        when Redis does not answer."""
+        if len(calls) == 1:  # alone: no pipeline
             script, keys, args = calls[0]
-            return [await script(keys=keys, args=args)]
-        for attempt in range(2):
             try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for script, keys, args in calls:
-                        pipe.evalsha(script.sha, keys=keys, args=args)
-                return list(pipe.results or ())
+                return [await self.redis.evalsha(script.sha, keys=keys, args=args)]
             except Exception as exc:
-                if attempt or not isinstance(redis_leaf(exc), coredis.exceptions.NoScriptError):
-                    raise
-            for loaded in _distinct(calls):
-                try:
-                    await self.redis.script_load(loaded.script)
-                except coredis.exceptions.ClusterResponseError as exc:
-                    # Sent to every node of a cluster: one that did not answer fails it.
-                    raise StoreUnavailable(f"loading a script: {exc}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+                if isinstance(leaf := redis_leaf(exc), coredis.exceptions.ResponseError):
+                    return [leaf]  # an error reply, as a pipeline returns it
+                raise
+        async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
+            for script, keys, args in calls:
+                pipe.evalsha(script.sha, keys=keys, args=args)
+        return list(pipe.results or ())
+
+    async def _load(self, calls: Sequence[ScriptCall]) -> None:
+        for loaded in _distinct(calls):
+            try:
+                await self.redis.script_load(loaded.script)
+            except coredis.exceptions.ClusterResponseError as exc:
+                # Sent to every node of a cluster: one that did not answer fails it.
+                raise StoreUnavailable(f"loading a script: {exc}") from exc
 
     async def one(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """The reply of one script call; raises as `run`."""
         return (await self.run([(script, keys, args)]))[0]
-
-    @staticmethod
-    async def _run_lean(lean: Multiplexed, calls: Sequence[ScriptCall]) -> list[Any]:
-        return raise_first(await eval_scripts(lean, calls))
 
 
 def raise_first(replies: list[Any]) -> list[Any]:

@@ -66,6 +66,7 @@ from rsc.client.producer_state import (
 from rsc.client.redis_calls import redis_call
 from rsc.connect import DEFAULT_REDIS_URL, open_redis
 from rsc.outage import OutageLog
+from rsc.scripts import reloading
 
 __all__ = [
     "Fields",
@@ -246,9 +247,6 @@ class Producer(RoutingView):
                     results = await self._send(calls)
                     self.redis_outage.ok()
                     replies = self._written(publish, results)
-                    if replies.noscript:  # a restarted or new Redis node: load it, send them again
-                        with redis_call("SCRIPT LOAD"):
-                            await self.redis.script_load(SEALED_APPEND)
                 except RedisUnavailable as exc:  # unanswered: sent again as they are
                     await self._retry_later(retries, len(todo), exc, redis_down=True)
                     continue
@@ -271,6 +269,16 @@ class Producer(RoutingView):
                 self._idle.set()
 
     async def _send(self, calls: list[Append]) -> Sequence[object]:
+        """One reply per call, in order (an error reply as its exception); the calls a Redis
+        node answered `NOSCRIPT` (restarted, new, flushed) sent again once it is loaded
+        (`rsc.scripts.reloading`). Raises as `redis_call`."""
+        return await reloading(calls, self._send_once, self._load_script)
+
+    async def _load_script(self, _: Sequence[Append]) -> None:
+        with redis_call("SCRIPT LOAD"):
+            await self.redis.script_load(SEALED_APPEND)
+
+    async def _send_once(self, calls: Sequence[Append]) -> Sequence[object]:
         """One reply per call, in order (an error reply as its exception). Raises as `redis_call`
         (`RedisUnavailable`, `RedisCommandFailed`), through the lean writer
         (`rsc.client.append_writer`) or coredis."""

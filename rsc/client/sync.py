@@ -73,6 +73,7 @@ from rsc.events import codec
 from rsc.events.wire import ProducerHeartbeatRequest, ProducerHeartbeatResponse
 from rsc.outage import OutageLog
 from rsc.redis_errors import TRANSIENT_CODES, reply_code
+from rsc.scripts import reloading_sync
 from rsc.sync_connect import sync_redis
 
 _pack_command: Callable[[tuple[Any, ...]], bytes] | None
@@ -401,11 +402,13 @@ class SyncProducer(RoutingView):
                     calls = publish.calls()
                 todo = [p for call in calls for p in call.positions]
                 try:
-                    results = send_appends(self.redis, calls)
+                    results = reloading_sync(  # NOSCRIPT (a restarted or new node): loaded, sent again
+                        calls,
+                        lambda each: send_appends(self.redis, each),
+                        lambda _: self.redis.script_load(SEALED_APPEND),
+                    )
                     self.redis_outage.ok()
                     replies = self._written(publish, results)
-                    if replies.noscript:  # a restarted or new Redis node: load it, send them again
-                        self.redis.script_load(SEALED_APPEND)
                 except REDIS_ERRORS as exc:
                     if not _unavailable(exc):
                         raise publish_failed(self.stream_prefix, len(todo), exc) from exc

@@ -16,6 +16,7 @@ import attrs
 from quart import Response
 from werkzeug.exceptions import HTTPException
 
+from rsc.actors.deployment import REDIS_OUTAGE, store_failed
 from rsc.actors.errors import (
     OOM_REFUSALS,
     ActorStopped,
@@ -23,10 +24,9 @@ from rsc.actors.errors import (
     NotFinalized,
     RedisOutOfMemory,
     StoreError,
+    UnsupportedFeatureLevel,
     UnsupportedSchema,
 )
-from rsc.actors.features import UnsupportedFeatureLevel
-from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.events.errors import CoordinationError, http_status
 from rsc.events.rates import retry_after_header
 from rsc.events.wire import (

@@ -22,8 +22,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from rsc import tracing
+from rsc.actors.deployment import Deployment, Registry, as_deployment
 from rsc.actors.errors import ActorStopped, StoreError
-from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.events import auth
 from rsc.events.auth import Action
@@ -59,16 +59,17 @@ class CoordinatorApp(QuartTrio):
             await self.front(scope, receive, send)
 
 
-def create_app(registry: Registry, settings: Settings | None = None) -> CoordinatorApp:
-    """The coordinator's HTTP application over `registry` (admin routes are added by `serve`).
+def create_app(deployment: Deployment | Registry, settings: Settings | None = None) -> CoordinatorApp:
+    """The coordinator's HTTP application over `deployment` (admin routes are added by `serve`;
+    a `Registry` is deprecated: `rsc.actors.deployment.as_deployment`).
 
     Raises nothing (a bad `settings` was refused when it was loaded)."""
+    deployment = as_deployment(deployment)
     settings = settings or Settings()
     app = CoordinatorApp("rsc")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    metrics = Metrics(registry)
-    if tracing.trace_group not in registry.group_observers:  # rebalances and layouts as spans
-        registry.group_observers.append(tracing.trace_group)
+    metrics = Metrics(deployment)
+    deployment.observe_groups(tracing.trace_group)  # rebalances and layouts as spans (once)
 
     @app.before_serving
     async def start_sampling() -> None:
@@ -90,9 +91,9 @@ def create_app(registry: Registry, settings: Settings | None = None) -> Coordina
     app.extensions["rsc.rates"] = rates
     quota_of = QuotaTable(settings)
     _add_request_ids_and_errors(app, gate, rates)
-    add_heartbeat_routes(app, registry, metrics, gate, rates, quota_of, settings)
-    add_producer_routes(app, registry, metrics, gate, rates, quota_of)
-    add_monitoring_routes(app, registry, gate, metrics)
+    add_heartbeat_routes(app, deployment, metrics, gate, rates, quota_of, settings)
+    add_producer_routes(app, deployment, metrics, gate, rates, quota_of)
+    add_monitoring_routes(app, deployment, gate, metrics)
     fast = HeartbeatFastPath(app.asgi_app, app.extensions["rsc.heartbeat_answers"], gate, app.config)
     app.extensions[fast_heartbeat.EXTENSION] = fast
     app.front = fast

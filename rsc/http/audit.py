@@ -15,8 +15,7 @@ from typing import Any
 import attrs
 from coredis.tokens import PureToken
 
-from rsc.actors.keys import DEFAULT_KEYS, KeySpace
-from rsc.actors.store_connection import RedisClient, raise_first, redis_errors
+from rsc.actors.deployment import DEFAULT_KEYS, KeySpace, RedisClient, raise_first, redis_errors
 from rsc.events import codec
 from rsc.resp import Multiplexed
 

@@ -12,10 +12,8 @@ import trio
 from prometheus_client import PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rsc.actors import admin_queries
-from rsc.actors.dataset import DATA_LOSS, KINDS
+from rsc.actors.deployment import DATA_LOSS, KINDS, Deployment
 from rsc.actors.errors import OOM_REFUSALS, StoreError
-from rsc.actors.registry import Registry
 from rsc.events import quotas
 from rsc.events.auth import Scope
 from rsc.events.errors import CoordinationError, QuotaExceeded
@@ -56,7 +54,7 @@ class ShardSample:
 class Metrics:
     """One Prometheus registry per app (so several apps can share a process)."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, deployment: Deployment) -> None:
         self.prometheus = CollectorRegistry()
         self.prometheus.register(PROCESS_COLLECTOR)
         self.prometheus.register(PLATFORM_COLLECTOR)
@@ -64,7 +62,7 @@ class Metrics:
         self.samples: dict[tuple[str, int], ShardSample] = {}
         #: Stream prefix -> its readable shards, as last learnt (`_learn_layouts`).
         self._layouts: dict[str, tuple[Shard, ...]] = {}
-        self.registry = registry
+        self.deployment = deployment
         self.heartbeat_seconds = Histogram(
             "rsc_heartbeat_seconds",
             "Time to answer heartbeat requests",
@@ -112,15 +110,14 @@ class Metrics:
             ["stream", "group", "reason"],
             registry=self.prometheus,
         )
-        self.clock = registry.clock
         self._revoked_at: dict[tuple[str, str, int], int] = {}
-        self.prometheus.register(_ActorCollector(registry))
+        self.prometheus.register(_ActorCollector(deployment))
         self.prometheus.register(_DataLossCollector())
-        self.prometheus.register(_RetentionCollector(registry))
+        self.prometheus.register(_RetentionCollector(deployment))
         self.prometheus.register(_QuotaCollector())
         self.prometheus.register(_RateCollector())
         self.prometheus.register(_SampleCollector(self))
-        registry.group_observers.append(self.observe_group)
+        deployment.observe_groups(self.observe_group)
 
     def count_answer(self, body: HeartbeatRequest, answer: HeartbeatResponse) -> None:
         """One heartbeat answer decided (`rsc_heartbeat_answers`)."""
@@ -145,7 +142,7 @@ class Metrics:
                         started = self._revoked_at.pop((*labels, shard), None)
                         if started is not None:
                             self.handoffs.labels(*labels).inc()
-                            seconds = max(0, self.clock.now_ms() - started) / 1000
+                            seconds = max(0, self.deployment.now_ms() - started) / 1000
                             self.handoff_seconds.labels(*labels).observe(seconds)
 
     async def sample_forever(self, every_s: float = SAMPLE_EVERY_S) -> None:
@@ -177,7 +174,7 @@ class Metrics:
         # Every stream's shards in one pass (pipelined in chunks by the effects), not two round
         # trips per stream: 10,000 streams are 20,000 round trips every interval otherwise.
         keys = [s.key for _, shards in layouts for s in shards]
-        figures = await admin_queries.shard_figures(self.registry, keys)
+        figures = await self.deployment.shard_figures(keys)
         stats, dead = figures.stats, figures.dead_letters
         for prefix, shards in layouts:
             for shard in shards:
@@ -191,13 +188,13 @@ class Metrics:
 
     def _learn_layouts(self) -> None:
         """The readable shards of each stream: from its running stream actor, else the newest
-        of the layout the registry last saw this term (the drain watcher looks at every stream
+        of the layout the deployment last saw this term (the drain watcher looks at every stream
         once a term, and every layout change is recorded) and the running group actors' copies.
         So a stream nobody uses since this process became active is reported too."""
         streams: dict[str, StreamState] = {}
-        newest: dict[str, Layout] = dict(self.registry.layouts)
-        for entry in list(self.registry.actors.values()):
-            state = entry.actor.state if entry.started else None
+        newest: dict[str, Layout] = dict(self.deployment.layouts_seen())
+        for figures in self.deployment.actor_figures():
+            state = figures.state if figures.started else None
             if isinstance(state, StreamState):
                 streams[state.stream_prefix] = state
             elif isinstance(state, GroupState) and not state.deleted:
@@ -287,11 +284,11 @@ class _RateCollector:
 class _RetentionCollector:
     """What retention did in this process (`Registry.retention_figures`)."""
 
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
 
     def collect(self) -> Iterator[Metric]:
-        figures = self.registry.retention_figures
+        figures = self.deployment.retention_figures
         lost = CounterMetricFamily(
             "rsc_group_trimmed_unseen",
             "Entries retention removed before the group acknowledged them (never delivered, or "
@@ -338,8 +335,8 @@ class _DataLossCollector:
 
 
 class _ActorCollector:
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
 
     def collect(self) -> Iterator[Metric]:
         members = GaugeMetricFamily(
@@ -387,10 +384,9 @@ class _ActorCollector:
             "1 while the stream's migration is stopped at a phase bound, for an operator to resume or abort",
             labels=["stream"],
         )
-        now_ms = self.registry.clock.now_ms()
-        for aggregate_id, entry in list(self.registry.actors.items()):
-            actor = entry.actor
-            name = str(aggregate_id)
+        now_ms = self.deployment.now_ms()
+        for actor in self.deployment.actor_figures():
+            name = actor.aggregate
             inbox.add_metric([name], actor.inbox_depth)
             writes.add_metric([name], actor.writes)
             conflicts.add_metric([name], actor.conflicts)

@@ -18,11 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from rsc.actors import admin_queries, retention
-from rsc.actors.aggregates import StreamActor
-from rsc.actors.dataset import DATA_LOSS
+from rsc.actors.deployment import DATA_LOSS, Deployment, StreamActor
 from rsc.actors.errors import StoreError
-from rsc.actors.registry import Registry
 from rsc.events import auth, codec
 from rsc.events.auth import Action
 from rsc.events.errors import UnknownGroup, UnknownStream
@@ -38,14 +35,14 @@ from rsc.http.metrics import Metrics, scoped_registry
 READY_TIMEOUT_S = 1.0
 
 
-def add_monitoring_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics: Metrics) -> None:
+def add_monitoring_routes(app: QuartTrio, deployment: Deployment, gate: Gate, metrics: Metrics) -> None:
     """The views, `/v1/version`, `/healthz`, `/readyz` and `/metrics` (see the module)."""
-    _add_views(app, registry, gate)
-    add_group_reads(app, registry)
-    _add_process_routes(app, registry, gate, metrics)
+    _add_views(app, deployment, gate)
+    add_group_reads(app, deployment)
+    _add_process_routes(app, deployment, gate, metrics)
 
 
-def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
+def _add_views(app: QuartTrio, deployment: Deployment, gate: Gate) -> None:
     """The views of streams and groups, and a stream's routing."""
 
     @app.get("/v1/streams/<stream_prefix>/routing")
@@ -58,9 +55,9 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
         wanted = paging.page_request("streams")
         scope = auth.read_scope(gate.policy, gate.principal(), Action.VIEW)
         # A monitor sees the streams its credential covers: pages run over those only.
-        visible = [prefix for prefix in await registry.stream_prefixes() if scope.sees(prefix)]
+        visible = [prefix for prefix in await deployment.stream_prefixes() if scope.sees(prefix)]
         page = paging.take_page("streams", visible, wanted)
-        states = await admin_queries.peek_streams(registry, page.items)
+        states = await deployment.peek_streams(page.items)
         summaries = [views.stream_summary(states[p]) for p in page.items if p in states]
         body: dict[str, Any] = {"streams": summaries}
         if wanted.limit is not None:
@@ -71,8 +68,8 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
     async def stream(stream_prefix: str) -> Response:
         actor = await existing_stream_actor(stream_prefix)
         state = stream_state(actor)
-        facts = await admin_queries.stream_facts(registry, state)
-        now_ms = registry.clock.now_ms()
+        facts = await deployment.stream_facts(state)
+        now_ms = deployment.now_ms()
         view = views.stream_view(state, actor.leases, now_ms, facts.stats, facts.evidence, facts.consumed)
         return json_response(view)
 
@@ -85,13 +82,13 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
                 404, "UNKNOWN_GROUP", f"group {consumer_group!r} of {stream_prefix!r} does not exist"
             )
         try:  # a read never creates: a group being deleted is just gone
-            actor = await registry.group(stream_prefix, consumer_group, create=False)
+            actor = await deployment.group(stream_prefix, consumer_group, create=False)
         except UnknownGroup as exc:
             raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
         if actor.state is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
-        view = views.group_view(actor.state, actor.leases, registry.clock.now_ms())
-        loss = await retention.group_loss(registry, state, consumer_group)
+        view = views.group_view(actor.state, actor.leases, deployment.now_ms())
+        loss = await deployment.group_loss(state, consumer_group)
         per_shard = {str(i): n for i, n in loss.per_shard.items()}
         view = attrs.evolve(view, trimmed_unseen=loss.total, trimmed_unseen_per_shard=per_shard)
         if wanted.limit is None:
@@ -106,19 +103,19 @@ def _add_views(app: QuartTrio, registry: Registry, gate: Gate) -> None:
 
     async def existing_stream_actor(stream_prefix: str) -> StreamActor:
         try:
-            return await registry.stream(stream_prefix, create=False)
+            return await deployment.stream(stream_prefix, create=False)
         except UnknownStream as exc:
             raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
 
 
-def add_group_reads(app: QuartTrio, registry: Registry) -> None:
+def add_group_reads(app: QuartTrio, deployment: Deployment) -> None:
     """A group's oldest pending entries, and what it wants for an autoscaler."""
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>/pending")
     async def pending(stream_prefix: str, consumer_group: str) -> Response:
         """The group's oldest pending entries (ids, member, age, deliveries; never payloads:
         the admin's `GET /v1/admin/.../pending` has them)."""
-        return await pending_entries(registry, stream_prefix, consumer_group, payloads=False)
+        return await pending_entries(deployment, stream_prefix, consumer_group, payloads=False)
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>/scale")
     async def scale(stream_prefix: str, consumer_group: str) -> Response:
@@ -129,7 +126,7 @@ def add_group_reads(app: QuartTrio, registry: Registry) -> None:
         if not raw.isdigit() or not 1 <= int(raw) <= 1_024:
             raise ApiError(400, "INVALID_REQUEST", "membersPerReplica must be an integer from 1 to 1024")
         try:
-            found = await admin_queries.group_scale(registry, stream_prefix, consumer_group, int(raw))
+            found = await deployment.group_scale(stream_prefix, consumer_group, int(raw))
         except UnknownStream as exc:
             raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
         except UnknownGroup as exc:
@@ -137,27 +134,27 @@ def add_group_reads(app: QuartTrio, registry: Registry) -> None:
         return json_response(found)
 
 
-async def pending_entries(registry: Registry, stream_prefix: str, group: str, payloads: bool) -> Response:
+async def pending_entries(deployment: Deployment, stream_prefix: str, group: str, payloads: bool) -> Response:
     """`?limit=N` (1-1000, default 20) of the group's oldest pending entries, as `PendingList`."""
     raw = request.args.get("limit", "20")
     if not raw.isdigit() or not 1 <= int(raw) <= 1_000:
         raise ApiError(400, "INVALID_REQUEST", "limit must be an integer from 1 to 1000")
     try:
-        found = await admin_queries.oldest_pending(registry, stream_prefix, group, int(raw), payloads)
+        found = await deployment.oldest_pending(stream_prefix, group, int(raw), payloads)
     except UnknownStream as exc:
         raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
     except UnknownGroup as exc:
         raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
-    return json_response(views.pending_list(stream_prefix, group, found, registry.clock.now_ms()))
+    return json_response(views.pending_list(stream_prefix, group, found, deployment.now_ms()))
 
 
-def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics: Metrics) -> None:
+def _add_process_routes(app: QuartTrio, deployment: Deployment, gate: Gate, metrics: Metrics) -> None:
     """What describes the process: `/v1/version`, the probes, `/metrics`."""
 
     @app.get("/v1/version")
     async def version() -> Response:
         try:  # read only (a standby answers too; nothing is initialized by a look)
-            state = await registry.peek_feature_state()
+            state = await deployment.peek_feature_state()
         except StoreError:  # Redis away: the rest is still worth answering
             state = None
         if state is None:
@@ -171,7 +168,7 @@ def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics:
     @app.get("/readyz")
     async def readyz() -> Response:
         with trio.move_on_after(READY_TIMEOUT_S):
-            if await admin_queries.redis_answers(registry):
+            if await deployment.redis_answers():
                 try:  # readiness is public: a credential that does not authenticate is nobody here
                     caller = gate.principal()
                 except Refused:
@@ -179,7 +176,7 @@ def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics:
                 # Names only for a caller who may see every stream through the views: /readyz
                 # is public, so nobody was checked here (read_scope alone assumes a check).
                 names = auth.sees_every_stream(gate.policy, caller, Action.VIEW)
-                return json_response({"status": "ready", **readiness(registry, names)})
+                return json_response({"status": "ready", **readiness(deployment, names)})
             return error_response(503, "NOT_READY", "Redis refuses connections or fails", {"redis": "down"})
         return error_response(
             503, "NOT_READY", f"Redis did not answer PING within {READY_TIMEOUT_S} s", {"redis": "timeout"}
@@ -192,17 +189,16 @@ def _add_process_routes(app: QuartTrio, registry: Registry, gate: Gate, metrics:
         return Response(generate_latest(source), content_type=CONTENT_TYPE_LATEST)
 
 
-def readiness(registry: Registry, names: bool = True) -> dict[str, Any]:
+def readiness(deployment: Deployment, names: bool = True) -> dict[str, Any]:
     """`/readyz` details: whether every running actor has recovered (loaded and its side
     effects repaired), and what Redis lost (a correction under way stays ready: the fleet's
     heartbeats carry it). The loss reports name streams and keys: only with `names` (a caller
     that may see every stream), else their kinds and times alone. Raises nothing."""
-    running = registry.running()
-    repairing = sum(1 for actor in running if actor.needs_repair)
+    running, repairing = deployment.recovery()
     loss = DATA_LOSS.details()
     if not names:
         loss["recent"] = [{k: v for k, v in r.items() if k != "what"} for r in loss["recent"]]
     return {
-        "actors": {"running": len(running), "recovered": len(running) - repairing, "repairing": repairing},
+        "actors": {"running": running, "recovered": running - repairing, "repairing": repairing},
         "dataLoss": loss,
     }

@@ -13,7 +13,7 @@ import attrs
 from quart import Response
 from quart_trio import QuartTrio
 
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment
 from rsc.events import heartbeat_rules
 from rsc.events.auth import Action
 from rsc.events.heartbeat_rules import answered_in
@@ -28,7 +28,12 @@ from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
 
 
 def add_producer_routes(
-    app: QuartTrio, registry: Registry, metrics: Metrics, gate: Gate, rates: RateLimits, quota_of: QuotaTable
+    app: QuartTrio,
+    deployment: Deployment,
+    metrics: Metrics,
+    gate: Gate,
+    rates: RateLimits,
+    quota_of: QuotaTable,
 ) -> None:
     """`POST /v1/producers/heartbeat` (see the module)."""
 
@@ -37,8 +42,8 @@ def add_producer_routes(
         with metrics.heartbeat_seconds.labels("producer").time():
             body = structure(await json_body(), ProducerHeartbeatRequest)
             caller = gate.check(Action.PRODUCER_HEARTBEAT, body.stream_prefix)
-            timing = registry.settings.timing
-            command = body.to_command(registry.clock.now_ms(), timing.lease_ttl_ms)
+            timing = deployment.timing
+            command = body.to_command(deployment.now_ms(), timing.lease_ttl_ms)
             if heartbeat_rules.producer_limited(body):
                 rates.check(HEARTBEATS, caller_key(caller))
                 rates.check(PARTY, heartbeat_rules.producer_key(caller, body))
@@ -48,16 +53,16 @@ def add_producer_routes(
             # whose Redis lost everything: the level is then not made before the stream is
             # rebuilt (at the baseline, for N-1 readers), so the known one is used.
             if body.metadata_version == 0:
-                level = await registry.feature_level()
+                level = await deployment.feature_level()
             else:
-                level = registry.known_feature_level()
+                level = deployment.known_feature_level()
             command = attrs.evolve(
                 command,
                 max_producers=quota.limits.producers_per_stream,
                 epochs=level >= IDEMPOTENCE_LEVEL,
             )
             may_create = gate.may_create(caller)
-            reply = await registry.ask_stream(
+            reply = await deployment.ask_stream(
                 body.stream_prefix,
                 command,
                 create=heartbeat_rules.producer_creates(may_create),
@@ -65,9 +70,9 @@ def add_producer_routes(
                 quota=quota,
             )
             if body.metadata_version > reply.state.layout.metadata_version:
-                registry.behind_the_fleet(body.stream_prefix)  # it routes by a layout Redis lost
+                deployment.behind_the_fleet(body.stream_prefix)  # it routes by a layout Redis lost
             if body.full_shards:  # its appends found these shards full: trim them early
-                registry.trim_requests.ask(body.stream_prefix, body.full_shards)
+                deployment.trim_soon(body.stream_prefix, body.full_shards)
             response = respond_producer(reply.state, command, timing.heartbeat_interval_ms)
             metrics.producer_answers.labels(body.stream_prefix, response.status.value).inc()
             return json_response(answered_in(response, body.protocol_version, level))

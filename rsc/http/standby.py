@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from quart import Response, g, request
 from quart_trio import QuartTrio
 
-from rsc.actors.leadership import Leadership
+from rsc.actors.deployment import Leadership
 from rsc.http.answers import ErrorAnswer, answer_response
 
 #: What a standby still answers itself (GET only): facts about the process, not the coordination.

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from rsc import __version__
-from rsc.actors.admin_queries import Pending
-from rsc.actors.effects.inspection import GroupLag, ShardStats
+from rsc.actors.deployment import GroupLag, ShardStats
+from rsc.actors.deployment import PendingEntry as Pending
 from rsc.events.drain import DrainEvidence, GroupDrain, drained
 from rsc.events.group import GroupState
 from rsc.events.liveness import Leases

@@ -16,6 +16,7 @@ import trio
 
 from rsc.actors.actor import fold_loaded
 from rsc.actors.aggregates import GroupAggregate, expected_tokens
+from rsc.actors.deployment import Deployment
 from rsc.actors.effects.inspection import topology_from_slots
 from rsc.actors.effects.redis_effects import RedisEffects
 from rsc.actors.errors import ActorStopped, CommandRefused, StoreUnavailable, TermFenced
@@ -374,7 +375,7 @@ async def test_metrics_go_on_sampling_a_stream_whose_actors_stopped(
         stream = await registry.stream(prefix, create=True, shard_count=2)
         await registry.group(prefix, "billing")
         key = stream.state.layout.shards[0].key
-        metrics = Metrics(registry)
+        metrics = Metrics(Deployment(registry))
         await metrics.sample()
         assert metrics.samples[(prefix, 0)].groups == {"billing": (0, 0)}
         for aggregate in [a for a in registry.actors if a.stream_prefix == prefix]:
@@ -406,7 +407,7 @@ async def test_a_standby_that_takes_over_looks_at_streams_made_while_it_waited(
     store = RedisStore(redis, lean=lean, fence_token=term, keys=keys)
     effects = RedisEffects(redis, lean=lean, fence_token=term, keys=keys)
     async with registry_on(store, effects, quick) as standby:
-        metrics = Metrics(standby)
+        metrics = Metrics(Deployment(standby))
         await trio.sleep(0.5)  # rounds of the standby's drain watcher: every load fenced
         async with registry_on(
             RedisStore(redis, lean=lean, keys=keys), RedisEffects(redis, lean=lean, keys=keys), LONG

@@ -13,6 +13,7 @@ import attrs
 import trio
 import trio.testing
 
+from rsc.actors.deployment import Deployment
 from rsc.actors.errors import Redecide, StoreUnavailable
 from rsc.actors.registry import Registry
 from rsc.actors.store import MemoryStore
@@ -21,7 +22,7 @@ from rsc.events.events import GroupConfigured
 from rsc.events.model import GroupConfig, HeartbeatStatus
 from rsc.events.respond import respond
 from rsc.events.wire import HeartbeatResponse
-from rsc.http.heartbeats.held import RegistryHold
+from rsc.http.heartbeats.held import DeploymentHold
 from tests.actorkit import Member, registry_on
 
 Clock = trio.testing.MockClock
@@ -39,7 +40,9 @@ async def handoff(registry: Registry) -> tuple[Member, Member]:
     return a, b
 
 
-async def held(registry: Registry, holds: RegistryHold, b: Member, answers: list[HeartbeatResponse]) -> None:
+async def held(
+    registry: Registry, holds: DeploymentHold, b: Member, answers: list[HeartbeatResponse]
+) -> None:
     """b's long poll, decided and held as `rsc.http` holds it; its answer appended to `answers`."""
     now_ms = registry.clock.now_ms()
     body = attrs.evolve(b.machine.request(now_ms / 1000), wait_ms=5_000)
@@ -52,7 +55,7 @@ async def held(registry: Registry, holds: RegistryHold, b: Member, answers: list
 
 
 async def release_while_held(
-    registry: Registry, holds: RegistryHold, before_release: Any = None
+    registry: Registry, holds: DeploymentHold, before_release: Any = None
 ) -> tuple[frozenset[int], list[HeartbeatResponse], float]:
     """a acknowledges its revoke while b's long poll is held: what a released, b's answer, and
     how long b waited after the release."""
@@ -74,7 +77,7 @@ async def release_while_held(
 async def test_the_install_is_written_with_the_release(autojump_clock: Clock) -> None:
     store = MemoryStore()
     async with registry_on(store) as registry:
-        holds = RegistryHold(registry)
+        holds = DeploymentHold(Deployment(registry))
         actor = await registry.group("orders", "billing")
         writes: list[int] = []
 
@@ -92,7 +95,7 @@ async def test_the_install_is_written_with_the_release(autojump_clock: Clock) ->
 async def test_without_follow_ups_the_install_takes_a_write_of_its_own(autojump_clock: Clock) -> None:
     """The same handoff with the follow-ups switched off: what the test above rules out."""
     async with registry_on(MemoryStore()) as registry:
-        holds = RegistryHold(registry)
+        holds = DeploymentHold(Deployment(registry))
         registry.group_follow_ups.clear()
         actor = await registry.group("orders", "billing")
         writes: list[int] = []
@@ -108,7 +111,7 @@ async def test_without_follow_ups_the_install_takes_a_write_of_its_own(autojump_
 async def test_a_conflict_drops_the_follow_up_and_it_is_decided_on_its_own(autojump_clock: Clock) -> None:
     store = MemoryStore()
     async with registry_on(store) as registry:
-        holds = RegistryHold(registry)
+        holds = DeploymentHold(Deployment(registry))
         actor = await registry.group("orders", "billing")
         [follow_ups] = registry.group_follow_ups
         taken: list[Any] = []
@@ -155,7 +158,7 @@ class FailingOnce(MemoryStore):
 async def test_a_failed_write_answers_the_held_heartbeat_as_it_stood(autojump_clock: Clock) -> None:
     store = FailingOnce()
     async with registry_on(store) as registry:
-        holds = RegistryHold(registry)
+        holds = DeploymentHold(Deployment(registry))
 
         async def arm() -> None:
             store.armed = True

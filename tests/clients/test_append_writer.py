@@ -71,8 +71,11 @@ async def test_appends_reply_the_same_through_the_lean_writer_or_coredis(
         with redis.Redis.from_url(standalone_url) as raw:  # bytes went through as bytes
             assert raw.xrange(keys[0])[0][1][b"b"] == b"\x00\xff"
         sync_redis.script_flush()
-        again = await producer._send(calls[:1])
+        again = await producer._send_once(calls[:1])
         assert refusal(again[0]) == "NOSCRIPT"
+        [written] = await producer._send(calls[:1])  # loaded and sent again, once
+        assert len(written) == 2
+        assert [sync_redis.xlen(k) for k in keys] == [4, 2, 0]
         if lean:
             assert producer._writer is not None
             assert len(producer._writer._idle) == 1  # the same connection, kept for the next batch

@@ -8,6 +8,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from rsc.actors.deployment import Deployment
 from rsc.actors.errors import StoreUnavailable
 from rsc.actors.registry import Registry
 from rsc.http.metrics import SAMPLE_SHARE, Metrics
@@ -18,7 +19,7 @@ class _TimedMetrics(Metrics):
     """Metrics whose sample takes `took` seconds of (virtual) time and notes when it started."""
 
     def __init__(self, registry: Registry, took: float) -> None:
-        super().__init__(registry)
+        super().__init__(Deployment(registry))
         self.took = took
         self.starts: list[float] = []
 

@@ -11,6 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
+from rsc.actors.deployment import Deployment
 from rsc.http.admin import add_admin_routes
 from rsc.http.app import create_app
 from rsc.http.authenticate import AdminAccount
@@ -29,8 +30,8 @@ async def client(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 async def test_every_route_is_documented_and_nothing_else() -> None:
     async with registry_on() as registry:
-        app = create_app(registry)
-        add_admin_routes(app, registry, AdminAccount("admin", "pw"), audit=None)  # type: ignore[arg-type]
+        app = create_app(Deployment(registry))
+        add_admin_routes(app, Deployment(registry), AdminAccount("admin", "pw"), audit=None)  # type: ignore[arg-type]
         add_openapi_route(app)
     served = {
         (method.lower(), re.sub(r"<(?:\w+:)?(\w+)>", lambda m: "{" + _camel(m.group(1)) + "}", rule.rule))

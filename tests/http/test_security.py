@@ -327,6 +327,7 @@ async def test_an_unexpected_error_is_a_500_whose_request_id_is_logged(
     standalone_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from rsc.actors.clock import WallClock
+    from rsc.actors.deployment import Deployment
     from rsc.actors.effects.redis_effects import RedisEffects
     from rsc.actors.redis_store import RedisStore
     from rsc.actors.registry import RegistrySettings, open_registry
@@ -337,7 +338,7 @@ async def test_an_unexpected_error_is_a_500_whose_request_id_is_logged(
         open_redis(standalone_url) as redis,
         open_registry(RedisStore(redis), RedisEffects(redis), WallClock(), RegistrySettings()) as registry,
     ):
-        app = create_app(registry)
+        app = create_app(Deployment(registry))
 
         @app.get("/boom")
         async def boom() -> str:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from quart_trio import QuartTrio
 
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment, Registry, as_deployment
 from rsc.events.versions import Party
 from rsc.http.admin.access import add_access_hooks, add_audit_route
 from rsc.http.admin.dead_letter_routes import add_dead_letter_routes
@@ -33,24 +33,26 @@ __all__ = ["add_admin_routes"]
 
 def add_admin_routes(
     app: QuartTrio,
-    registry: Registry,
+    deployment: Deployment | Registry,
     account: AdminAccount,
     audit: AuditLog,
     coordinators: Callable[[], Awaitable[list[Party]]] | None = None,
 ) -> None:
     """Register `/v1/admin/...` on `app` (made by `create_app`): logins go through the app's
     gate, whose throttle also counts wrong admin credentials sent to other paths.
-    `coordinators` lists the running coordinators (for feature level changes)."""
+    `coordinators` lists the running coordinators (for feature level changes). A `Registry`
+    for `deployment` is deprecated (`rsc.actors.deployment.as_deployment`)."""
+    deployment = as_deployment(deployment)
     add_access_hooks(app, account, audit)
-    add_stream_routes(app, registry)
-    add_group_routes(app, registry)
-    add_group_pause_routes(app, registry)
-    add_group_reset_routes(app, registry)
-    add_member_routes(app, registry)
-    add_pause_routes(app, registry)
-    add_migration_routes(app, registry)
-    add_dead_letter_routes(app, registry)
-    add_feature_routes(app, registry, coordinators or _no_coordinators)
+    add_stream_routes(app, deployment)
+    add_group_routes(app, deployment)
+    add_group_pause_routes(app, deployment)
+    add_group_reset_routes(app, deployment)
+    add_member_routes(app, deployment)
+    add_pause_routes(app, deployment)
+    add_migration_routes(app, deployment)
+    add_dead_letter_routes(app, deployment)
+    add_feature_routes(app, deployment, coordinators or _no_coordinators)
     add_audit_route(app, audit)
 
 

@@ -12,8 +12,7 @@ import re
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from rsc.actors import admin_queries
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment
 from rsc.events.stream import MAX_SHARDS
 from rsc.http import paging
 from rsc.http.admin.bodies import (
@@ -30,12 +29,12 @@ from rsc.http.errors import ApiError
 from rsc.http.json_io import json_response
 
 
-def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
+def add_dead_letter_routes(app: QuartTrio, deployment: Deployment) -> None:
     """The dead-letter streams of a stream's shards: count, read, replay."""
 
     @app.get("/v1/admin/streams/<stream_prefix>/dlq")
     async def dead_letters(stream_prefix: str) -> Response:
-        counts = await admin_queries.dead_letter_counts(registry, stream_prefix)
+        counts = await deployment.dead_letter_counts(stream_prefix)
         listed = tuple(DeadLetterShard(c.shard, c.key, c.length) for c in counts)
         return json_response(DeadLetters(stream_prefix, listed, sum(d.length for d in listed)))
 
@@ -51,7 +50,7 @@ def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
         limit = int_query("limit", 100, 1, 1_000) or 100
         after = _after(args.get("cursor"))
         # One more than asked tells whether a next page exists.
-        found = await admin_queries.dead_letter_entries(registry, stream_prefix, wanted, limit + 1, after)
+        found = await deployment.dead_letter_entries(stream_prefix, wanted, limit + 1, after)
         page, more = found[:limit], len(found) > limit
         cursor = paging.encode_cursor("dlq", f"{page[-1].shard}/{page[-1].id}") if more and page else None
         entries = tuple(DeadLetter(e.shard, e.id, e.original_id, e.deliveries, e.fields) for e in page)
@@ -62,9 +61,7 @@ def add_dead_letter_routes(app: QuartTrio, registry: Registry) -> None:
     @app.post("/v1/admin/streams/<stream_prefix>/dlq/replay")
     async def replay(stream_prefix: str) -> Response:
         body = await optional_body(ReplayRequest)
-        done = await admin_queries.replay_dead_letters(
-            registry, stream_prefix, body.shard, body.ids, body.limit
-        )
+        done = await deployment.replay_dead_letters(stream_prefix, body.shard, body.ids, body.limit)
         return json_response(Replayed(len(done.entries), done.entries, done.skipped_shards))
 
 

@@ -13,10 +13,8 @@ from collections.abc import Awaitable, Callable
 from quart import Response, g
 from quart_trio import QuartTrio
 
-from rsc.actors import admin_queries
-from rsc.actors.errors import ActorStopped, StoreError
-from rsc.actors.features import FeatureLevelMoved
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment
+from rsc.actors.errors import ActorStopped, FeatureLevelMoved, StoreError
 from rsc.events.errors import CoordinationError
 from rsc.events.versions import MAX_FEATURE_LEVEL, Party, blockers
 from rsc.http.admin.bodies import FeatureChange, FeaturesStatus, strict
@@ -27,15 +25,15 @@ log = logging.getLogger("rsc.admin")
 
 
 def add_feature_routes(
-    app: QuartTrio, registry: Registry, coordinators: Callable[[], Awaitable[list[Party]]]
+    app: QuartTrio, deployment: Deployment, coordinators: Callable[[], Awaitable[list[Party]]]
 ) -> None:
     """`GET`/`PUT /v1/admin/features`; `coordinators` lists the running coordinators."""
 
     async def parties() -> list[Party]:
-        return [*await coordinators(), *await admin_queries.live_parties(registry)]
+        return [*await coordinators(), *await deployment.live_parties()]
 
     async def status(previous: int | None = None) -> FeaturesStatus:
-        state = await admin_queries.feature_state(registry)
+        state = await deployment.feature_state()
         every = tuple(await parties())
         supported = (1, MAX_FEATURE_LEVEL)
         return FeaturesStatus(
@@ -50,8 +48,8 @@ def add_feature_routes(
     async def put_features() -> Response:
         change = strict(await json_body(), FeatureChange)
         try:
-            before, final = await admin_queries.finalize_feature_level(
-                registry, change.level, g.caller or "admin", parties
+            before, final = await deployment.finalize_feature_level(
+                change.level, g.caller or "admin", parties
             )
         except FeatureLevelMoved as exc:
             raise ApiError(

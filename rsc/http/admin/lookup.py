@@ -5,8 +5,7 @@ Nothing here creates an aggregate unless asked to (`stream_actor` with a shard c
 
 from __future__ import annotations
 
-from rsc.actors.aggregates import GroupActor, StreamActor
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment, GroupActor, StreamActor
 from rsc.events.errors import UnknownGroup, UnknownStream
 from rsc.events.model import GroupConfig
 from rsc.events.quotas import Quota
@@ -32,22 +31,22 @@ def group_config(actor: GroupActor | None) -> GroupConfig | None:
     return None if state is None or state.deleted else state.config
 
 
-async def existing_stream(registry: Registry, stream_prefix: str) -> StreamActor | None:
+async def existing_stream(deployment: Deployment, stream_prefix: str) -> StreamActor | None:
     """The stream's actor, or None if there is no such stream (nothing is created).
 
     Raises `StoreError` if the stream cannot be read."""
     try:
-        return await registry.stream(stream_prefix, create=False)
+        return await deployment.stream(stream_prefix, create=False)
     except UnknownStream:
         return None
 
 
-async def conditional_stream(registry: Registry, stream_prefix: str) -> StreamActor:
+async def conditional_stream(deployment: Deployment, stream_prefix: str) -> StreamActor:
     """The stream's actor for a change of an existing stream; nothing is created.
 
     Raises `ApiError`: 404 `UNKNOWN_STREAM` if there is none, or 412 if the request has an
     `If-Match`."""
-    actor = await existing_stream(registry, stream_prefix)
+    actor = await existing_stream(deployment, stream_prefix)
     if actor is None:
         missing_with_if_match(f"stream {stream_prefix!r}")
         raise ApiError(404, "UNKNOWN_STREAM", f"stream {stream_prefix!r} does not exist")
@@ -55,7 +54,7 @@ async def conditional_stream(registry: Registry, stream_prefix: str) -> StreamAc
 
 
 async def stream_actor(
-    registry: Registry,
+    deployment: Deployment,
     stream_prefix: str,
     shard_count: int | None,
     only_new: bool = False,
@@ -67,7 +66,7 @@ async def stream_actor(
     Raises `ApiError` (404 `UNKNOWN_STREAM`) for a stream that does not exist and is not
     created; `PreconditionFailed`, `QuotaExceeded` and `StoreError` as `Registry.stream`."""
     try:
-        return await registry.stream(
+        return await deployment.stream(
             stream_prefix,
             create=shard_count is not None,
             shard_count=shard_count,
@@ -78,11 +77,11 @@ async def stream_actor(
         raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
 
 
-async def existing_group(registry: Registry, stream_prefix: str, group: str) -> GroupActor | None:
+async def existing_group(deployment: Deployment, stream_prefix: str, group: str) -> GroupActor | None:
     """The group's actor, or None if there is no such group (nothing is created).
 
     Raises `StoreError` if the group cannot be read."""
     try:
-        return await registry.group(stream_prefix, group, create=False)
+        return await deployment.group(stream_prefix, group, create=False)
     except (UnknownGroup, UnknownStream):
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from quart import Response, g
 from quart_trio import QuartTrio
 
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment
 from rsc.events.commands import RemoveMember
 from rsc.events.errors import AggregateNotFound, UnknownGroup, UnknownStream
 from rsc.http.admin.lookup import existing_group
@@ -18,20 +18,20 @@ from rsc.http.admin.preconditions import check_if_match
 from rsc.http.errors import ApiError
 
 
-def add_member_routes(app: QuartTrio, registry: Registry) -> None:
+def add_member_routes(app: QuartTrio, deployment: Deployment) -> None:
     """`DELETE` of a group's member (see the module)."""
 
     @app.delete("/v1/admin/streams/<stream_prefix>/groups/<consumer_group>/members/<path:member_id>")
     async def remove_member(stream_prefix: str, consumer_group: str, member_id: str) -> Response:
         """Remove a member by hand: a live one is fenced (`REMOVED`; its shards move once its
         lease can have ended), a static member's hold ends (its shards move now)."""
-        actor = await existing_group(registry, stream_prefix, consumer_group)
+        actor = await existing_group(deployment, stream_prefix, consumer_group)
         if actor is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"no group {consumer_group!r} reads {stream_prefix!r}")
         expect = check_if_match(actor.revision)
-        command = RemoveMember(member_id, registry.clock.now_ms())
+        command = RemoveMember(member_id, deployment.now_ms())
         try:
-            await registry.ask_group(stream_prefix, consumer_group, command, create=False, expect=expect)
+            await deployment.ask_group(stream_prefix, consumer_group, command, create=False, expect=expect)
         except (UnknownGroup, UnknownStream):
             raise
         except AggregateNotFound as exc:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from quart import Response, g
 from quart_trio import QuartTrio
 
-from rsc.actors import admin_changes
-from rsc.actors.registry import Registry
+from rsc.actors.deployment import Deployment
 from rsc.events import admin_rules, codec
 from rsc.events.commands import PauseProducers, ResumeProducers, SetRetention
 from rsc.events.quotas import Quota
@@ -40,26 +39,26 @@ from rsc.http.json_io import json_body, json_response
 from rsc.http.views import stream_view
 
 
-def add_stream_routes(app: QuartTrio, registry: Registry) -> None:
+def add_stream_routes(app: QuartTrio, deployment: Deployment) -> None:
     """`PUT` (the whole spec), `PATCH` (a merge patch), `GET` and `DELETE` of a stream."""
     quota: Quota = app.extensions["rsc.admin_quota"]  # the admin's: the deployment's own
 
     @app.get("/v1/admin/streams/<stream_prefix>")
     async def get_stream(stream_prefix: str) -> Response:
-        return await stream_resource(registry, stream_prefix)
+        return await stream_resource(deployment, stream_prefix)
 
     @app.put("/v1/admin/streams/<stream_prefix>")
     async def put_stream(stream_prefix: str) -> Response:
         spec = strict(await json_body(), StreamSpec)
-        await apply_stream(registry, stream_prefix, spec, quota)
-        return await stream_resource(registry, stream_prefix)
+        await apply_stream(deployment, stream_prefix, spec, quota)
+        return await stream_resource(deployment, stream_prefix)
 
     @app.patch("/v1/admin/streams/<stream_prefix>")
     async def patch_stream(stream_prefix: str) -> Response:
         patch = merge_patch_body(await json_body(), StreamPatch)
         if patch.get("shardCount", 0) is None:
             del patch["shardCount"]  # it has no default: null leaves it as it is
-        current = await existing_stream(registry, stream_prefix)
+        current = await existing_stream(deployment, stream_prefix)
         if current is None and "shardCount" not in patch:
             raise ApiError(
                 404,
@@ -71,60 +70,60 @@ def add_stream_routes(app: QuartTrio, registry: Registry) -> None:
             patch["retention"] = {}  # null: the default policy (left out would keep the stream's)
             spec_now.pop("retention", None)
         spec = strict(merge_patch(spec_now, patch), StreamSpec)
-        await apply_stream(registry, stream_prefix, spec, quota)
-        return await stream_resource(registry, stream_prefix)
+        await apply_stream(deployment, stream_prefix, spec, quota)
+        return await stream_resource(deployment, stream_prefix)
 
     @app.delete("/v1/admin/streams/<stream_prefix>")
     async def delete_stream(stream_prefix: str) -> Response:
-        actor = await conditional_stream(registry, stream_prefix)
+        actor = await conditional_stream(deployment, stream_prefix)
         expect = check_if_match(actor.revision)
-        await admin_changes.delete_stream(registry, stream_prefix, expect)
+        await deployment.delete_stream(stream_prefix, expect)
         g.revision = actor.revision
         return Response(b"", status=204)
 
 
-def add_pause_routes(app: QuartTrio, registry: Registry) -> None:
+def add_pause_routes(app: QuartTrio, deployment: Deployment) -> None:
     """Producer quiescence by hand: producers see `paused`, flush, and acknowledge `quiesced`."""
 
     @app.post("/v1/admin/streams/<stream_prefix>/pause")
     async def pause(stream_prefix: str) -> Response:
         body = await optional_body(PauseRequest)
-        actor = await conditional_stream(registry, stream_prefix)
+        actor = await conditional_stream(deployment, stream_prefix)
         expect = check_if_match(actor.revision)
-        command = PauseProducers(body.reason, registry.clock.now_ms())
-        await registry.ask_stream(stream_prefix, command, expect=expect)
-        return await stream_resource(registry, stream_prefix)
+        command = PauseProducers(body.reason, deployment.now_ms())
+        await deployment.ask_stream(stream_prefix, command, expect=expect)
+        return await stream_resource(deployment, stream_prefix)
 
     @app.post("/v1/admin/streams/<stream_prefix>/resume")
     async def resume(stream_prefix: str) -> Response:
         await optional_body(EmptyRequest)
-        actor = await conditional_stream(registry, stream_prefix)
+        actor = await conditional_stream(deployment, stream_prefix)
         expect = check_if_match(actor.revision)
-        await registry.ask_stream(stream_prefix, ResumeProducers(registry.clock.now_ms()), expect=expect)
-        return await stream_resource(registry, stream_prefix)
+        await deployment.ask_stream(stream_prefix, ResumeProducers(deployment.now_ms()), expect=expect)
+        return await stream_resource(deployment, stream_prefix)
 
 
-def add_migration_routes(app: QuartTrio, registry: Registry) -> None:
+def add_migration_routes(app: QuartTrio, deployment: Deployment) -> None:
     """Resume a stalled migration, or abort one that has not changed the layout yet."""
 
     @app.post("/v1/admin/streams/<stream_prefix>/migration/resume")
     async def resume_migration(stream_prefix: str) -> Response:
         await optional_body(EmptyRequest)
-        actor = await conditional_stream(registry, stream_prefix)
+        actor = await conditional_stream(deployment, stream_prefix)
         expect = check_if_match(actor.revision)
-        await admin_changes.resume_migration(registry, stream_prefix, expect)
-        return await stream_resource(registry, stream_prefix)
+        await deployment.resume_migration(stream_prefix, expect)
+        return await stream_resource(deployment, stream_prefix)
 
     @app.post("/v1/admin/streams/<stream_prefix>/migration/abort")
     async def abort_migration(stream_prefix: str) -> Response:
         body = await optional_body(AbortRequest)
-        actor = await conditional_stream(registry, stream_prefix)
+        actor = await conditional_stream(deployment, stream_prefix)
         expect = check_if_match(actor.revision)
-        await admin_changes.abort_migration(registry, stream_prefix, body.reason, expect)
-        return await stream_resource(registry, stream_prefix)
+        await deployment.abort_migration(stream_prefix, body.reason, expect)
+        return await stream_resource(deployment, stream_prefix)
 
 
-async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec, quota: Quota) -> None:
+async def apply_stream(deployment: Deployment, stream_prefix: str, spec: StreamSpec, quota: Quota) -> None:
     """Bring the stream to `spec`: create it, or reshard it and store its mode.
 
     Raises `FeatureLevelRequired` for a spec the finalized feature level does not allow
@@ -133,17 +132,17 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     (nothing is created) or a failed `If-None-Match`, `PreconditionFailed` if the revision
     `If-Match` names is gone when the change is decided, and what `admin_changes.change_shard_count`
     raises."""
-    level = await registry.feature_level()
+    level = await deployment.feature_level()
     admin_rules.require(admin_rules.reshard_mode_gate(spec.reshard_mode), level)
     admin_rules.require(admin_rules.retention_gate(spec.retention), level)
-    with registry.creating(stream_prefix):  # a missing stream is loaded once, looked at and created
-        actor = await existing_stream(registry, stream_prefix)
+    with deployment.creating(stream_prefix):  # a missing stream is loaded once, looked at and created
+        actor = await existing_stream(deployment, stream_prefix)
         limit = quota.limits.shards_per_stream
         admin_rules.check_shard_quota(spec.shard_count, limit, actor.state if actor is not None else None)
         only_new = check_if_none_match(actor, f"stream {stream_prefix!r}")
         if actor is None:
             missing_with_if_match(f"stream {stream_prefix!r}")
-            actor = await stream_actor(registry, stream_prefix, spec.shard_count, only_new, quota)
+            actor = await stream_actor(deployment, stream_prefix, spec.shard_count, only_new, quota)
             expect = None
         else:
             expect = check_if_match(actor.revision)
@@ -152,25 +151,25 @@ async def apply_stream(registry: Registry, stream_prefix: str, spec: StreamSpec,
     reshard = admin_rules.reshard_for(state, spec.shard_count, spec.reshard_mode, level)
     retention = admin_rules.retention_for(spec.retention, state.retention)
     if retention is not None:
-        await registry.ask_stream(stream_prefix, SetRetention(retention), expect=expect)
-        registry.trim_requests.ask(stream_prefix)  # the new policy (a cap) applies at once
+        await deployment.ask_stream(stream_prefix, SetRetention(retention), expect=expect)
+        deployment.trim_soon(stream_prefix)  # the new policy (a cap) applies at once
         expect = None  # the change below follows this one, which the precondition let through
     if reshard is not None:
-        await admin_changes.change_shard_count(
-            registry, stream_prefix, reshard.shard_count, reshard.mode, reshard.migrations, expect=expect
+        await deployment.change_shard_count(
+            stream_prefix, reshard.shard_count, reshard.mode, reshard.migrations, expect=expect
         )
 
 
-async def stream_resource(registry: Registry, stream_prefix: str) -> Response:
+async def stream_resource(deployment: Deployment, stream_prefix: str) -> Response:
     """The stream's spec, status and revision, with its `ETag` (the revision is audited).
 
     Raises `ApiError` (404 `UNKNOWN_STREAM`) if there is no such stream."""
-    actor = await stream_actor(registry, stream_prefix, None)
+    actor = await stream_actor(deployment, stream_prefix, None)
     state = stream_state(actor)
     g.revision = actor.revision
     body = {
         "spec": stream_spec(state),
-        "status": stream_view(state, actor.leases, registry.clock.now_ms()),
+        "status": stream_view(state, actor.leases, deployment.now_ms()),
         "revision": actor.revision,
     }
     return with_etag(json_response(body), actor.revision)

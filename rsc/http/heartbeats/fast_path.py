@@ -31,7 +31,7 @@ from typing import Any
 import trio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
-from rsc.actors.leadership import Leadership
+from rsc.actors.deployment import Leadership
 from rsc.events.auth import Action
 from rsc.http import exchange
 from rsc.http.answers import ErrorAnswer, error_answer, http_error_answer

@@ -31,10 +31,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from rsc.actors.actor import Reply
-from rsc.actors.answers import Answer, Pending
+from rsc.actors.deployment import Answer, Deployment, Reply
+from rsc.actors.deployment import HeldAnswer as Pending
 from rsc.actors.errors import ActorStopped, Redecide, StoreError
-from rsc.actors.registry import Registry
 from rsc.events import longpoll
 from rsc.events.commands import Heartbeat
 from rsc.events.errors import CoordinationError
@@ -107,7 +106,7 @@ class GroupChanges:
         return state.version if state is not None else 0
 
     def observe(self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]) -> None:
-        """A group observer (`Registry.group_observers`): told of every persisted batch."""
+        """A group observer (`Deployment.observe_groups`): told of every persisted batch."""
         change = longpoll.change_of(events)
         if change is None:
             return
@@ -206,14 +205,14 @@ class GroupChanges:
             self.held -= 1
 
 
-class RegistryHold:
-    """`GroupChanges` bound to a registry: its observer, clock and group actors."""
+class DeploymentHold:
+    """`GroupChanges` bound to a deployment: its observer, clock and group actors."""
 
-    def __init__(self, registry: Registry, limit: int = 256) -> None:
-        self.registry = registry
-        self.changes = GroupChanges(registry.clock.now_ms, limit)
-        registry.group_observers.append(self.changes.observe)
-        registry.group_follow_ups.append(self.changes.follow_ups)
+    def __init__(self, deployment: Deployment, limit: int = 256) -> None:
+        self.deployment = deployment
+        self.changes = GroupChanges(deployment.now_ms, limit)
+        deployment.observe_groups(self.changes.observe)
+        deployment.follow_up_groups(self.changes.follow_ups)
 
     def version(self, stream_prefix: str, group: str) -> int:
         return self.changes.version(stream_prefix, group)
@@ -222,9 +221,13 @@ class RegistryHold:
         self, body: HeartbeatRequest, command: Heartbeat, response: HeartbeatResponse, version: int
     ) -> HeartbeatResponse:
         async def decide(again: Heartbeat) -> HeartbeatResponse:
-            reply = await self.registry.ask_group(
+            reply = await self.deployment.ask_group(
                 body.stream_prefix, body.consumer_group, again, create=False
             )
             return respond(reply.state, again, reply.events)
 
         return await self.changes.hold(body, command, response, version, decide)
+
+
+#: 0.2.0's name of `DeploymentHold`.
+RegistryHold = DeploymentHold

@@ -20,9 +20,8 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from rsc import tracing
-from rsc.actors.actor import Reply
+from rsc.actors.deployment import Deployment, Reply
 from rsc.actors.errors import ActorStopped, StoreError
-from rsc.actors.registry import Registry
 from rsc.config import Settings
 from rsc.events import heartbeat_rules, longpoll
 from rsc.events.auth import Action, Credential
@@ -37,7 +36,7 @@ from rsc.events.wire import HeartbeatRequest, HeartbeatResponse
 from rsc.http.authenticate import Gate
 from rsc.http.callers import QuotaTable, caller_key
 from rsc.http.errors import ApiError
-from rsc.http.heartbeats.held import RegistryHold
+from rsc.http.heartbeats.held import DeploymentHold
 from rsc.http.heartbeats.steady import Remembered, Slot, SteadyHeartbeats
 from rsc.http.json_io import EncodedJSON, error_body, json_body, json_response, structure
 from rsc.http.metrics import Metrics, refusal_details
@@ -59,7 +58,7 @@ _Unremembered = tuple[Slot, bytes, str]
 
 def add_heartbeat_routes(
     app: QuartTrio,
-    registry: Registry,
+    deployment: Deployment,
     metrics: Metrics,
     gate: Gate,
     rates: RateLimits,
@@ -69,14 +68,22 @@ def add_heartbeat_routes(
     """`POST /v1/heartbeat` and `POST /v1/heartbeats` (see the module); the holds of long polls
     are `app.extensions["rsc.holds"]` (released when the server stops)."""
     # Held long polls take a connection each: at most half of what the server accepts.
-    holds = RegistryHold(registry, limit=max(1, settings.max_connections // 2))
+    holds = DeploymentHold(deployment, limit=max(1, settings.max_connections // 2))
     app.extensions["rsc.holds"] = holds
     # (the labelled series looked up once, not on every heartbeat)
     single_seconds = metrics.heartbeat_seconds.labels("single")
     batch_seconds = metrics.heartbeat_seconds.labels("batch")
 
     answers = HeartbeatAnswers(
-        registry, gate, rates, quota_of, holds, settings, single_seconds, batch_seconds, metrics.count_answer
+        deployment,
+        gate,
+        rates,
+        quota_of,
+        holds,
+        settings,
+        single_seconds,
+        batch_seconds,
+        metrics.count_answer,
     )
     app.extensions["rsc.heartbeat_answers"] = answers
 
@@ -101,17 +108,17 @@ class HeartbeatAnswers:
 
     def __init__(
         self,
-        registry: Registry,
+        deployment: Deployment,
         gate: Gate,
         rates: RateLimits,
         quota_of: QuotaTable,
-        holds: RegistryHold,
+        holds: DeploymentHold,
         settings: Settings,
         single_seconds: Any,
         batch_seconds: Any,
         count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None] = lambda body, answer: None,
     ) -> None:
-        self.registry = registry
+        self.deployment = deployment
         #: Counts each answer decided, by status (`Metrics.count_answer`).
         self.count_answer = count_answer
         self.gate = gate
@@ -128,11 +135,11 @@ class HeartbeatAnswers:
 
     async def single(self, read: Callable[[], Awaitable[Any]]) -> Any:
         """The answer to one member's heartbeat (the JSON `read` returns), as plain JSON."""
-        registry, gate, rates, holds = self.registry, self.gate, self.rates, self.holds
+        deployment, gate, rates, holds = self.deployment, self.gate, self.rates, self.holds
         with self.single_seconds.time():
             body = structure(await read(), HeartbeatRequest)
             caller = gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)
-            command = body.to_command(registry.clock.now_ms())
+            command = body.to_command(deployment.now_ms())
             validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
             if heartbeat_rules.limited(body):
                 rates.check(HEARTBEATS, caller_key(caller))
@@ -144,7 +151,7 @@ class HeartbeatAnswers:
             version = holds.version(body.stream_prefix, body.consumer_group)
             seen = heartbeat_rules.seen_version(body, may_create)
             with tracing.heartbeat_span(body.stream_prefix, body.consumer_group, 1):
-                reply = await registry.ask_group(
+                reply = await deployment.ask_group(
                     body.stream_prefix,
                     body.consumer_group,
                     command,
@@ -157,7 +164,7 @@ class HeartbeatAnswers:
         if body.wait_ms:  # a long poll is held outside the timing: that is the decision's cost
             response = await holds.hold(body, command, response, version)
         self.count_answer(body, response)
-        level = registry.known_feature_level()
+        level = deployment.known_feature_level()
         return answered_json(response, body.protocol_version, level)
 
     async def batch(self, read: Callable[[], Awaitable[Any]]) -> Any:
@@ -167,7 +174,7 @@ class HeartbeatAnswers:
             batch = structure(await read(), HeartbeatBatch)
             with tracing.heartbeat_span(None, None, len(batch.heartbeats)):
                 results, held = await _answer_batch(
-                    self.registry,
+                    self.deployment,
                     self.gate,
                     batch,
                     self.max_batch_items,
@@ -179,7 +186,7 @@ class HeartbeatAnswers:
                     self.count_answer,
                 )
         if held:  # long polls: the answer goes once every held item has its own
-            level = self.registry.known_feature_level()
+            level = self.deployment.known_feature_level()
             async with trio.open_nursery() as nursery:
                 for index, hold in held.items():
                     nursery.start_soon(_held_item, results, index, self.holds, hold, level, self.count_answer)
@@ -189,7 +196,7 @@ class HeartbeatAnswers:
 async def _held_item(
     results: list[Any],
     index: int,
-    holds: RegistryHold,
+    holds: DeploymentHold,
     hold: _Hold,
     level: int,
     count_answer: Callable[[HeartbeatRequest, HeartbeatResponse], None],
@@ -251,12 +258,12 @@ def _batch_item(
 
 
 async def _answer_batch(
-    registry: Registry,
+    deployment: Deployment,
     gate: Gate,
     batch: HeartbeatBatch,
     max_batch_items: int,
     auto_groups: bool,
-    holds: RegistryHold,
+    holds: DeploymentHold,
     quota_of: QuotaTable,
     rates: RateLimits,
     steady: SteadyHeartbeats,
@@ -269,7 +276,7 @@ async def _answer_batch(
     then, gets the same answer (`SteadyHeartbeats`)."""
     _check_batch(batch, max_batch_items)
     results: list[Any] = [None] * len(batch.heartbeats)
-    now_ms = registry.clock.now_ms()
+    now_ms = deployment.now_ms()
     caller = gate.principal()
     # The caller's heartbeat limit: one token per item of the batch, a leave free.
     rates.check(HEARTBEATS, caller_key(caller), cost=heartbeat_rules.batch_cost(batch.heartbeats))
@@ -303,7 +310,7 @@ async def _answer_batch(
                 heartbeat_rules.creates_group(bodies[index], auto_groups, may_rebuild) for index, _ in items
             )
             seen = max(heartbeat_rules.seen_version(bodies[index], may_rebuild) for index, _ in items)
-            replies = await registry.ask_group_many(
+            replies = await deployment.ask_group_many(
                 *key,
                 [command for _, command in items],
                 create=joins,
@@ -315,7 +322,7 @@ async def _answer_batch(
             for index, _ in items:
                 results[index] = _refused(error)
             return
-        level = registry.known_feature_level()
+        level = deployment.known_feature_level()
         for (index, command), reply in zip(items, replies, strict=True):
             if isinstance(reply, CoordinationError):
                 results[index] = _refused(reply)
