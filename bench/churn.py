@@ -1,24 +1,33 @@
-"""Benchmark: batched heartbeats while a large group churns.
+"""Benchmark: what a worker sees while a large group churns.
 
-Starts a private redis-server and the coordinator (`python -m rsc serve`, its
-own process), then drives `--members` members (default 1,000) of one group on
-a `--shards`-shard stream (default 1,024) from this process: the members live
-in `--members / --batch` agents of `--batch` members (default 100), as a
-worker process hosting many members would, and each agent sends the
-heartbeats of its members that are due in one `POST /v1/heartbeats`. Every
-member is the shipped member machine (`rsc.events.member_machine`): it
-acknowledges revokes at once, leaves gracefully (handing its shards over),
-and rejoins when fenced. Long polls are off: every batch is answered at once,
-so its latency is the coordinator's cost.
+Starts a private redis-server and the coordinator (`python -m rsc serve`, its own process)
+for each driver shape, then drives `--members` members (default 1,000) of one group on a
+`--shards`-shard stream (default 1,024) from this process: the members live in
+`--members / --batch` agents of `--batch` members (default 100), as a worker process hosting
+many members would, and each agent sends its members' heartbeats in `POST /v1/heartbeats`
+batches. Every member is the shipped member machine (`rsc.events.member_machine`), and long
+polls are off: every batch is answered at once, so its latency is the coordinator's cost.
 
-Once the group is stable, `--leaves` members leave and `--joins` new members
-join every second (default 10 and 10) for `--seconds` (default 20). Reported:
-the latency of every batch during the churn (p50/p99/max), the coordinator's
-CPU (its process's user+system time over wall time), and the same figures
-for a quiet period of the same length before the churn (the anchor: what
-steady heartbeats cost). Prints a table and writes bench/results/churn.json.
+Two driver shapes (`--shape`, default both):
 
-    python bench/churn.py [--members 1000] [--shards 1024] [--seconds 20]
+* `interval`: each agent sends every one of its members in one full batch once per heartbeat
+  interval, and a member acknowledges a revoke in the next batch (a worker whose members
+  joined together; the handoffs wait for the next interval);
+* `at-once`: each agent sends the members that are due, lingering 5 ms for more as the Python
+  client's batching does, and a member acknowledges a revoke at once (small batches, many).
+
+Phases, for each shape: `quiet` (steady heartbeats, the anchor), `churn` (`--leaves` members
+leave and `--joins` new ones join every second, default 10 and 10, for `--seconds`), then
+once the group settled: `pause` (an operator pauses the group and resumes it: every member
+revokes everything, then everything is assigned again) and `reset` (a forced reset of the
+group to `latest`: paused, every member revokes at once, repositioned, resumed).
+
+Reported for each phase: the latency of batches by size (1, 2-10, 11-50, 51-100 members:
+p50/p99/max), refusals by code (an item's error code, or the HTTP status of a failed batch),
+the coordinator's CPU; and the members at the end (the agents' and the coordinator's count)
+against the expected count. Prints a table and writes bench/results/churn.json.
+
+    python bench/churn.py [--members 1000] [--shards 1024] [--seconds 20] [--shape interval]
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +65,10 @@ CLIENT = ClientInfo("rsc-bench-churn", "1", MAX_FEATURE_LEVEL)
 STREAM, GROUP = "churn", "churn"
 GOAL_P99_MS, FLOOR_P99_MS = 50.0, 200.0
 LINGER_S = 0.005  # what the Python client's batching transport waits for more members
+SHAPES = ("interval", "at-once")
+#: Batch sizes reported apart: (label, smallest, largest).
+SIZES = (("1", 1, 1), ("2-10", 2, 10), ("11-50", 11, 50), ("51-100", 51, 100), (">100", 101, 10**9))
+ADMIN = ("admin", "churn-bench")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -69,16 +83,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Agent:
-    """A process hosting `members`: one batch per round carries every member that is due."""
+    """A process hosting `members`, sending their heartbeats in batches (see the module)."""
 
-    def __init__(self, client: httpx.AsyncClient, settings: MemberSettings) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, settings: MemberSettings, shape: str, offset_s: float
+    ) -> None:
         self.client = client
         self.settings = settings
+        self.shape = shape
+        self.offset_s = offset_s  # (agents of the interval shape start apart, as workers do)
         self.members: dict[str, MemberMachine] = {}
-        self.latencies_ms: list[float] = []
+        #: (batch size, latency ms) of every batch answered.
+        self.batches: list[tuple[int, float]] = []
         self.response_bytes: list[int] = []
-        self.errors: collections.Counter[str] = collections.Counter()
-
+        self.refusals: collections.Counter[str] = collections.Counter()
         #: Set when a member of this agent has something to say at once (a join, a leave).
         self.wake = trio.Event()
 
@@ -91,6 +109,25 @@ class Agent:
         self.wake.set()
 
     async def run(self, stop: trio.Event) -> None:
+        if self.shape == "interval":
+            await self._every_interval(stop)
+        else:
+            await self._when_due(stop)
+
+    async def _every_interval(self, stop: trio.Event) -> None:
+        """One batch of every member each interval; what an answer asks is done by the next."""
+        interval = self.settings.heartbeat_interval_ms / 1000
+        await trio.sleep(self.offset_s)
+        next_at = trio.current_time()
+        while not stop.is_set():
+            members = list(self.members.values())
+            if members:
+                await self._send(members)
+            next_at += interval
+            await trio.sleep_until(max(next_at, trio.current_time()))
+
+    async def _when_due(self, stop: trio.Event) -> None:
+        """The members that are due, lingering for more; a revoke acknowledged at once."""
         while not stop.is_set():
             now = time.monotonic()
             when = {m: m.next_heartbeat_at(now) for m in self.members.values()}
@@ -100,124 +137,236 @@ class Agent:
                 with trio.move_on_after(min(when.values(), default=now + 1) - now):
                     await self.wake.wait()
                 continue
-            # As `rsc.client.batching` does: linger for the others due at about the same time.
             await trio.sleep(LINGER_S)
             now = time.monotonic()
-            due = [m for m in self.members.values() if m.next_heartbeat_at(now) <= now]
-            requests = [m.request(now) for m in due]
-            body = {"heartbeats": [codec.wire.unstructure(r) for r in requests]}
-            started = time.perf_counter()
-            try:
-                answer = await self.client.post("/v1/heartbeats", json=body)
-                answer.raise_for_status()
-                items = answer.json()["responses"]
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                self.errors[type(exc).__name__] += 1
-                for machine, request in zip(due, requests, strict=True):
-                    machine.failed(request, time.monotonic(), str(exc))
+            await self._send([m for m in self.members.values() if m.next_heartbeat_at(now) <= now])
+
+    async def _send(self, due: list[MemberMachine]) -> None:
+        now = time.monotonic()
+        requests = [m.request(now) for m in due]
+        body = {"heartbeats": [codec.wire.unstructure(r) for r in requests]}
+        started = time.perf_counter()
+        try:
+            answer = await self.client.post("/v1/heartbeats", json=body)
+            items = answer.json()["responses"] if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            answer, items = None, None
+            self.refusals[type(exc).__name__] += 1
+        if items is None:
+            if answer is not None:
+                self.refusals[f"HTTP {answer.status_code}"] += 1
+            for machine, request in zip(due, requests, strict=True):
+                machine.failed(request, time.monotonic(), "batch failed")
+            return
+        self.batches.append((len(due), (time.perf_counter() - started) * 1000))
+        self.response_bytes.append(len(answer.content))
+        now = time.monotonic()
+        for machine, request, item in zip(due, requests, items, strict=True):
+            if "error" in item:
+                limit = (item.get("details") or {}).get("limit")  # RATE_LIMITED: which limit
+                self.refusals[str(item["error"]) + (f" ({limit})" if limit else "")] += 1
+                machine.failed(request, now, str(item["error"]))
                 continue
-            self.latencies_ms.append((time.perf_counter() - started) * 1000)
-            self.response_bytes.append(len(answer.content))
-            now = time.monotonic()
-            for machine, request, item in zip(due, requests, items, strict=True):
-                if "error" in item:
-                    self.errors[str(item["error"])] += 1
-                    machine.failed(request, now, str(item["error"]))
-                    continue
-                steps = machine.receive(request, codec.wire.structure(item, HeartbeatResponse), now)
-                if steps.stop:  # the handler finishes at once: acknowledge in the next batch
-                    machine.revoked(steps.stop)
-            for member_id in [m for m, machine in self.members.items() if machine.left]:
-                del self.members[member_id]
+            steps = machine.receive(request, codec.wire.structure(item, HeartbeatResponse), now)
+            if steps.stop:  # the handler finishes at once: acknowledged in the next request
+                machine.revoked(steps.stop)
+        for member_id in [m for m, machine in self.members.items() if machine.left]:
+            del self.members[member_id]
 
     def settled(self) -> bool:
         return all(
-            not m.pending and not m.revoking and not m.to_ack and m.owned for m in self.members.values()
+            not m.pending and not m.revoking and not m.to_ack and m.owned and not m.leaving
+            for m in self.members.values()
         )
 
 
 def figures(agents: list[Agent]) -> dict[str, Any]:
-    """Batch latencies and answer sizes the agents saw."""
-    latencies = [ms for agent in agents for ms in agent.latencies_ms]
+    """Batch latencies by size, answer sizes and refusals the agents saw."""
+    batches = [b for agent in agents for b in agent.batches]
+    latencies = [ms for _, ms in batches]
     sizes = [size for agent in agents for size in agent.response_bytes]
+    by_size = {}
+    for label, low, high in SIZES:
+        these = [ms for n, ms in batches if low <= n <= high]
+        if these:
+            by_size[label] = {
+                "batches": len(these),
+                "p50Ms": round(percentile(these, 0.50), 2),
+                "p99Ms": round(percentile(these, 0.99), 2),
+                "maxMs": round(max(these), 2),
+            }
+    refusals = sum((agent.refusals for agent in agents), collections.Counter())
     return {
         "batches": len(latencies),
         "p50Ms": round(percentile(latencies, 0.50), 2),
         "p99Ms": round(percentile(latencies, 0.99), 2),
         "maxMs": round(max(latencies, default=0.0), 2),
         "meanMs": round(statistics.fmean(latencies), 2) if latencies else 0.0,
+        "bySize": by_size,
+        "refusals": dict(refusals),
         "responseBytesMean": round(statistics.fmean(sizes)) if sizes else 0,
-        "responseBytesMax": max(sizes, default=0),
     }
 
 
-async def drive(args: argparse.Namespace, url: str, pid: int) -> dict[str, Any]:
-    settings = MemberSettings(long_poll=False, heartbeat_interval_ms=args.interval_ms)
-    rng = random.Random(args.seed)
-    limits = httpx.Limits(max_connections=1)
-    clients = [
-        httpx.AsyncClient(base_url=url, timeout=30, limits=limits) for _ in range(args.members // args.batch)
-    ]
-    agents = [Agent(client, settings) for client in clients]
-    serial = 0
-    for number in range(args.members):
-        agents[number % len(agents)].add(f"10.1.{number // 250}.{number % 250}/churn/{number}")
-        serial = number
-    stop = trio.Event()
-    result: dict[str, Any] = {}
-    async with trio.open_nursery() as nursery:
-        for agent in agents:
-            nursery.start_soon(agent.run, stop)
-        started = time.monotonic()
-        while not all(agent.settled() for agent in agents):
-            if time.monotonic() - started > args.settle_timeout:
-                raise SystemExit(f"the group did not settle within {args.settle_timeout} s")
-            await trio.sleep(0.2)
-        result["settleSeconds"] = round(time.monotonic() - started, 2)
+async def coordinator_members(client: httpx.AsyncClient) -> int:
+    """The members the coordinator counts in the group."""
+    view = (await client.get(f"/v1/streams/{STREAM}/groups/{GROUP}")).json()
+    return len(view["members"])
 
-        async def phase(churn: bool) -> dict[str, Any]:
-            nonlocal serial
-            for agent in agents:
-                agent.latencies_ms.clear()
-                agent.response_bytes.clear()
-            before = buckets_in((await clients[0].get("/metrics")).text, "batch")
-            cpu0, wall0, own0 = cpu_seconds(pid), time.monotonic(), time.process_time()
-            leaves = joins = 0
-            step = 1 / max(1, args.leaves + args.joins)
-            while time.monotonic() - wall0 < args.seconds:
-                await trio.sleep(step)
-                if not churn:
-                    continue
-                if leaves * args.joins <= joins * args.leaves:
-                    agent = rng.choice(agents)
-                    staying = [m for m in agent.members.values() if not m.leaving]
-                    if staying:
-                        agent.stop_one(rng.choice(staying))
-                        leaves += 1
-                else:
-                    serial += 1
-                    rng.choice(agents).add(f"10.2.{serial // 250}.{serial % 250}/churn/{serial}")
-                    joins += 1
-            wall = time.monotonic() - wall0
-            cpu = cpu_seconds(pid) - cpu0
-            after = buckets_in((await clients[0].get("/metrics")).text, "batch")
-            return {
-                **figures(agents),
-                "serverP99MsAtMost": server_p99(before, after),
-                "coordinatorCpu": round(cpu / wall, 3),
-                "driverCpu": round((time.process_time() - own0) / wall, 3),
-                "leaves": leaves,
-                "joins": joins,
+
+class Driver:
+    """One shape's run: its agents, its admin client, and the phases (see the module)."""
+
+    def __init__(self, args: argparse.Namespace, shape: str, url: str, pid: int) -> None:
+        self.args, self.shape, self.pid = args, shape, pid
+        settings = MemberSettings(long_poll=False, heartbeat_interval_ms=args.interval_ms)
+        self.rng = random.Random(args.seed)
+        count = max(1, args.members // args.batch)
+        limits = httpx.Limits(max_connections=1)
+        self.clients = [httpx.AsyncClient(base_url=url, timeout=30, limits=limits) for _ in range(count)]
+        self.interval = args.interval_ms / 1000
+        self.agents = [
+            Agent(client, settings, shape, self.interval * i / count) for i, client in enumerate(self.clients)
+        ]
+        self.admin = httpx.AsyncClient(base_url=url, timeout=60, auth=ADMIN)
+        self.group = f"/v1/admin/streams/{STREAM}/groups/{GROUP}"
+        self.serial = args.members
+        for number in range(args.members):
+            self.agents[number % count].add(f"10.1.{number // 250}.{number % 250}/churn/{number}")
+        self.result: dict[str, Any] = {}
+
+    async def run(self) -> dict[str, Any]:
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for agent in self.agents:
+                nursery.start_soon(agent.run, stop)
+            self.result["settleSeconds"] = await self.settle("at the start")
+            await self.measured("quiet", self.quiet)
+            await self.measured("churn", self.churn)
+            churn = self.result["churn"]
+            self.result["membersAtEnd"] = {
+                "expected": self.args.members + churn["joins"] - churn["leaves"],
+                "agents": sum(len(agent.members) for agent in self.agents),
+                "coordinator": await coordinator_members(self.clients[0]),
             }
+            if self.args.storms:
+                await self.measured("pause", self.pause_and_resume)
+                await self.measured("reset", self.forced_reset)
+            stop.set()
+        for client in [*self.clients, self.admin]:
+            await client.aclose()
+        return self.result
 
-        result["quiet"] = await phase(churn=False)
-        result["churn"] = await phase(churn=True)
-        result["errors"] = dict(sum((agent.errors for agent in agents), collections.Counter()))
-        result["membersAtEnd"] = sum(len(agent.members) for agent in agents)
-        stop.set()
-    for client in clients:
-        await client.aclose()
-    return result
+    async def settle(self, what: str) -> float:
+        started = time.monotonic()
+        while not all(agent.settled() for agent in self.agents):
+            if time.monotonic() - started > self.args.settle_timeout:
+                raise SystemExit(
+                    f"{self.shape}: the group did not settle {what} in {self.args.settle_timeout} s"
+                )
+            await trio.sleep(0.2)
+        return round(time.monotonic() - started, 2)
+
+    async def measured(self, name: str, work: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        for agent in self.agents:
+            agent.batches.clear()
+            agent.response_bytes.clear()
+            agent.refusals.clear()
+        before = buckets_in((await self.clients[0].get("/metrics")).text, "batch")
+        cpu0, wall0 = cpu_seconds(self.pid), time.monotonic()
+        extra = await work()
+        wall = time.monotonic() - wall0
+        after = buckets_in((await self.clients[0].get("/metrics")).text, "batch")
+        self.result[name] = {
+            **figures(self.agents),
+            "seconds": round(wall, 2),
+            "serverP99MsAtMost": server_p99(before, after),
+            "coordinatorCpu": round((cpu_seconds(self.pid) - cpu0) / wall, 3),
+            **extra,
+        }
+
+    async def quiet(self) -> dict[str, Any]:
+        await trio.sleep(self.args.seconds)
+        return {}
+
+    async def churn(self) -> dict[str, Any]:
+        args = self.args
+        leaves = joins = 0
+        step = 1 / max(1, args.leaves + args.joins)
+        wall0 = time.monotonic()
+        while time.monotonic() - wall0 < args.seconds:
+            await trio.sleep(step)
+            if leaves * args.joins <= joins * args.leaves:
+                agent = self.rng.choice(self.agents)
+                staying = [m for m in agent.members.values() if not m.leaving]
+                if staying:
+                    agent.stop_one(self.rng.choice(staying))
+                    leaves += 1
+            else:
+                self.serial += 1
+                number = self.serial
+                self.rng.choice(self.agents).add(f"10.2.{number // 250}.{number % 250}/churn/{number}")
+                joins += 1
+        # Every leave handed its shards over and every join got its own: then count.
+        return {"leaves": leaves, "joins": joins, "settledAfterS": await self.settle("after the churn")}
+
+    async def pause_and_resume(self) -> dict[str, Any]:
+        (await self.admin.post(self.group + "/pause", json={"reason": "bench"})).raise_for_status()
+        await trio.sleep(3 * self.interval)  # every member revokes everything
+        (await self.admin.post(self.group + "/resume", json={})).raise_for_status()
+        return {"settledAfterS": await self.settle("after a resume")}
+
+    async def forced_reset(self) -> dict[str, Any]:
+        body = {"to": "latest", "dryRun": False, "force": True}
+        started = time.monotonic()
+        (await self.admin.post(self.group + "/reset", json=body)).raise_for_status()
+        reset_s = round(time.monotonic() - started, 2)
+        return {"resetSeconds": reset_s, "settledAfterS": await self.settle("after a reset")}
+
+
+def run_shape(args: argparse.Namespace, shape: str) -> dict[str, Any]:
+    port = redis_servers.free_port()
+    url = f"http://127.0.0.1:{port}"
+    with redis_servers.standalone() as redis_url, tempfile.TemporaryDirectory():
+        env = {
+            "RSC_REDIS_URL": redis_url,
+            "RSC_HEARTBEAT_INTERVAL_MS": str(args.interval_ms),
+            "RSC_MEMBER_LEASE_TTL_MS": str(max(10_000, 4 * args.interval_ms)),
+            "RSC_DEFAULT_SHARD_COUNT": str(args.shards),
+            "RSC_LOG_LEVEL": "warning",
+            "RSC_ADMIN_USER": ADMIN[0],
+            "RSC_ADMIN_PASSWORD": ADMIN[1],
+        }
+        cmd = [sys.executable, *os.environ.get("CHURN_PY_ARGS", "").split(), "-m", "rsc", "serve"]
+        with process([*cmd, "--bind", f"127.0.0.1:{port}"], env, url + "/healthz") as proc:
+            return trio.run(Driver(args, shape, url, proc.pid).run)
+
+
+def print_shape(shape: str, result: dict[str, Any]) -> None:
+    header = (
+        f"{'phase':<8} {'sizes':>7} {'batches':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'coord CPU':>10}  refusals"
+    )
+    print(f"\n{shape}: settled in {result['settleSeconds']} s\n{header}\n{'-' * len(header)}")
+    for phase in ("quiet", "churn", "pause", "reset"):
+        row = result.get(phase)
+        if row is None:
+            continue
+        refusals = ", ".join(f"{code} {n}" for code, n in sorted(row["refusals"].items())) or "none"
+        print(
+            f"{phase:<8} {'all':>7} {row['batches']:>8} {row['p50Ms']:>8} {row['p99Ms']:>8} "
+            f"{row['maxMs']:>8} {row['coordinatorCpu']:>10.0%}  {refusals}"
+        )
+        for label, sized in row["bySize"].items():
+            print(
+                f"{'':<8} {label:>7} {sized['batches']:>8} {sized['p50Ms']:>8} {sized['p99Ms']:>8} "
+                f"{sized['maxMs']:>8}"
+            )
+    members = result["membersAtEnd"]
+    print(
+        f"members after the churn: {members['agents']} (agents), {members['coordinator']} (coordinator), "
+        f"expected {members['expected']}"
+    )
 
 
 def main() -> None:
@@ -230,56 +379,28 @@ def main() -> None:
     parser.add_argument("--joins", type=int, default=10, help="joins per second")
     parser.add_argument("--interval-ms", type=int, default=3000)
     parser.add_argument("--settle-timeout", type=float, default=120.0)
+    parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
+    parser.add_argument("--no-storms", dest="storms", action="store_false", help="skip pause and reset")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    port = redis_servers.free_port()
-    url = f"http://127.0.0.1:{port}"
-    with redis_servers.standalone() as redis_url, tempfile.TemporaryDirectory():
-        env = {
-            "RSC_REDIS_URL": redis_url,
-            "RSC_HEARTBEAT_INTERVAL_MS": str(args.interval_ms),
-            "RSC_MEMBER_LEASE_TTL_MS": str(max(10_000, 4 * args.interval_ms)),
-            "RSC_DEFAULT_SHARD_COUNT": str(args.shards),
-            "RSC_LOG_LEVEL": "warning",
-        }
-        cmd = [
-            sys.executable,
-            *os.environ.get("CHURN_PY_ARGS", "").split(),
-            "-m",
-            "rsc",
-            "serve",
-            "--bind",
-            f"127.0.0.1:{port}",
-        ]
-        with process(cmd, env, url + "/healthz") as proc:
-            result = trio.run(drive, args, url, proc.pid)
-    churn, quiet = result["churn"], result["quiet"]
+    shapes = SHAPES if args.shape == "both" else (args.shape,)
     print(
         f"{args.members} members in batches of {args.batch}, {args.shards} shards, heartbeat every "
         f"{args.interval_ms} ms; churn {args.leaves} leaves + {args.joins} joins per second "
         f"for {args.seconds:g} s"
-        f" (settled in {result['settleSeconds']} s)\n"
     )
-    header = (
-        f"{'phase':<16} {'batches':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'server p99 <=':>14} "
-        f"{'coordinator CPU':>16} {'driver CPU':>11}"
-    )
-    print(header)
-    print("-" * len(header))
-    for name, row in (("quiet (anchor)", quiet), ("churn", churn)):
-        print(
-            f"{name:<16} {row['batches']:>8} {row['p50Ms']:>8} {row['p99Ms']:>8} {row['maxMs']:>8} "
-            f"{row['serverP99MsAtMost']!s:>14} {row['coordinatorCpu']:>16.0%} {row['driverCpu']:>11.0%}"
-        )
+    results = {shape: run_shape(args, shape) for shape in shapes}
+    for shape, result in results.items():
+        print_shape(shape, result)
+    headline = results[shapes[0]]["churn"]
     verdict = (
         "goal met"
-        if churn["p99Ms"] < GOAL_P99_MS
+        if headline["p99Ms"] < GOAL_P99_MS
         else "floor met"
-        if churn["p99Ms"] < FLOOR_P99_MS
+        if headline["p99Ms"] < FLOOR_P99_MS
         else "MISSED"
     )
-    print(f"\nchurn batch p99 {churn['p99Ms']} ms: goal < {GOAL_P99_MS:g} ms, floor < {FLOOR_P99_MS:g} ms")
-    print(f"({verdict}); errors by code: {result['errors']}, members at the end: {result['membersAtEnd']}")
+    print(f"\n{shapes[0]} churn batch p99 {headline['p99Ms']} ms: goal < {GOAL_P99_MS:g} ms ({verdict})")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "churn",
@@ -287,7 +408,8 @@ def main() -> None:
         "args": vars(args),
         "goalP99Ms": GOAL_P99_MS,
         "floorP99Ms": FLOOR_P99_MS,
-        **result,
+        "churn": headline,
+        "shapes": results,
     }
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
+    bench.require_wrk("bench/compare_heartbeat.py")
     credentials = json.dumps([{"name": "bench", "token": bench.TOKEN, "roles": ["member"], "create": True}])
     with (
         worktree(args.base) as base_tree,

@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -326,12 +327,19 @@ def run(
     return results
 
 
+def require_wrk(benchmark: str) -> None:
+    """Exit with one line (no traceback) when wrk, which drives the load, is not installed."""
+    if shutil.which("wrk") is None:
+        raise SystemExit(f"{benchmark} needs wrk to drive its load: apt-get install wrk (make bench installs it)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of raw, raw on rsc, single")
     args = parser.parse_args()
+    require_wrk("bench/heartbeat.py")
     raw_port = redis_servers.free_port()
     raw_rsc_port = redis_servers.free_port()
     rsc_port = redis_servers.free_port()

@@ -22,7 +22,7 @@ SMOKE: dict[str, tuple[str, str]] = {
     "lists": ("--streams 20 --step 10 --heartbeat-streams 100", "rows"),
     "churn": (
         "--members 40 --batch 20 --shards 64 --seconds 2 --leaves 2 --joins 2 --interval-ms 1000 "
-        "--settle-timeout 150",
+        "--settle-timeout 60 --shape interval",
         "churn",
     ),
     "scale": (
@@ -53,3 +53,8 @@ def test_the_benchmark_runs_at_its_smallest_size(name: str, tmp_path: Path) -> N
     assert report["benchmark"] == name
     assert report.get(holds), report
     assert str(tmp_path) in done.stdout  # it said where it wrote
+    if name == "churn":  # every leave done and every join in, by the members' and the coordinator's count
+        for shape in report["shapes"].values():
+            members = shape["membersAtEnd"]
+            assert members["agents"] == members["coordinator"] == members["expected"], members
+            assert {"quiet", "churn", "pause", "reset"} <= set(shape), shape.keys()
