@@ -331,8 +331,6 @@ def require_wrk(benchmark: str) -> None:
     """Exit with one line (no traceback) when wrk, which drives the load, is not installed."""
     if shutil.which("wrk") is None:
         raise SystemExit(f"{benchmark} needs wrk to drive its load: apt-get install wrk (make bench does)")
-            f"{benchmark} needs wrk to drive its load: apt-get install wrk (make bench installs it)"
-        )
 
 
 def main() -> None:
