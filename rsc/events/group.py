@@ -100,7 +100,7 @@ from rsc.events.model import (
     check_name,
     is_plain_text,
 )
-from rsc.events.reconcile import reconcile, refresh_target
+from rsc.events.reconcile import assignment_interval_ms, reconcile, refresh_target
 from rsc.events.stream import MAX_CONCURRENCY, MAX_SHARDS
 from rsc.events.versions import GROUP_OPS_LEVEL, MAX_FEATURE_LEVEL
 
@@ -433,7 +433,7 @@ def due_ms(group: GroupState, leases: Mapping[str, int]) -> int | None:
             times.append(member.revoke_deadline_ms)
     if group.group_epoch > group.assignment_epoch:
         last = group.assignment_computed_at_ms
-        times.append(0 if last is None else last + group.timing.assignment_interval_ms)
+        times.append(0 if last is None else last + assignment_interval_ms(group))
     return min(times, default=None)
 
 

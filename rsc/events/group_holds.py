@@ -99,7 +99,12 @@ def expire_holds(decision: Decision, now_ms: int) -> None:
     ended = frozenset(s for s, until in group.quarantine.items() if now_ms >= until)
     if ended:
         decision.emit(QuarantineEnded(ended))
-    for member_id, hold in sorted(group.holds.items()):
-        if now_ms >= hold.until_ms and (not hold.static or member_id not in group.members):
-            epoch = decision.group.group_epoch
-            decision.emit(HoldEnded(member_id, epoch + 1 if hold.static else epoch))
+    # (Called on every heartbeat while holds exist: only those that ended are sorted.)
+    over = [
+        (member_id, hold)
+        for member_id, hold in group.holds.items()
+        if now_ms >= hold.until_ms and (not hold.static or member_id not in group.members)
+    ]
+    for member_id, hold in sorted(over):
+        epoch = decision.group.group_epoch
+        decision.emit(HoldEnded(member_id, epoch + 1 if hold.static else epoch))

@@ -1,8 +1,9 @@
 """Reconciliation: the target assignment, and each member moved one step towards it.
 
 `refresh_target` computes a new target when the group epoch moved (and the
-assignment interval allows): the assignor balances the ACTIVE shards that are
-not held over the staying members, DRAINING shards stay where they are read
+assignment interval allows: `assignment_interval_ms`, which folds a large
+group's storms): the assignor balances the ACTIVE shards that are not held
+over the staying members, DRAINING shards stay where they are read
 (`draining_stays`), held shards stay with their static member. `reconcile`
 moves the member a heartbeat came from one step (after Kafka's
 `CurrentAssignmentBuilder`): acks, revokes, then the epoch and the free shards.
@@ -68,6 +69,27 @@ def reconcile(decision: Decision, hb: Heartbeat) -> None:
         decision.emit(ShardsInstalled(member.member_id, free))
 
 
+#: A group of more members than this folds the joins and leaves of a storm into one target
+#: computation (`assignment_interval_ms`).
+LARGE_GROUP = 100
+#: The longest a large group folds them for (ms).
+MAX_FOLD_MS = 250
+
+
+def assignment_interval_ms(group: GroupState) -> int:
+    """How long after a target computation the next one waits: the group's configured
+    `assignment_interval_ms`, and for a group of more than `LARGE_GROUP` members at least a
+    tenth of the heartbeat interval (at most `MAX_FOLD_MS`). A storm of joins and leaves in a
+    large group is then one computation per fold, made by a tick between heartbeat batches
+    (`due_ms` names its time), instead of one per join or leave on the heartbeats' path;
+    each of those moved every member's epoch, so every heartbeat of the group reconciled again.
+    A new member is told its shards by its first heartbeat after that computation."""
+    configured = group.timing.assignment_interval_ms
+    if len(group.members) <= LARGE_GROUP:
+        return configured
+    return max(configured, min(group.timing.heartbeat_interval_ms // 10, MAX_FOLD_MS))
+
+
 def refresh_target(decision: Decision, now_ms: int, at_once: bool = False) -> None:
     """Compute a new target if the group epoch moved and the assignment interval allows (or
     `at_once`: an operator's pause or resume). A paused group's target is empty."""
@@ -75,7 +97,7 @@ def refresh_target(decision: Decision, now_ms: int, at_once: bool = False) -> No
     if group.group_epoch <= group.assignment_epoch:
         return
     last = group.assignment_computed_at_ms
-    if not at_once and last is not None and now_ms - last < group.timing.assignment_interval_ms:
+    if not at_once and last is not None and now_ms - last < assignment_interval_ms(group):
         return
     if group.paused is not None:
         emptied = {m: frozenset[int]() for m, shards in group.target.items() if shards}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from rsc.events import group
+from rsc.events import group, reconcile
 from rsc.events.commands import ConfigureGroup, CreateGroup, RemoveMember, RestartTimers, Tick
 from rsc.events.errors import AggregateNotFound, IncarnationMismatch, InvalidCommand
 from rsc.events.events import MemberFenced, ShardsInstalled, ShardsReleased, TargetAssignmentUpdated
@@ -417,3 +417,38 @@ def test_worked_example_of_docs_protocol() -> None:
     b = g.hb("b", 2)
     assert durable(g.events[start:]) == ["ShardsInstalled"]
     assert (b.status, b.assignment.assigned) == (OK, frozenset({3, 4, 5}))
+
+
+def test_a_large_group_folds_a_storm_into_one_computation_a_tick_makes() -> None:
+    """Up to `LARGE_GROUP` members every join computes a target at once (the configured interval,
+    0 here); past it, a join within a tenth of the heartbeat interval of the last computation
+    waits, `due_ms` names the time, and the tick computes one target for the whole storm."""
+    g = Group.create(shards=256)
+    for i in range(reconcile.LARGE_GROUP):
+        g.hb(f"m{i:03}", 0)
+        assert g.state.assignment_epoch == g.state.group_epoch  # unchanged for a small group
+    g.now = 10
+    g.hb("late-1", 0)
+    g.hb("late-2", 0)
+    assert len(g.state.members) == reconcile.LARGE_GROUP + 2
+    fold = TIMING.heartbeat_interval_ms // 10
+    assert reconcile.assignment_interval_ms(g.state) == fold
+    assert g.state.group_epoch == g.state.assignment_epoch + 2
+    assert group.due_ms(g.state, g.leases) == fold  # the last computation was at 0
+    assert not any(isinstance(e, TargetAssignmentUpdated) for e in g.tick(advance_ms=fold - 11))
+    updated = [e for e in g.tick(advance_ms=1) if isinstance(e, TargetAssignmentUpdated)]
+    assert len(updated) == 1
+    assert g.state.assignment_epoch == g.state.group_epoch
+    assert {"late-1", "late-2"} <= set(g.state.target)
+
+
+def test_the_fold_is_capped_and_never_shortens_a_configured_interval() -> None:
+    slow = Group.create(shards=256, timing=attrs.evolve(TIMING, heartbeat_interval_ms=30_000))
+    for i in range(reconcile.LARGE_GROUP + 1):
+        slow.hb(f"m{i:03}", 0)
+    assert reconcile.assignment_interval_ms(slow.state) == reconcile.MAX_FOLD_MS
+    configured = attrs.evolve(TIMING, assignment_interval_ms=2_000)
+    g = Group.create(shards=256, timing=configured)
+    for i in range(reconcile.LARGE_GROUP + 1):
+        g.hb(f"m{i:03}", 0)
+    assert reconcile.assignment_interval_ms(g.state) == 2_000
