@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._results import results_path
 from bench.heartbeat import buckets_in, process, server_p99
 from rsc.events import codec
-from rsc.events.member_machine import MemberMachine, MemberSettings
+from rsc.events.member_machine import MemberMachine, MemberSettings, Steps
 from rsc.events.model import ClientInfo
 from rsc.events.versions import MAX_FEATURE_LEVEL
 from rsc.events.wire import HeartbeatResponse
@@ -114,12 +114,25 @@ class Agent:
         else:
             await self._when_due(stop)
 
+    def _silent(self) -> None:
+        """What the client's loop does before each heartbeat (`rsc.client.member`): the lease
+        rule, and a leave the coordinator did not hand over in time revokes the rest."""
+        now = time.monotonic()
+        for machine in self.members.values():
+            self._perform(machine, machine.silent(now))
+
+    @staticmethod
+    def _perform(machine: MemberMachine, steps: Steps) -> None:
+        if steps.stop:  # the handler finishes at once: acknowledged in the next request
+            machine.revoked(steps.stop)
+
     async def _every_interval(self, stop: trio.Event) -> None:
         """One batch of every member each interval; what an answer asks is done by the next."""
         interval = self.settings.heartbeat_interval_ms / 1000
         await trio.sleep(self.offset_s)
         next_at = trio.current_time()
         while not stop.is_set():
+            self._silent()
             members = list(self.members.values())
             if members:
                 await self._send(members)
@@ -129,6 +142,7 @@ class Agent:
     async def _when_due(self, stop: trio.Event) -> None:
         """The members that are due, lingering for more; a revoke acknowledged at once."""
         while not stop.is_set():
+            self._silent()
             now = time.monotonic()
             when = {m: m.next_heartbeat_at(now) for m in self.members.values()}
             due = [m for m, at in when.items() if at <= now]
@@ -156,7 +170,7 @@ class Agent:
             if answer is not None:
                 self.refusals[f"HTTP {answer.status_code}"] += 1
             for machine, request in zip(due, requests, strict=True):
-                machine.failed(request, time.monotonic(), "batch failed")
+                self._perform(machine, machine.failed(request, time.monotonic(), "batch failed"))
             return
         self.batches.append((len(due), (time.perf_counter() - started) * 1000))
         self.response_bytes.append(len(answer.content))
@@ -165,11 +179,11 @@ class Agent:
             if "error" in item:
                 limit = (item.get("details") or {}).get("limit")  # RATE_LIMITED: which limit
                 self.refusals[str(item["error"]) + (f" ({limit})" if limit else "")] += 1
-                machine.failed(request, now, str(item["error"]))
+                self._perform(machine, machine.failed(request, now, str(item["error"])))
                 continue
-            steps = machine.receive(request, codec.wire.structure(item, HeartbeatResponse), now)
-            if steps.stop:  # the handler finishes at once: acknowledged in the next request
-                machine.revoked(steps.stop)
+            self._perform(
+                machine, machine.receive(request, codec.wire.structure(item, HeartbeatResponse), now)
+            )
         for member_id in [m for m, machine in self.members.items() if machine.left]:
             del self.members[member_id]
 

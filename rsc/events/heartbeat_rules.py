@@ -18,6 +18,12 @@ rebuild, whether and under which key it is rate limited, and the shape of its an
   credential that speaks for it, never by its address: behind a proxy every caller shares
   one. With the incarnation, a caller sending heartbeats under another's member id spends
   only its own tokens (`member_key`, `producer_key`).
+* Protocol work is not charged to a member's own limit (`member_charge`): a join (epoch 0)
+  is charged to its member id's join limit instead (without the incarnation, so a process
+  crash-looping through joins under new incarnations is still limited), and a heartbeat
+  that acknowledges revokes it has not acknowledged before at its epoch is free
+  (`acknowledges_news`). Echoing the same `revokedShards`, or a heartbeat with nothing new,
+  is charged.
 * An answer takes the shape of the protocol version it answers (`answered_in`).
 """
 
@@ -86,6 +92,48 @@ def limited(body: HeartbeatRequest) -> bool:
 def producer_limited(body: ProducerHeartbeatRequest) -> bool:
     """Whether the producer heartbeat `body` is rate limited: all but a leave. Raises nothing."""
     return not body.leave
+
+
+#: What a member's heartbeat is charged to (`member_charge`).
+CHARGE_NONE, CHARGE_JOIN, CHARGE_PARTY = "none", "join", "party"
+
+#: What a member acknowledged last (`acknowledges_news`): an epoch, and the shards
+#: acknowledged at it.
+Acknowledged = tuple[int, frozenset[int]]
+
+
+def acknowledges_news(body: HeartbeatRequest, last: Acknowledged | None) -> Acknowledged | None:
+    """If `body` acknowledges revokes its member has not acknowledged before (`last`: what it
+    acknowledged last), what it has acknowledged after it; else None (nothing new: charged).
+
+    New means: at a newer epoch than `last`'s, or at the same epoch shards not acknowledged at
+    it yet. A retry, an echo or an alternation of the same sets at one epoch is not new, nor
+    an older epoch's. Raises nothing."""
+    revoked = body.revoked_shards
+    if not revoked or body.member_epoch <= 0:
+        return None
+    if last is None or body.member_epoch > last[0]:
+        return (body.member_epoch, revoked)
+    if body.member_epoch == last[0] and not revoked <= last[1]:
+        return (body.member_epoch, last[1] | revoked)
+    return None
+
+
+def member_charge(body: HeartbeatRequest, last: Acknowledged | None) -> str:
+    """The limit a member's heartbeat is charged to: none for a leave or for news of revokes
+    (`acknowledges_news`), its member id's join limit for a join, else its own (party)
+    limit. Raises nothing."""
+    if body.member_epoch == LEAVE_EPOCH:
+        return CHARGE_NONE
+    if body.member_epoch == 0:
+        return CHARGE_JOIN
+    return CHARGE_NONE if acknowledges_news(body, last) is not None else CHARGE_PARTY
+
+
+def join_key_suffix(member_suffix: str) -> str:
+    """The key suffix of a member id's join limit: its `member_key_suffix` without the
+    incarnation. Raises nothing."""
+    return member_suffix.rsplit("\n", 1)[0]
 
 
 def batch_cost(items: Sequence[Mapping[str, Any]]) -> int:

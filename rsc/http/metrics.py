@@ -273,7 +273,7 @@ class _RateCollector:
         limited = CounterMetricFamily(
             "rsc_rate_limited",
             "Requests refused with RATE_LIMITED, by limit (party: one member or producer id; "
-            "heartbeats, views: one caller; admin-writes: one address)",
+            "joins: one member id's joins; heartbeats, views: one caller; admin-writes: one address)",
             labels=["kind"],
         )
         for kind in ratelimit.KINDS:

@@ -97,6 +97,61 @@ def test_a_partys_key_is_its_names_and_the_credential_that_speaks_for_it() -> No
     assert heartbeat_rules.producer_key(None, producer()) == f"{quotas.ANONYMOUS}\norders\np-1"
 
 
+def acking(epoch: int, *shards: int) -> HeartbeatRequest:
+    return HeartbeatRequest(2, "orders", "billing", "m-1", "i-1", epoch, 7, revoked_shards=frozenset(shards))
+
+
+def test_protocol_work_is_not_charged_to_a_members_own_limit() -> None:
+    charge = heartbeat_rules.member_charge
+    assert charge(member(-1), None) == heartbeat_rules.CHARGE_NONE  # a leave
+    assert charge(member(0), None) == heartbeat_rules.CHARGE_JOIN  # to its member id's joins
+    assert charge(member(5), None) == heartbeat_rules.CHARGE_PARTY  # nothing new
+    assert charge(acking(5, 1), None) == heartbeat_rules.CHARGE_NONE  # news of a revoke
+    assert charge(acking(5, 1), (5, frozenset({1}))) == heartbeat_rules.CHARGE_PARTY  # an echo
+    assert charge(acking(5, 1), (6, frozenset({2}))) == heartbeat_rules.CHARGE_PARTY  # older epoch
+    assert charge(acking(6, 1), (5, frozenset({1}))) == heartbeat_rules.CHARGE_NONE  # newer epoch
+
+
+def test_what_a_member_acknowledged_grows_at_one_epoch_and_restarts_at_a_newer_one() -> None:
+    news = heartbeat_rules.acknowledges_news
+    assert news(acking(5, 1, 2), None) == (5, frozenset({1, 2}))
+    assert news(acking(5, 2, 3), (5, frozenset({1, 2}))) == (5, frozenset({1, 2, 3}))
+    assert news(acking(5, 2), (5, frozenset({1, 2}))) is None  # part of what it acknowledged
+    assert news(acking(7, 2), (5, frozenset({1, 2}))) == (7, frozenset({2}))
+    assert news(member(5), None) is None
+    assert news(acking(0, 1), None) is None  # a join acknowledges nothing
+
+
+@hypothesis.given(
+    st.lists(
+        st.tuples(st.integers(1, 4), st.frozensets(st.integers(0, 5), min_size=1, max_size=3)),
+        max_size=60,
+    )
+)
+def test_free_acknowledgements_are_bounded_however_a_client_alternates(
+    acks: list[tuple[int, frozenset[int]]],
+) -> None:
+    """A client cannot loop for free: at one epoch at most one free heartbeat per shard it
+    names, and epochs never go back (4 epochs x 6 shards here)."""
+    last: heartbeat_rules.Acknowledged | None = None
+    free = 0
+    for epoch, shards in acks:
+        body = acking(epoch, *shards)
+        news = heartbeat_rules.acknowledges_news(body, last)
+        if news is not None:
+            free += 1
+            last = news
+    assert free <= 4 * 6
+
+
+def test_a_join_limit_is_keyed_by_member_id_without_the_incarnation() -> None:
+    one = heartbeat_rules.member_key_suffix(member(0))
+    other = heartbeat_rules.member_key_suffix(HeartbeatRequest(2, "orders", "billing", "m-1", "i-2", 0))
+    assert one != other
+    assert heartbeat_rules.join_key_suffix(one) == heartbeat_rules.join_key_suffix(other)
+    assert heartbeat_rules.join_key_suffix(one) == "orders\nbilling\nm-1"
+
+
 @pytest.mark.parametrize(
     "body",
     [

@@ -105,6 +105,47 @@ async def test_one_member_id_past_its_limit_waits_and_nobody_else_does(standalon
         assert 'rsc_rate_limited_total{kind="party"}' in (await http.get("/metrics")).text
 
 
+async def test_protocol_work_is_never_limited_and_echoes_and_join_loops_are(standalone_url: str) -> None:
+    """Issue 51: acknowledging revokes and joining are not charged to a member's own limit.
+    A member acknowledging more revokes than its burst goes through; echoing the same
+    `revokedShards` is limited; a member id crash-looping through joins under new
+    incarnations meets its member id's join limit, and another member id does not."""
+    config = settings_for(
+        standalone_url,
+        heartbeat_interval_ms=10_000,
+        rate_limit_party_per_interval=10,
+        rate_limit_party_burst=20,  # and so 2 joins per member id, one each 10 intervals
+        default_shard_count=32,
+    )
+    async with serve_on(config) as http:
+        joined = (await http.post("/v1/heartbeat", json=hb("p", "a", 0))).json()
+        epoch, owned = joined["memberEpoch"], joined["assignment"]["assigned"]
+        assert len(owned) == 32
+        pause = await http.post("/v1/admin/streams/p/groups/billing/pause", json={}, auth=ADMIN)
+        assert pause.status_code == 200, pause.text
+        told = (await http.post("/v1/heartbeat", json=hb("p", "a", epoch, ownedShards=owned))).json()
+        assert sorted(told["assignment"]["revoke"]) == sorted(owned)
+        # One acknowledgement per shard, more than the burst: each is news, none is limited.
+        left = list(owned)
+        for shard in owned:
+            left.remove(shard)
+            body = hb("p", "a", told["memberEpoch"], ownedShards=left, revokedShards=[shard])
+            answer = await http.post("/v1/heartbeat", json=body)
+            assert answer.status_code == 200, answer.text
+        echo = hb("p", "a", told["memberEpoch"], ownedShards=[], revokedShards=[owned[-1]])
+        echoes = [await http.post("/v1/heartbeat", json=echo) for _ in range(22)]
+        limited(echoes[-1], "party")
+        # Crash-looping through joins under new incarnations: the member id's join limit.
+        joins = [
+            await http.post("/v1/heartbeat", json=hb("p", "c", 0, incarnation=f"boot-{n}")) for n in range(3)
+        ]
+        assert joins[0].status_code == 200, joins[0].text
+        limited(joins[-1], "joins")
+        other = await http.post("/v1/heartbeat", json=hb("p", "d", 0))
+        assert other.status_code == 200, other.text
+        assert 'rsc_rate_limited_total{kind="joins"} 1.0' in (await http.get("/metrics")).text
+
+
 async def test_views_and_admin_writes_have_per_caller_limits(standalone_url: str) -> None:
     # A token a second each: a refill in the middle of a few requests needs seconds of them.
     config = settings_for(standalone_url, rate_limit_views_per_s=1, rate_limit_admin_writes_per_s=1)

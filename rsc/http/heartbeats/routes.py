@@ -40,7 +40,7 @@ from rsc.http.heartbeats.held import DeploymentHold
 from rsc.http.heartbeats.steady import Remembered, Slot, SteadyHeartbeats
 from rsc.http.json_io import EncodedJSON, error_body, json_body, json_response, structure
 from rsc.http.metrics import Metrics, refusal_details
-from rsc.http.ratelimit import HEARTBEATS, PARTY, RateLimits
+from rsc.http.ratelimit import HEARTBEATS, RateLimits
 from rsc.redis_errors import first_leaf
 
 
@@ -143,7 +143,7 @@ class HeartbeatAnswers:
             validate_heartbeat(command, ids=False)  # a bad request is a 400, group or none
             if heartbeat_rules.limited(body):
                 rates.check(HEARTBEATS, caller_key(caller))
-                rates.check(PARTY, heartbeat_rules.member_key(caller, body))
+                rates.check_member(caller, body, heartbeat_rules.member_key_suffix(body))
             quota = self.quota_of(caller)
             command = heartbeat_rules.with_join_quota(command, quota.limits.members_per_group)
             may_create = gate.may_create(caller)
@@ -253,7 +253,7 @@ def _batch_item(
         if slot is not None and body.member_epoch > 0:
             later = (slot, text, suffix)
     if heartbeat_rules.limited(body):  # each member its own limit
-        rates.check(PARTY, heartbeat_rules.keyed_by(caller, suffix))
+        rates.check_member(caller, body, suffix)
     return body, command, known if known is not None else later
 
 
