@@ -18,9 +18,10 @@ rebuild, whether and under which key it is rate limited, and the shape of its an
   credential that speaks for it, never by its address: behind a proxy every caller shares
   one. With the incarnation, a caller sending heartbeats under another's member id spends
   only its own tokens (`member_key`, `producer_key`).
-* Protocol work is not charged to a member's own limit (`member_charge`): a join (epoch 0)
-  is charged to its member id's join limit instead (without the incarnation, so a process
-  crash-looping through joins under new incarnations is still limited), and a heartbeat
+* Protocol work is not charged to a member's own limit (`member_charge`): the first join of
+  an incarnation is charged to its member id's join limit instead (without the incarnation,
+  so a process crash-looping through joins under new incarnations is still limited; a rejoin
+  of a known incarnation is charged to its own limit as before), and a heartbeat
   that acknowledges revokes it has not acknowledged before at its epoch is free
   (`acknowledges_news`). Echoing the same `revokedShards`, or a heartbeat with nothing new,
   is charged.
@@ -37,7 +38,7 @@ import attrs
 from rsc.events import codec, quotas
 from rsc.events.auth import Credential
 from rsc.events.commands import Heartbeat
-from rsc.events.model import check_id, check_name
+from rsc.events.model import Layout, check_id, check_name
 from rsc.events.wire import (
     HeartbeatRequest,
     HeartbeatResponse,
@@ -119,14 +120,15 @@ def acknowledges_news(body: HeartbeatRequest, last: Acknowledged | None) -> Ackn
     return None
 
 
-def member_charge(body: HeartbeatRequest, last: Acknowledged | None) -> str:
+def member_charge(body: HeartbeatRequest, known: bool, last: Acknowledged | None) -> str:
     """The limit a member's heartbeat is charged to: none for a leave or for news of revokes
-    (`acknowledges_news`), its member id's join limit for a join, else its own (party)
-    limit. Raises nothing."""
+    (`acknowledges_news`); its member id's join limit for the first join of an incarnation
+    (`known`: its key was seen before); else its own (party) limit, a rejoin of a known
+    incarnation (told to, after a fence) too. Raises nothing."""
     if body.member_epoch == LEAVE_EPOCH:
         return CHARGE_NONE
     if body.member_epoch == 0:
-        return CHARGE_JOIN
+        return CHARGE_PARTY if known else CHARGE_JOIN
     return CHARGE_NONE if acknowledges_news(body, last) is not None else CHARGE_PARTY
 
 
@@ -193,6 +195,24 @@ def answered_in(response: R, requested: int, level: int) -> R:
     return attrs.evolve(response, protocol_version=version, feature_level=level)
 
 
+#: The last layouts rendered (`_layout_json`), by identity: a layout is immutable, and every
+#: member told it gets the same object until the next change.
+_RENDERED: dict[int, tuple[Layout, dict[str, Any]]] = {}
+
+
+def _layout_json(layout: Layout) -> dict[str, Any]:
+    """`codec.wire.unstructure(layout)`, rendered once per layout object (shared: not to be
+    changed)."""
+    known = _RENDERED.get(id(layout))
+    if known is not None and known[0] is layout:
+        return known[1]
+    data: dict[str, Any] = codec.wire.unstructure(layout)
+    if len(_RENDERED) >= 8:
+        _RENDERED.pop(next(iter(_RENDERED)))
+    _RENDERED[id(layout)] = (layout, data)
+    return data
+
+
 #: The answer fields that come after `protocolVersion` and `featureLevel` (in field order).
 _AFTER_VERSION = ("static", "revokeTimeoutMs")
 
@@ -202,7 +222,12 @@ def answered_json(response: HeartbeatResponse, requested: int, level: int) -> di
     that names no version yet (as `respond` makes it), without a copy of the answer: a batch
     renders a hundred. Raises `UnsupportedProtocolVersion` as `answered_in` does."""
     version = check_protocol_version(requested)
-    data: dict[str, Any] = codec.wire.unstructure(response)
+    layout = response.layout
+    if layout is None:
+        data: dict[str, Any] = codec.wire.unstructure(response)
+    else:  # a layout of a thousand shards costs more to render than the rest: once a layout
+        data = codec.wire.unstructure(attrs.evolve(response, layout=None))
+        data["layout"] = _layout_json(layout)
     if version < 2:
         data.pop("revokeTimeoutMs", None)  # came with version 2
         return data

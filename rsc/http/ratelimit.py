@@ -10,12 +10,13 @@
   (`rsc.events.heartbeat_rules.member_charge`), so no member is refused for doing what the
   protocol asks however fast a storm moves shards: a heartbeat acknowledging revokes it has
   not acknowledged before at its epoch is free (a small memo per member key remembers what
-  it acknowledged last); a join (epoch 0) is charged to its **member id's join limit**
-  instead, without the incarnation: a tenth of the party limit (a join per interval by
-  default, bursts of a tenth of the party burst), so a process crash-looping through joins
-  under new incarnations is limited. Echoing the same `revokedShards`, or looping with
-  nothing new, is charged as before; every heartbeat, protocol work too, is still charged to
-  its caller's limit below.
+  it acknowledged last); the first join (epoch 0) of an incarnation is charged to its
+  **member id's join limit** instead, without the incarnation (a rejoin of a known
+  incarnation, after a fence, is charged to its own limit as before): a tenth of the party
+  limit (a join per interval by default, bursts of a tenth of the party burst), so a process
+  crash-looping through joins under new incarnations is limited. Echoing the same
+  `revokedShards`, or looping with nothing new, is charged as before; every heartbeat,
+  protocol work too, is still charged to its caller's limit below.
 * **Per caller** (a credential, or an anonymous caller's address: an IPv4 address or an IPv6
   /64): every heartbeat (a batch counts each item) `rate_limit_heartbeats_per_s`, views and
   `/metrics` `rate_limit_views_per_s`, Admin API writes `rate_limit_admin_writes_per_s`
@@ -86,8 +87,9 @@ class RateLimits:
             VIEWS: _buckets(views_per_s, 2 * views_per_s),
             ADMIN_WRITES: _buckets(admin_writes_per_s, 2 * admin_writes_per_s),
         }
-        #: Each member key's last acknowledgement (`heartbeat_rules.acknowledges_news`).
-        self._acknowledged: collections.OrderedDict[str, heartbeat_rules.Acknowledged] = (
+        #: Each member key seen (an incarnation joined), with its last acknowledgement
+        #: (`heartbeat_rules.acknowledges_news`), the least recently seen first.
+        self._acknowledged: collections.OrderedDict[str, heartbeat_rules.Acknowledged | None] = (
             collections.OrderedDict()
         )
 
@@ -105,19 +107,17 @@ class RateLimits:
         """Charge a member's heartbeat to its own limits (see the module): `suffix` is its
         `member_key_suffix`. Raise `RateLimited` when it must wait."""
         key = heartbeat_rules.keyed_by(caller, suffix)
-        last = self._acknowledged.get(key)
-        charge = heartbeat_rules.member_charge(body, last)
+        known = key in self._acknowledged
+        last = self._acknowledged.pop(key, None)
+        charge = heartbeat_rules.member_charge(body, known, last)
+        if body.member_epoch != heartbeat_rules.LEAVE_EPOCH:  # (a leave: nothing to remember)
+            self._acknowledged[key] = heartbeat_rules.acknowledges_news(body, last) or last
+            if len(self._acknowledged) > MAX_ACKNOWLEDGED:
+                self._acknowledged.popitem(last=False)
         if charge == heartbeat_rules.CHARGE_JOIN:
             self.check(JOINS, heartbeat_rules.keyed_by(caller, heartbeat_rules.join_key_suffix(suffix)))
         elif charge == heartbeat_rules.CHARGE_PARTY:
             self.check(PARTY, key)
-        else:
-            news = heartbeat_rules.acknowledges_news(body, last)
-            if news is not None:
-                self._acknowledged.pop(key, None)
-                self._acknowledged[key] = news
-                if len(self._acknowledged) > MAX_ACKNOWLEDGED:
-                    self._acknowledged.popitem(last=False)
 
     def check(self, kind: str, key: str, cost: float = 1.0) -> None:
         """Raise `RateLimited` when `key` must wait."""

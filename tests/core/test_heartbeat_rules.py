@@ -102,9 +102,14 @@ def acking(epoch: int, *shards: int) -> HeartbeatRequest:
 
 
 def test_protocol_work_is_not_charged_to_a_members_own_limit() -> None:
-    charge = heartbeat_rules.member_charge
+    def charge(body: HeartbeatRequest, last: heartbeat_rules.Acknowledged | None) -> str:
+        return heartbeat_rules.member_charge(body, True, last)
+
     assert charge(member(-1), None) == heartbeat_rules.CHARGE_NONE  # a leave
-    assert charge(member(0), None) == heartbeat_rules.CHARGE_JOIN  # to its member id's joins
+    assert heartbeat_rules.member_charge(member(-1), False, None) == heartbeat_rules.CHARGE_NONE
+    # The first join of an incarnation: to its member id's joins; a rejoin: to its own limit.
+    assert heartbeat_rules.member_charge(member(0), False, None) == heartbeat_rules.CHARGE_JOIN
+    assert charge(member(0), None) == heartbeat_rules.CHARGE_PARTY
     assert charge(member(5), None) == heartbeat_rules.CHARGE_PARTY  # nothing new
     assert charge(acking(5, 1), None) == heartbeat_rules.CHARGE_NONE  # news of a revoke
     assert charge(acking(5, 1), (5, frozenset({1}))) == heartbeat_rules.CHARGE_PARTY  # an echo

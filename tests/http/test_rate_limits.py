@@ -141,6 +141,9 @@ async def test_protocol_work_is_never_limited_and_echoes_and_join_loops_are(stan
         ]
         assert joins[0].status_code == 200, joins[0].text
         limited(joins[-1], "joins")
+        # A rejoin of a known incarnation (told to, after a fence) is charged to its own limit.
+        rejoin = await http.post("/v1/heartbeat", json=hb("p", "c", 0, incarnation="boot-0"))
+        assert rejoin.status_code == 200, rejoin.text
         other = await http.post("/v1/heartbeat", json=hb("p", "d", 0))
         assert other.status_code == 200, other.text
         assert 'rsc_rate_limited_total{kind="joins"} 1.0' in (await http.get("/metrics")).text
