@@ -208,12 +208,13 @@ def buckets_in(metrics: str, endpoint: str) -> dict[float, float]:
     return {float(le): float(count) for le, count in re.findall(pattern, metrics)}
 
 
-def server_p99(before: dict[float, float], after: dict[float, float]) -> float | None:
-    """The upper bound (ms) of the bucket holding the 99th percentile of what happened in between."""
+def server_p99(before: dict[float, float], after: dict[float, float], q: float = 0.99) -> float | None:
+    """The upper bound (ms) of the bucket holding the `q` quantile (the 99th percentile) of
+    what happened in between."""
     delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
     total = delta.get(float("inf"), 0.0)
     for le, count in delta.items():
-        if total and count >= 0.99 * total:
+        if total and count >= q * total:
             return le * 1000
     return None
 
