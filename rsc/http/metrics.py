@@ -33,6 +33,9 @@ from rsc.http import ratelimit
 log = logging.getLogger("rsc.metrics")
 #: How often shard lengths, per-group lag and pending, and dead letters are read from Redis.
 SAMPLE_EVERY_S = 10.0
+#: `rsc_heartbeat_seconds`'s buckets (s): fine between 5 and 100 ms, where a batch's goals are.
+HEARTBEAT_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025)
+HEARTBEAT_BUCKETS += (0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 #: The most of the time sampling may take: a sample that took 1 s waits 19 s before the next.
 SAMPLE_SHARE = 0.05
 #: The interval stretches to at most this many times `metrics_sample_interval_ms`.
@@ -68,9 +71,7 @@ class Metrics:
             "Time to answer heartbeat requests",
             ["endpoint"],
             registry=self.prometheus,
-            # (fine between 5 and 100 ms: where a batch's goals are)
-            buckets=(0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.035, 0.05, 0.075, 0.1)
-            + (0.25, 0.5, 1.0, 2.5),
+            buckets=HEARTBEAT_BUCKETS,
         )
         self.rebalances = Counter(
             "rsc_rebalances",
