@@ -54,7 +54,7 @@ test: setup setup-node
 	@(cd $(NODE_DIR) && npm test --silent) > .node-test.log 2>&1 & node_job=$$!; \
 	$(BIN)/pytest -n 2 tests/core tests/actors tests/http tests/clients; first=$$?; \
 	wait $$node_job; node=$$?; cat .node-test.log; rm -f .node-test.log; \
-	$(BIN)/pytest -n 3 --dist loadgroup tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
+	$(BIN)/pytest -n 3 tests/chaos tests/conformance tests/processes tests/compat tests/browser; second=$$?; \
 	exit $$(( first || second || node ))
 
 # The inner loop (about a minute): the in-process tiers (core, actors, http, clients) without

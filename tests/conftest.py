@@ -49,11 +49,6 @@ SLOW_MODULES = frozenset(
 )
 
 
-#: The chaos tier's modules that run a whole fleet of processes (`xdist_group`, below).
-CHAOS_RUNS = frozenset(
-    {"test_chaos", "test_chaos_failover", "test_chaos_loss", "test_chaos_rebuild", "test_chaos_static"}
-)
-
 # `make test-fast` runs property tests with fewer examples (`--hypothesis-profile=fast`).
 settings.register_profile("fast", max_examples=10)
 
@@ -66,11 +61,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(getattr(pytest.mark, tier))
         if tier in SLOW_TIERS or item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if tier == "chaos" and item.path.stem in CHAOS_RUNS:
-            # One chaos run at a time (`make test` runs the process tiers with --dist loadgroup):
-            # each is a fleet of processes whose timings (leases, holds) a loaded machine eats
-            # when two or three run at once on two cores; the other workers take lighter tests.
-            item.add_marker(pytest.mark.xdist_group("chaos-runs"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
