@@ -9,6 +9,7 @@ and can be stopped and started again on the same port.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import signal
@@ -34,10 +35,26 @@ def _port_free(port: int) -> bool:
     return True
 
 
+#: Where `free_port` looks: below the kernel's ephemeral range (32768 and up on Linux), so that
+#: no outgoing connection of any process takes a port between its check and its listener; the
+#: bus port of a cluster node (+10000) falls in 20000-29999, where no other port is picked.
+PORTS = (10_000, 20_000)
+
+
 def free_port(cluster_bus: bool = False) -> int:
-    """A port that is free now (and, for cluster nodes, its bus port + 10000 too)."""
+    """A port that is free now (and, for cluster nodes, its bus port + 10000 too).
+
+    Each pytest-xdist worker looks in its own slice of the range, so two workers never pick
+    the same port between a check and a listener: under load that window grew long enough
+    for a coordinator to fail with "Address already in use" (CI, 2026-12-07)."""
+    low, high = PORTS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) % count if worker[2:].isdigit() else 0
+    size = (high - low) // count
+    low += index * size
     for _ in range(200):
-        port = random.randint(20_000, 40_000)
+        port = random.randint(low, low + size - 1)
         if _port_free(port) and (not cluster_bus or _port_free(port + 10_000)):
             return port
     raise RuntimeError("no free port found")
