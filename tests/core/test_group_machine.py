@@ -164,10 +164,20 @@ class GroupMachine(RuleBasedStateMachine):
         member_id=st.sampled_from(MEMBER_IDS),
         epoch=st.integers(min_value=-1, max_value=30),
         owned=st.frozensets(st.integers(0, 20), max_size=6),
-        incarnation=st.sampled_from(["inc-1", "inc-2", "zombie"]),
+        data=st.data(),
     )
-    def rogue_heartbeat(self, member_id: str, epoch: int, owned: frozenset[int], incarnation: str) -> None:
-        """A delayed, duplicated or foreign request: whatever it is, invariants hold."""
+    def rogue_heartbeat(self, member_id: str, epoch: int, owned: frozenset[int], data: st.DataObject) -> None:
+        """A delayed, duplicated or foreign request: whatever it is, invariants hold.
+
+        Its incarnation is one a process was given already (a delayed or duplicated request of
+        a real process) or one no process ever gets (a foreign caller): never the incarnation
+        a process starting later will be given. (Incarnations are random: a request naming a
+        future process's is that process as far as any coordinator can tell. With the
+        model's counter, `inc-2` sent before the second process started made the rebuilt
+        group take in "its" shard 0, then gave it to the real inc-2 when it joined, while the
+        shard's real holder still handled it: seed 965387527.)"""
+        issued = [f"inc-{n}" for n in range(1, self.incarnations + 1)]
+        incarnation = data.draw(st.sampled_from([*issued, "zombie"]), label="incarnation")
         live = self.g.state.members.get(member_id)
         superseded = incarnation in self.g.state.superseded.get(member_id, ())
         try:
