@@ -42,8 +42,14 @@ UNAVAILABLE = (
     OSError,
     trio.BrokenResourceError,
 )
-#: The same, for the refusals coredis has no class for: the Redis error code (the first word).
-TRANSIENT_CODES = frozenset({"LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "READONLY"})
+#: The same, by the Redis error code (the first word), for the refusals coredis has no class for,
+#: and `NOSCRIPT` as it reaches a caller: every script call loads its script and is sent again
+#: when told `NOSCRIPT` (`rsc.scripts.reloading`), so one that still comes back was loaded on
+#: one Redis and run on another (a failover between the two, seen in a coordinator's retention
+#: round behind Sentinel): the next try runs on the new primary.
+TRANSIENT_CODES = frozenset(
+    {"LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "NOSCRIPT"}
+)
 
 
 def error_code(exc: BaseException) -> str | None:

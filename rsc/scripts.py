@@ -18,9 +18,12 @@ from typing import TypeVar
 
 from rsc.redis_errors import reply_code
 
-__all__ = ["reloading", "reloading_sync", "unknown_script"]
+__all__ = ["LOAD_ROUNDS", "reloading", "reloading_sync", "unknown_script"]
 
 Call = TypeVar("Call")
+
+#: How many times the calls answered `NOSCRIPT` have their scripts loaded and are sent again.
+LOAD_ROUNDS = 3
 
 
 def unknown_script(reply: object) -> bool:
@@ -38,15 +41,19 @@ async def reloading(
 ) -> list[object]:
     """The replies of `calls` (one each, in order; an error reply as its exception, returned):
     `send(calls)`, then, for the calls answered `NOSCRIPT` only, `load(those)` (their scripts
-    loaded) and `send(those)` again. Raises what `send` and `load` raise."""
+    loaded) and `send(those)` again, up to `LOAD_ROUNDS` times (a failover between the load and
+    the call runs it on a Redis that was not told the script: `NOSCRIPT` again). A `NOSCRIPT`
+    still there after that is returned as it is, and is a transient failure
+    (`rsc.redis_errors.TRANSIENT_CODES`). Raises what `send` and `load` raise."""
     replies = list(await send(calls))
-    unknown = [i for i, reply in enumerate(replies) if unknown_script(reply)]
-    if not unknown:
-        return replies
-    again = [calls[i] for i in unknown]
-    await load(again)
-    for i, reply in zip(unknown, await send(again), strict=True):
-        replies[i] = reply
+    for _ in range(LOAD_ROUNDS):
+        unknown = [i for i, reply in enumerate(replies) if unknown_script(reply)]
+        if not unknown:
+            break
+        again = [calls[i] for i in unknown]
+        await load(again)
+        for i, reply in zip(unknown, await send(again), strict=True):
+            replies[i] = reply
     return replies
 
 
@@ -57,9 +64,15 @@ def reloading_sync(
 ) -> list[object]:
     """`reloading` for a blocking client."""
     replies = list(send(calls))
-    unknown = [i for i, reply in enumerate(replies) if unknown_script(reply)]
-    if not unknown:
-        return replies
+    for _ in range(LOAD_ROUNDS):
+        unknown = [i for i, reply in enumerate(replies) if unknown_script(reply)]
+        if not unknown:
+            break
+        again = [calls[i] for i in unknown]
+        load(again)
+        for i, reply in zip(unknown, send(again), strict=True):
+            replies[i] = reply
+    return replies
     again = [calls[i] for i in unknown]
     load(again)
     for i, reply in zip(unknown, send(again), strict=True):

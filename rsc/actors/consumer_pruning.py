@@ -17,7 +17,7 @@ import trio
 
 from rsc.actors.actor import Actor
 from rsc.actors.effects.port import Effects
-from rsc.actors.errors import StoreError
+from rsc.actors.errors import ROUND_FAILURES
 from rsc.events.group import GroupState
 
 log = logging.getLogger("rsc.registry")
@@ -50,7 +50,7 @@ async def prune_consumers(
             keys = [s.key for s in state.layout.shards if s.readable]
             try:
                 gone = await effects.prune_consumers(keys, state.group, state.members)
-            except StoreError as exc:
+            except ROUND_FAILURES as exc:
                 log.debug("pruning consumers of %s: %s", aggregate_id, exc)
                 continue
             if gone:

@@ -20,11 +20,11 @@ from rsc.actors.actor import Actor, Reply
 from rsc.actors.aggregates import StreamActor
 from rsc.actors.clock import Clock
 from rsc.actors.effects.port import Effects
-from rsc.actors.errors import ActorStopped, StoreError, TermFenced
+from rsc.actors.errors import ROUND_FAILURES, TermFenced
 from rsc.actors.keys import AggregateId
 from rsc.events.commands import AdvanceMigration, RetireShards, StreamCommand
 from rsc.events.drain import drain_check
-from rsc.events.errors import CoordinationError, UnknownStream
+from rsc.events.errors import UnknownStream
 from rsc.events.events import StreamEvent
 from rsc.events.migration import moving
 from rsc.events.model import Layout, MigrationPhase
@@ -76,7 +76,7 @@ async def watch_drains(
             generation, busy = streams.generation, None
         try:
             prefixes = await streams.stream_prefixes()
-        except StoreError:
+        except ROUND_FAILURES:
             continue
         for gone in set(streams.layouts) - set(prefixes):  # deleted (even by a failed answer)
             streams.layouts.pop(gone, None)
@@ -95,7 +95,7 @@ async def watch_drains(
                 break
             except UnknownStream:
                 continue  # gone meanwhile: nothing drains there
-            except (CoordinationError, StoreError, ActorStopped) as exc:
+            except ROUND_FAILURES as exc:
                 still.add(prefix)  # look again next round
                 log.debug("drain check of %s: %s", prefix, exc)
         busy = None if standby else still

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import coredis
+
+from rsc.events.errors import CoordinationError
+
 
 class StoreError(Exception):
     """Base of persistence failures."""
@@ -85,3 +89,15 @@ class Redecide(Exception):
     """A command decided as a follow-up of a batch (`Actor.follow_ups`) was dropped with that
     batch (another writer moved the aggregate; the batch is decided again without it): nothing
     of it was written. Ask for it again as an ordinary command."""
+
+
+#: What a background round of the coordinator (retention, drain checks, consumer pruning) logs
+#: and tries again on its next round, for one stream or group: a store that failed, an actor
+#: that refused or stopped, and a Redis refusal that reached it untranslated (a state no one
+#: foresaw must not end the process, which also coordinates every other stream).
+ROUND_FAILURES: tuple[type[BaseException], ...] = (
+    CoordinationError,
+    StoreError,
+    ActorStopped,
+    coredis.exceptions.ResponseError,
+)

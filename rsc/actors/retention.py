@@ -35,10 +35,9 @@ import trio
 
 from rsc.actors import drain_watch
 from rsc.actors.effects.trimming import TRIMMED_TOTAL_FIELD, TrimCall, Trimmed
-from rsc.actors.errors import ActorStopped, StoreError, TermFenced
+from rsc.actors.errors import ROUND_FAILURES, TermFenced
 from rsc.actors.keys import AggregateId
 from rsc.events.commands import RecordRetentionLoss
-from rsc.events.errors import CoordinationError
 from rsc.events.model import Shard
 from rsc.events.retention import Retention
 from rsc.events.stream import StreamState
@@ -140,7 +139,7 @@ class Retainer:
                 await self.trim_stream(prefix)
             except TermFenced:
                 raise
-            except (CoordinationError, StoreError, ActorStopped) as exc:
+            except ROUND_FAILURES as exc:
                 log.debug("retention of %s: %s", prefix, exc)
 
     async def requested(self) -> None:
@@ -150,7 +149,7 @@ class Retainer:
                 await self.trim_stream(prefix, only=shards)
             except TermFenced:
                 raise
-            except (CoordinationError, StoreError, ActorStopped) as exc:
+            except ROUND_FAILURES as exc:
                 log.debug("early retention of %s: %s", prefix, exc)
 
     async def trim_stream(self, stream_prefix: str, only: frozenset[int] | None = None) -> None:
@@ -275,7 +274,7 @@ async def watch_retention(
                 await trio.sleep(REQUEST_GAP_S)
         except TermFenced:
             retainer.idle_since.clear()  # a standby: once active again, idle times start anew
-        except StoreError as exc:
+        except ROUND_FAILURES as exc:
             log.debug("retention round: %s", exc)
 
 

@@ -12,8 +12,11 @@ import coredis
 import pytest
 import redis
 
-from rsc.actors.store_connection import Scripts, open_lean, open_redis
-from rsc.scripts import reloading_sync, unknown_script
+from rsc.actors.errors import StoreUnavailable
+from rsc.actors.store_connection import Scripts, open_lean, open_redis, redis_errors
+from rsc.redis_errors import is_unavailable
+from rsc.scripts import LOAD_ROUNDS, reloading_sync, unknown_script
+from tests.redis_servers import standalone
 
 #: Not idempotent: counts its runs in its key.
 COUNT = "return redis.call('INCR', KEYS[1])"
@@ -76,3 +79,43 @@ def test_noscript_is_told_by_its_class_or_its_code() -> None:
     assert unknown_script(coredis.exceptions.ResponseError("NOSCRIPT No matching script"))
     assert not unknown_script(coredis.exceptions.ResponseError("SEALED shard k"))
     assert not unknown_script("NOSCRIPT")  # a reply, not an error
+
+
+@pytest.mark.parametrize("stale_loads", [1, LOAD_ROUNDS])
+async def test_a_script_loaded_on_the_old_primary_is_loaded_again_or_fails_as_transient(
+    standalone_url: str, prefix: str, stale_loads: int
+) -> None:
+    """A failover between loading a script and running it (seen behind Sentinel: the pool's
+    connection to the old primary took the `SCRIPT LOAD`): the call is `NOSCRIPT` again. It is
+    loaded and sent again up to `LOAD_ROUNDS` times; a `NOSCRIPT` left after that is a Redis
+    that may answer later (`StoreUnavailable` to the coordinator's rounds, which try again),
+    never a refusal that ends the coordinator. Two real servers, the old primary a second one."""
+    with standalone() as old_url, redis.Redis.from_url(old_url) as old:
+        async with open_redis(standalone_url) as client:
+            loads: list[str] = []
+
+            class FailingOver(Scripts):
+                async def _load(self, calls: Sequence[Any]) -> None:
+                    if len(loads) < stale_loads:
+                        loads.append("old")
+                        old.script_load(COUNT)
+                    else:
+                        loads.append("new")
+                        await super()._load(calls)
+
+            scripts = FailingOver(client)
+            counter = client.register_script(COUNT)
+            await client.script_flush()
+            key = f"{prefix}:count"
+            if stale_loads < LOAD_ROUNDS:
+                assert await scripts.one(counter, [key], []) == 1
+                assert loads == ["old", "new"]
+                return
+            with pytest.raises(coredis.exceptions.NoScriptError) as refused:
+                await scripts.one(counter, [key], [])
+            assert loads == ["old"] * LOAD_ROUNDS
+            assert is_unavailable(refused.value)
+            loads.clear()  # the pool still reaches the old primary
+            with pytest.raises(StoreUnavailable), redis_errors("a retention round"):
+                await scripts.one(counter, [key], [])
+            assert await client.get(key) is None  # never ran
