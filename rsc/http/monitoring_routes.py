@@ -30,6 +30,7 @@ from rsc.http.authenticate import Gate, Refused
 from rsc.http.errors import ApiError
 from rsc.http.json_io import error_response, json_response
 from rsc.http.metrics import Metrics, scoped_registry
+from rsc.http.pending import pending_entries
 
 #: How long `/readyz` waits for Redis before saying it is not ready.
 READY_TIMEOUT_S = 1.0
@@ -132,20 +133,6 @@ def add_group_reads(app: QuartTrio, deployment: Deployment) -> None:
         except UnknownGroup as exc:
             raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
         return json_response(found)
-
-
-async def pending_entries(deployment: Deployment, stream_prefix: str, group: str, payloads: bool) -> Response:
-    """`?limit=N` (1-1000, default 20) of the group's oldest pending entries, as `PendingList`."""
-    raw = request.args.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 1_000:
-        raise ApiError(400, "INVALID_REQUEST", "limit must be an integer from 1 to 1000")
-    try:
-        found = await deployment.oldest_pending(stream_prefix, group, int(raw), payloads)
-    except UnknownStream as exc:
-        raise ApiError(404, "UNKNOWN_STREAM", str(exc)) from exc
-    except UnknownGroup as exc:
-        raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
-    return json_response(views.pending_list(stream_prefix, group, found, deployment.now_ms()))
 
 
 def _add_process_routes(app: QuartTrio, deployment: Deployment, gate: Gate, metrics: Metrics) -> None:

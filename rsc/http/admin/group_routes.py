@@ -37,7 +37,7 @@ from rsc.http.admin.preconditions import (
 )
 from rsc.http.errors import ApiError
 from rsc.http.json_io import json_body, json_response
-from rsc.http.monitoring_routes import pending_entries
+from rsc.http.pending import pending_entries
 
 GROUP = "/v1/admin/streams/<stream_prefix>/groups/<consumer_group>"
 
