@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import logging
 import shutil
 import signal
@@ -45,27 +44,10 @@ from rsc.http.authenticate import AdminAccount, is_loopback_bind
 from rsc.http.openapi import add_openapi_route
 from rsc.http.server import Limits, hypercorn_config, serve_http
 from rsc.http.standby import add_standby_gate, default_advertise_url
+from rsc.process_tuning import GC_THRESHOLDS as GC_THRESHOLDS  # noqa: PLC0414 (here before 0.2.0)
+from rsc.process_tuning import tune_gc as tune_gc  # noqa: PLC0414
 
 log = logging.getLogger("rsc.serve")
-
-
-#: The service's collector thresholds (CPython's default is 700, 10, 10). A batch of 100
-#: heartbeats allocates tens of thousands of short-lived objects; at the default the
-#: collector ran many times per request and took about a quarter of the CPU
-#: (bench/heartbeat.py: 44 -> 34 us of CPU per member heartbeat). Cycles are still
-#: collected, only in larger steps.
-GC_THRESHOLDS = (70_000, 10, 100)
-
-
-def tune_gc() -> None:
-    """For a long-running service process: freeze what start-up built, collect in larger steps.
-
-    `gc.freeze` moves every object alive now (modules, the app, its routes) out of the
-    collector's sight, so full collections no longer walk them again and again.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 #: Running actors that compare their stored revision each second (partial loss, `rsc.actors.dataset`).

@@ -11,44 +11,64 @@ One module a family of commands: `serve_command` (`rsc serve`), `worker_command`
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import click
 
 from rsc import __version__
-from rsc.cli.conformance_command import conformance
-from rsc.cli.journal_commands import journal
-from rsc.cli.plan_commands import apply, diff
 from rsc.cli.process_setup import logging_everywhere
-from rsc.cli.serve_command import serve
-from rsc.cli.simulate_command import simulate
-from rsc.cli.worker_command import worker
-from rsc.tools.audit_command import audit
-from rsc.tools.dead_letter_commands import dlq
-from rsc.tools.group_commands import groups, members
-from rsc.tools.purge import purge_command
-from rsc.tools.stream_commands import producers, streams
-from rsc.tools.tail_command import tail
 
 __all__ = ["main"]
 
+#: Each command: the module that defines it and its name there. A command's module is imported
+#: only when the command runs (or `--help` lists them all): `rsc worker` loads neither the
+#: coordinator nor its web framework (about half a second of CPU at every start).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("rsc.cli.simulate_command", "simulate"),
+    "journal": ("rsc.cli.journal_commands", "journal"),
+    "serve": ("rsc.cli.serve_command", "serve"),
+    "worker": ("rsc.cli.worker_command", "worker"),
+    "streams": ("rsc.tools.stream_commands", "streams"),
+    "groups": ("rsc.tools.group_commands", "groups"),
+    "members": ("rsc.tools.group_commands", "members"),
+    "producers": ("rsc.tools.stream_commands", "producers"),
+    "audit": ("rsc.tools.audit_command", "audit"),
+    "dlq": ("rsc.tools.dead_letter_commands", "dlq"),
+    "purge": ("rsc.tools.purge", "purge_command"),
+    "diff": ("rsc.cli.plan_commands", "diff"),
+    "apply": ("rsc.cli.plan_commands", "apply"),
+    "conformance": ("rsc.cli.conformance_command", "conformance"),
+    "tail": ("rsc.tools.tail_command", "tail"),
+}
 
-@click.group()
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when first asked for (`COMMANDS`), each given the
+    logging options of every command (`logging_everywhere`) then."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            logging_everywhere(command)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup)
 @click.version_option(__version__, prog_name="rsc")
 def main() -> None:
     """rsc: a coordinator for sharded Redis Streams."""
 
 
-_ADMIN_COMMANDS = (streams, groups, members, producers, audit, dlq)
-for _command in (
-    simulate,
-    journal,
-    serve,
-    worker,
-    *_ADMIN_COMMANDS,
-    purge_command,
-    diff,
-    apply,
-    conformance,
-    tail,
-):
-    main.add_command(_command)
-logging_everywhere(main)
+def __getattr__(name: str) -> Any:
+    """The commands by the names this module exported before they were loaded lazily
+    (`from rsc.cli import serve` still works; `purge_command` is `rsc purge`)."""
+    for command, (module, attr) in COMMANDS.items():
+        if name in (attr, command):
+            return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

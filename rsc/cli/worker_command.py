@@ -12,10 +12,10 @@ from typing import NoReturn
 import click
 import trio
 
-from rsc import coordinator_process as serving
 from rsc.cli.process_setup import StartupError, logging_options, setup_logging
 from rsc.client.errors import CoordinatorRejected, MemberReplaced, RscError
 from rsc.client.worker import App
+from rsc.process_tuning import tune_gc
 from rsc.redis_errors import first_leaf
 from rsc.tools.running import run_on_redis
 
@@ -109,7 +109,7 @@ def worker(
             await nursery.start(app.run)
             # As `rsc serve`: freeze what start-up built, collect in larger steps. At CPython's
             # defaults a worker handling 1,000 msg/s paused ~60 ms for each full collection.
-            serving.tune_gc()
+            tune_gc()
             click.echo(f"rsc worker: {len(app.members)} member(s) running; SIGINT/SIGTERM to stop")
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
