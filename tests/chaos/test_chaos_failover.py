@@ -29,6 +29,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 import redis
 
 from rsc.events.wire import owner_key
@@ -128,6 +129,7 @@ def coordinator_terms(run: Chaos) -> tuple[list[tuple[str, float, float]], list[
     return terms, tokens
 
 
+@pytest.mark.timeout(600)  # 150 s alone, 235 s on a slow CI machine
 def test_the_data_plane_and_two_coordinators_through_redis_failovers(tmp_path: Path) -> None:
     with (
         SentinelSet(tmp_path / "sentinels") as sentinels,
