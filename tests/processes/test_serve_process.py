@@ -137,8 +137,11 @@ def test_log_lines_can_be_json_objects(standalone_url: str, tmp_path: Path) -> N
 
 
 def _leaves(command: click.Command, path: str = "rsc") -> list[tuple[str, click.Command]]:
+    """Every command under `command`, asked as click asks (`rsc`'s commands load when asked)."""
     if isinstance(command, click.Group):
-        return [leaf for name, sub in command.commands.items() for leaf in _leaves(sub, f"{path} {name}")]
+        ctx = click.Context(command)
+        subs = [(name, command.get_command(ctx, name)) for name in command.list_commands(ctx)]
+        return [leaf for name, sub in subs if sub is not None for leaf in _leaves(sub, f"{path} {name}")]
     return [(path, command)]
 
 
