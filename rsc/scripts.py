@@ -73,8 +73,3 @@ def reloading_sync(
         for i, reply in zip(unknown, send(again), strict=True):
             replies[i] = reply
     return replies
-    again = [calls[i] for i in unknown]
-    load(again)
-    for i, reply in zip(unknown, send(again), strict=True):
-        replies[i] = reply
-    return replies

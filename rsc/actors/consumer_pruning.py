@@ -17,7 +17,7 @@ import trio
 
 from rsc.actors.actor import Actor
 from rsc.actors.effects.port import Effects
-from rsc.actors.errors import ROUND_FAILURES
+from rsc.actors.errors import ROUND_FAILURES, log_round_failure
 from rsc.events.group import GroupState
 
 log = logging.getLogger("rsc.registry")
@@ -51,7 +51,7 @@ async def prune_consumers(
             try:
                 gone = await effects.prune_consumers(keys, state.group, state.members)
             except ROUND_FAILURES as exc:
-                log.debug("pruning consumers of %s: %s", aggregate_id, exc)
+                log_round_failure(log, f"pruning consumers of {aggregate_id}", exc)
                 continue
             if gone:
                 log.info("pruned %d departed consumer(s) of %s", gone, aggregate_id)

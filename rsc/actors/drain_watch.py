@@ -20,7 +20,7 @@ from rsc.actors.actor import Actor, Reply
 from rsc.actors.aggregates import StreamActor
 from rsc.actors.clock import Clock
 from rsc.actors.effects.port import Effects
-from rsc.actors.errors import ROUND_FAILURES, TermFenced
+from rsc.actors.errors import ROUND_FAILURES, TermFenced, log_round_failure
 from rsc.actors.keys import AggregateId
 from rsc.events.commands import AdvanceMigration, RetireShards, StreamCommand
 from rsc.events.drain import drain_check
@@ -97,7 +97,7 @@ async def watch_drains(
                 continue  # gone meanwhile: nothing drains there
             except ROUND_FAILURES as exc:
                 still.add(prefix)  # look again next round
-                log.debug("drain check of %s: %s", prefix, exc)
+                log_round_failure(log, f"drain check of {prefix}", exc)
         busy = None if standby else still
         seen = set(prefixes)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import coredis
 
 from rsc.events.errors import CoordinationError
+from rsc.redis_errors import is_unavailable
 
 
 class StoreError(Exception):
@@ -101,3 +104,13 @@ ROUND_FAILURES: tuple[type[BaseException], ...] = (
     ActorStopped,
     coredis.exceptions.ResponseError,
 )
+
+
+def log_round_failure(log: logging.Logger, context: str, exc: BaseException) -> None:
+    """Log a failure a background round tries again next round: at DEBUG for what passes (Redis
+    away, a standby, a busy actor), at WARNING for a Redis refusal that will not (`NOPERM`,
+    `WRONGTYPE`...: the round keeps failing until an operator acts, and says so each time)."""
+    refused = isinstance(exc, CommandRefused) or (
+        isinstance(exc, coredis.exceptions.ResponseError) and not is_unavailable(exc)
+    )
+    log.log(logging.WARNING if refused else logging.DEBUG, "%s: %s", context, exc)

@@ -35,7 +35,7 @@ import trio
 
 from rsc.actors import drain_watch
 from rsc.actors.effects.trimming import TRIMMED_TOTAL_FIELD, TrimCall, Trimmed
-from rsc.actors.errors import ROUND_FAILURES, TermFenced
+from rsc.actors.errors import ROUND_FAILURES, TermFenced, log_round_failure
 from rsc.actors.keys import AggregateId
 from rsc.events.commands import RecordRetentionLoss
 from rsc.events.model import Shard
@@ -140,7 +140,7 @@ class Retainer:
             except TermFenced:
                 raise
             except ROUND_FAILURES as exc:
-                log.debug("retention of %s: %s", prefix, exc)
+                log_round_failure(log, f"retention of {prefix}", exc)
 
     async def requested(self) -> None:
         """Trim the shards reported full since the last call (see `TrimRequests`)."""
@@ -150,7 +150,7 @@ class Retainer:
             except TermFenced:
                 raise
             except ROUND_FAILURES as exc:
-                log.debug("early retention of %s: %s", prefix, exc)
+                log_round_failure(log, f"early retention of {prefix}", exc)
 
     async def trim_stream(self, stream_prefix: str, only: frozenset[int] | None = None) -> None:
         """Apply the stream's policy to each readable shard key (nothing without a policy), or
@@ -267,15 +267,17 @@ async def watch_retention(
             await streams.trim_requests.wait()
         try:
             if trio.current_time() >= next_round:
-                await retainer.round()
+                # The next round is due `every_s` from this one's start, whether it fails or
+                # not (a failure tried again at once would spin on Redis, a standby too).
                 next_round = trio.current_time() + every_s
+                await retainer.round()
             else:
                 await retainer.requested()
                 await trio.sleep(REQUEST_GAP_S)
         except TermFenced:
             retainer.idle_since.clear()  # a standby: once active again, idle times start anew
         except ROUND_FAILURES as exc:
-            log.debug("retention round: %s", exc)
+            log_round_failure(log, "retention round", exc)
 
 
 @attrs.frozen

@@ -70,5 +70,7 @@ def __getattr__(name: str) -> Any:
     (`from rsc.cli import serve` still works; `purge_command` is `rsc purge`)."""
     for command, (module, attr) in COMMANDS.items():
         if name in (attr, command):
-            return getattr(importlib.import_module(module), attr)
+            found: click.Command = getattr(importlib.import_module(module), attr)
+            logging_everywhere(found)  # as `rsc` runs it (once: it is idempotent)
+            return found
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -204,7 +204,9 @@ def take_replies(calls: Sequence[Append], results: Sequence[object], ids: list[s
                 out.oom = str(result)
             out.sealed |= why == "SEALED"
             out.noscript |= why == "NOSCRIPT"
-            if why == "UNAVAILABLE":
+            if why in ("UNAVAILABLE", "NOSCRIPT"):
+                # (a NOSCRIPT here outlived `rsc.scripts.reloading`'s loads: a failover
+                # between load and call; sent again later, as while Redis does not answer)
                 out.unavailable = str(result)
         else:
             out.failure = why

@@ -161,7 +161,6 @@ def _refused(code: str, key: str | None, refusal: BaseException) -> ErrorAnswer:
     hint = {
         "NOPERM": "the coordinator's Redis user lacks a permission (ACL) it needs",
         "WRONGTYPE": "a key rsc owns holds a value of another type (something else wrote it)",
-        "NOSCRIPT": "a script is not loaded",
     }.get(code, "Redis refused the command")
     return ErrorAnswer(500, "REDIS_REFUSED", f"{hint}: {code}{where}", details)
 

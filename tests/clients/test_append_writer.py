@@ -194,6 +194,16 @@ def test_a_refusal_of_a_redis_that_may_answer_soon_is_sent_again_not_failed() ->
     assert ids == ["1-0", None]
     assert refusal(coredis.exceptions.ResponseError("LOADING Redis is loading")) == "UNAVAILABLE"
     assert refusal(coredis.exceptions.ResponseError("WRONGTYPE Operation")) == "WRONGTYPE Operation"
+    # A NOSCRIPT that outlived the reloads (a failover between load and call): as an outage,
+    # retried with backoff until delivery_timeout_s, never sent again at once without end.
+    for noscript in (
+        redis.exceptions.NoScriptError("No matching script."),
+        coredis.exceptions.NoScriptError("No matching script."),
+    ):
+        ids = [None, None]
+        replies = take_replies(calls, [["1-0"], noscript], ids)
+        assert replies.again == [1]
+        assert replies.unavailable == str(noscript)
 
 
 async def test_both_producers_wait_while_their_redis_is_a_read_only_replica(
