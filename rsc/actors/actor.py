@@ -103,7 +103,14 @@ class Aggregate(Protocol[S, C, E]):
         ...
 
     async def after_persist(self, before: S | None, after: S, events: Sequence[E]) -> None:
-        """Perform the side effects of `events` (idempotent)."""
+        """Perform the side effects of `events` (idempotent) that must be done before anyone
+        is answered."""
+        ...
+
+    async def after_answer(self, before: S | None, after: S, events: Sequence[E]) -> None:
+        """Perform the side effects of `events` (idempotent) that nobody's answer waits for
+        (bookkeeping a reader may see a moment late); run once the batch's askers are answered,
+        before the next batch. A failure is repaired as one of `after_persist`'s."""
         ...
 
     async def repair(self, state: S, after_loss: bool = False) -> None:
@@ -168,6 +175,8 @@ class Actor(Generic[S, C, E]):
         self.checkpoint_revision = 0
         #: The size of the last checkpoint and of the events written since (bytes of JSON).
         self._checkpoint_bytes = self._tail_bytes = 0
+        #: A checkpoint is due once the current batch is answered (`_persist` decides).
+        self._checkpoint_due = False
         self.writes = 0
         self.conflicts = 0
         self.last_used = trio.current_time()
@@ -470,28 +479,61 @@ class Actor(Generic[S, C, E]):
                 pending.fail(answer)
             else:
                 pending.resolve(answer)
+        self._in_flight = []  # answered: what follows (the batch's bookkeeping) fails nobody
+        await self._after_answers(before, working, every)
+
+    async def _after_answers(self, before: S | None, working: S | None, every: Sequence[E]) -> None:
+        """What nobody's answer waits for, once the batch is answered: the side effects of
+        `after_answer`, then the checkpoint `_persist` found due. A failure of either is left
+        for later (a repair, the next write's checkpoint); a conflict is the next batch's to
+        meet. The askers woken above run at this await, before this work does."""
+        if every and working is not None:
+            try:
+                await self.aggregate.after_answer(before, working, every)
+            except StoreError as exc:
+                store_failed(
+                    log, exc, f"{self.aggregate.aggregate_id}: side effects failed, will repair: {exc}"
+                )
+                self.needs_repair = True
+        if self._checkpoint_due and self.state is not None:
+            await self._write_checkpoint(self.state)
 
     async def _persist(self, durable: list[E], state: S) -> None:
         entries = [self.aggregate.event_to_json(e) for e in durable]
         # Only what the deployment's finalized feature level allows (`NotFinalized`: a bug).
         check_writable([kind for kind, _ in entries], (await self.store.features.current()).level)
         tail_bytes = self._tail_bytes + sum(len(data) for _, data in entries)
-        checkpoint = None
-        if (
-            self._revision + len(durable) - self.checkpoint_revision >= self.settings.checkpoint_every
-            and tail_bytes >= self._checkpoint_bytes
-        ):
-            checkpoint = self.aggregate.checkpoint_json(state)
-        appended = await self.store.append(self.aggregate.aggregate_id, self._revision, entries, checkpoint)
+        appended = await self.store.append(self.aggregate.aggregate_id, self._revision, entries)
         self.writes += 1
         self._revision = appended.revision
         self._tail_bytes = tail_bytes
-        if checkpoint is not None:
-            self._checkpointed(appended.revision, checkpoint)
+        # A checkpoint is written once the batch is answered (`_after_answers`): rendering and
+        # storing a large state (a group of 1,000 members: about 370 KB) is no asker's wait.
+        self._checkpoint_due = (
+            self._revision - self.checkpoint_revision >= self.settings.checkpoint_every
+            and tail_bytes >= self._checkpoint_bytes
+        )
+
+    async def _write_checkpoint(self, state: S) -> None:
+        """Write `state`, the aggregate at `_revision`, as a checkpoint (no events): a reload reads
+        it and the events after it. Left due if the write fails or meets another writer (the next
+        batch meets that conflict itself)."""
+        checkpoint = self.aggregate.checkpoint_json(state)
+        try:
+            appended = await self.store.append(self.aggregate.aggregate_id, self._revision, [], checkpoint)
+        except ConcurrencyConflict:
+            return
+        except StoreError as exc:
+            store_failed(
+                log, exc, f"{self.aggregate.aggregate_id}: checkpoint not written, will retry: {exc}"
+            )
+            return
+        self._checkpointed(appended.revision, checkpoint)
 
     def _checkpointed(self, revision: int, data: str) -> None:
         self.checkpoint_revision = revision
         self._checkpoint_bytes, self._tail_bytes = len(data), 0
+        self._checkpoint_due = False
 
     async def _repair(self, state: S) -> None:
         try:
@@ -522,6 +564,7 @@ class Actor(Generic[S, C, E]):
             return
         self.state = fold_loaded(self.aggregate, loaded)
         self._revision = self.revision = loaded.revision
+        self._checkpoint_due = False  # (decided again by the next write)
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
         self._checkpoint_bytes = len(loaded.checkpoint.data) if loaded.checkpoint else 0
         self._tail_bytes = sum(len(entry.data) for entry in loaded.events)

@@ -164,17 +164,19 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
     async def after_persist(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
     ) -> None:
-        """Create consumer groups for new shards, then bring the touched owner tokens to `after`.
+        """Create consumer groups for new shards, then bring the owner tokens of the shards
+        installed or released to `after`.
 
         Tokens are written once per batch for the net change: a shard released
         by one member and installed to another in the same batch gets the new
-        holder's token in one write.
+        holder's token in one write. A token whose holder only advanced its epoch is
+        rewritten once the batch is answered (`after_answer`): the data plane's scripts
+        compare the member id and incarnation, which an epoch does not change.
         """
         if self.observe is not None:
             self.observe(before, after, events)
         keys = {s.index: s.key for s in after.layout.shards}
         touched: set[int] = set()
-        advanced: set[str] = set()
         for event in events:
             match event:
                 case GroupDeleted():
@@ -189,19 +191,33 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
                     await self.effects.ensure_consumer_groups(added, after.group, "0")
                 case ShardsReleased() | ShardsInstalled():
                     touched.update(event.shards)
-                case MemberEpochAdvanced():
-                    # The token carries the holder's current epoch: rewrite what it holds.
-                    advanced.add(event.member_id)
                 case ShardsReportedStalled():
                     await self._heal(after, event)
-        if advanced:  # one pass over the owners for the whole batch, not one per member
-            touched.update(s for s, m in after.owners.items() if m in advanced)
         held = {keys[s]: t for s in touched if (t := token_of(after, s)) is not None}
         gone = {
             keys[s]: t for s in touched if s not in after.owners and (t := token_of(before, s)) is not None
         }
         if gone:
             await self.effects.clear_owners(after.group, gone)
+        if held:
+            await self.effects.set_owners(after.group, held)
+
+    async def after_answer(
+        self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
+    ) -> None:
+        """The token carries its holder's current epoch: rewrite the tokens of what the members
+        that advanced their epoch hold, but not of a shard installed or released in the batch
+        (`after_persist` wrote its net token); one pass over the owners for the whole batch."""
+        advanced = {e.member_id for e in events if type(e) is MemberEpochAdvanced}
+        if not advanced:
+            return
+        moved = {s for e in events if isinstance(e, ShardsInstalled | ShardsReleased) for s in e.shards}
+        keys = {s.index: s.key for s in after.layout.shards}
+        held = {
+            keys[s]: t
+            for s, m in after.owners.items()
+            if m in advanced and s not in moved and (t := token_of(after, s)) is not None
+        }
         if held:
             await self.effects.set_owners(after.group, held)
 
@@ -304,6 +320,11 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
 
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:
         return RestartTimers(now_ms) if state.producers else None
+
+    async def after_answer(
+        self, before: StreamState | None, after: StreamState, events: Sequence[StreamEvent]
+    ) -> None:
+        """Nothing: every side effect of a stream's events comes before its answers."""
 
     async def after_persist(
         self, before: StreamState | None, after: StreamState, events: Sequence[StreamEvent]

@@ -170,6 +170,96 @@ async def test_no_reply_before_the_write(autojump_clock: Clock) -> None:
         assert answered.is_set()
 
 
+class HeldTokens(MemoryEffects):
+    """`set_owners` waits while `gate` is set and not yet opened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: trio.Event | None = None
+
+    async def set_owners(self, group: str, tokens: Any) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
+        await super().set_owners(group, tokens)
+
+
+class HeldCheckpoints(MemoryStore):
+    """An append carrying a checkpoint waits while `gate` is set and not yet opened; records
+    how many events each checkpoint came with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: trio.Event | None = None
+        self.checkpoints_with: list[int] = []
+
+    async def append(self, aggregate: Any, expected_revision: int, events: Any, checkpoint: Any = None) -> Any:
+        if checkpoint is not None:
+            self.checkpoints_with.append(len(events))
+            if self.gate is not None:
+                await self.gate.wait()
+        return await super().append(aggregate, expected_revision, events, checkpoint)
+
+
+async def settled(members: list[Member]) -> None:
+    """Heartbeat every member until none has anything left to do."""
+    for _ in range(20):
+        for member in members:
+            await member.heartbeat()
+        machines = [m.machine for m in members]
+        if all(not m.pending and not m.revoking and not m.to_ack for m in machines):
+            return
+    raise AssertionError("the group did not settle")
+
+
+async def test_an_epoch_only_token_rewrite_waits_for_no_answer(autojump_clock: Clock) -> None:
+    """A member that only advances its epoch (its shards stay) is answered before the owner
+    tokens of what it holds are rewritten with the new epoch (the data plane compares the member
+    id and incarnation only); they are, before the next batch. Installs are not deferred."""
+    effects = HeldTokens()
+    async with registry_on(effects=effects) as registry:
+        members = [Member(registry, "orders", "billing", f"m{i}") for i in range(7)]  # 6 shards
+        await settled(members)
+        idle = next(m for m in members if not m.owned)
+        await idle.leave()  # the group epoch moves; every other member keeps its shard
+        holder = members[0] if members[0] is not idle else members[1]
+        (shard,) = holder.owned
+        key = next(k for k, g in effects.tokens if effects.tokens[k, g].member_id == holder.member_id)
+        before = effects.tokens[key, "billing"].member_epoch
+        effects.gate = trio.Event()
+        with trio.fail_after(1):  # answered although the token write waits
+            answer = await holder.heartbeat()
+        assert answer.member_epoch > before
+        assert answer.assignment.assigned == {shard}
+        assert effects.tokens[key, "billing"].member_epoch == before
+        effects.gate.set()
+        await trio.sleep(0.1)
+        assert effects.tokens[key, "billing"].member_epoch == answer.member_epoch
+
+
+async def test_a_checkpoint_is_written_once_its_batch_is_answered(autojump_clock: Clock) -> None:
+    """The checkpoint a batch makes due is written after that batch's askers have their answers,
+    as an append of its own (no events) at the batch's revision; a reload folds the same state."""
+    store = HeldCheckpoints()
+    async with registry_on(store) as registry:
+        members = [Member(registry, "orders", "billing", f"m{i:03}") for i in range(30)]
+        store.gate = trio.Event()
+        with trio.fail_after(60):  # every heartbeat is answered, the one that made it due too
+            while not store.checkpoints_with:
+                for member in members:
+                    await member.heartbeat()
+                    if store.checkpoints_with:
+                        break
+        actor = await registry.group("orders", "billing")
+        revision = actor.revision
+        store.gate.set()
+        await settled(members)
+        assert set(store.checkpoints_with) == {0}
+        entries = store.aggregates[AggregateId("orders", "billing")].entries
+        first = next(e for e in entries if e.is_checkpoint)
+        assert first.revision == revision
+        assert await journal_state(store, "orders", "billing") == actor.state
+
+
 async def test_refused_command_does_not_spoil_its_batch(autojump_clock: Clock) -> None:
     async with registry_on() as registry:
         a = Member(registry, "orders", "billing", "a")
