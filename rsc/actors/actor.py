@@ -16,7 +16,9 @@ The rules it keeps:
   decides the whole batch again.
 * Side effects run after the write and before the answer, and before the
   new state becomes visible to readers of `state`. They are idempotent; if
-  they fail, the actor repairs everything on its next batch.
+  they fail, the actor repairs everything on its next batch. What no answer
+  waits for (the aggregate's `after_answer`, and a checkpoint the batch made
+  due) runs once the batch is answered, before the next batch is taken.
 * Time-driven commands (ticks) are injected by the actor itself when no
   command arrives before the next tick is due: at the aggregate's next
   deadline (`due_ms`: a lease's end, a revoke deadline...), at most once a
