@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
+import orjson
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
@@ -149,8 +150,19 @@ wire = make_converter(strict=True)
 
 
 def to_json(value: Any, as_type: Any = None) -> str:
-    """Serialize `value` (as `as_type`, e.g. a union, when given) to compact JSON."""
+    """Serialize `value` (as `as_type`, e.g. a union, when given) to compact JSON, with
+    non-ASCII characters escaped (`\\uXXXX`): the same text `json.dumps` writes, which journals
+    hold since the first release. orjson writes it (a journal event, an owner token and a
+    checkpoint are written on every heartbeat that changes a group: several times faster);
+    what it writes otherwise (a non-ASCII character, an integer past 64 bits) goes to
+    `json.dumps`."""
     data = converter.unstructure(value, unstructure_as=as_type)
+    try:
+        text = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        text = b"\xff"  # (not ASCII: written the long way below)
+    if text.isascii():
+        return text.decode("ascii")
     return json.dumps(data, separators=(",", ":"), sort_keys=False)
 
 

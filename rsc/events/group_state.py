@@ -15,8 +15,9 @@ applied as it is emitted, so later rules of one command see earlier effects.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any, assert_never
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, assert_never, cast
 
 import attrs
 
@@ -59,6 +60,27 @@ from rsc.events.model import (
     Timing,
 )
 from rsc.events.versions import MAX_FEATURE_LEVEL, STATIC_LEVEL
+
+T = TypeVar("T")
+
+
+def _replacer(cls: type[T]) -> Callable[..., T]:
+    """`attrs.evolve` for `cls`, without its per-call look-ups: every event of a heartbeat
+    evolves the state and a member (the same `__init__` runs, with every field positionally)."""
+    fields = attrs.fields(cast(Any, cls))
+    assert all(f.init and not f.kw_only and f.alias == f.name for f in fields)
+    names = tuple(f.name for f in fields)
+    values_of = operator.attrgetter(*names)
+    index = {name: i for i, name in enumerate(names)}
+
+    def replace(instance: T, **changes: Any) -> T:
+        values = list(values_of(instance))
+        for name, value in changes.items():
+            values[index[name]] = value
+        return cls(*values)
+
+    return replace
+
 
 #: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.
 FENCED_MEMORY = 1024
@@ -153,6 +175,11 @@ class GroupState:
         return MemberState.STABLE
 
 
+#: `attrs.evolve` of a state and of a member, for the events every heartbeat may emit.
+_state_with = _replacer(GroupState)
+_member_with = _replacer(Member)
+
+
 # --- evolve ---------------------------------------------------------------
 
 
@@ -210,8 +237,8 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
         case MemberLeft():
             return _drop_member(state, event.member_id, event.group_epoch)
         case MemberLeaving():
-            member = attrs.evolve(_member(state, event.member_id), leaving=True)
-            return attrs.evolve(_put(state, member), group_epoch=event.group_epoch)
+            member = _member_with(_member(state, event.member_id), leaving=True)
+            return _state_with(_put(state, member), group_epoch=event.group_epoch)
         case MemberFenced():
             tomb = FencedMember(event.member_id, event.incarnation, event.reason, event.fenced_at_ms)
             fenced = {k: v for k, v in state.fenced.items() if k != event.member_id}
@@ -227,7 +254,7 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             member = _member(state, event.member_id)
             return _put(
                 state,
-                attrs.evolve(member, member_epoch=event.member_epoch, previous_epoch=member.member_epoch),
+                _member_with(member, member_epoch=event.member_epoch, previous_epoch=member.member_epoch),
             )
         case ShardsRevokeRequested():
             member = _member(state, event.member_id)
@@ -235,7 +262,7 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
                 raise CorruptHistory(f"revoke of shards {member.member_id} does not hold")
             return _put(
                 state,
-                attrs.evolve(
+                _member_with(
                     member,
                     assigned=member.assigned - event.shards,
                     revoking=member.revoking | event.shards,
@@ -253,14 +280,14 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             if any(state.owners.get(s) != member.member_id for s in event.shards):
                 raise CorruptHistory(f"release of shards {member.member_id} does not own")
             owners = {s: m for s, m in state.owners.items() if s not in event.shards}
-            return attrs.evolve(_put(state, _without(member, event.shards)), owners=owners)
+            return _state_with(_put(state, _without(member, event.shards)), owners=owners)
         case ShardsInstalled():
             member = _member(state, event.member_id)
             if any(s in state.owners for s in event.shards):
                 raise CorruptHistory("install of a shard another member holds")
             owners = {**state.owners, **dict.fromkeys(event.shards, member.member_id)}
-            member = attrs.evolve(member, assigned=member.assigned | event.shards)
-            return attrs.evolve(_put(state, member), owners=owners)
+            member = _member_with(member, assigned=member.assigned | event.shards)
+            return _state_with(_put(state, member), owners=owners)
         case LayoutApplied():
             return attrs.evolve(state, layout=event.layout, group_epoch=event.group_epoch)
         case GroupConfigured() | GroupPaused() | GroupResumed() | GroupPositionReset():
@@ -330,13 +357,13 @@ def _member(state: GroupState, member_id: str) -> Member:
 
 
 def _put(state: GroupState, member: Member) -> GroupState:
-    return attrs.evolve(state, members={**state.members, member.member_id: member})
+    return _state_with(state, members={**state.members, member.member_id: member})
 
 
 def _without(member: Member, shards: frozenset[int]) -> Member:
     """`member` no longer holding `shards`, whether they were readable or being revoked."""
     revoking = member.revoking - shards
-    return attrs.evolve(
+    return _member_with(
         member,
         assigned=member.assigned - shards,
         revoking=revoking,

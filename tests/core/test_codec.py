@@ -120,3 +120,21 @@ def test_up_to_matches_exactly_the_numbers_up_to_its_limit(n: int) -> None:
     assert (pattern.fullmatch(str(n).zfill(20)) is not None) == (n <= 2**64 - 1)
     assert re.fullmatch(STREAM_ID_PATTERN, f"{n}-0") is not None or n > 2**64 - 1
     assert re.fullmatch(STREAM_ID_PATTERN, f"0-{n}") is not None or n > 2**64 - 1
+
+
+#: What an unstructured value holds: JSON's own values, and the integer keys of a state's maps.
+_KEYS = st.text() | st.integers(-(2**70), 2**70)
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSONISH)
+def test_to_json_writes_what_json_dumps_wrote(data: typing.Any) -> None:
+    """Journals, checkpoints and owner tokens hold the text `json.dumps` wrote (non-ASCII
+    escaped) whichever writer writes it: the same text for any value, non-ASCII text and
+    integers past 64 bits included."""
+    expected = json.dumps(data, separators=(",", ":"))
+    assert codec.to_json(data) == expected
