@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from rsc.actors.actor import Actor
+from rsc.actors.actor import Actor, answers_first
 from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.effects.port import Effects
 from rsc.actors.effects.shard_keys import ShardKeys
@@ -211,6 +211,7 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         advanced = {e.member_id for e in events if type(e) is MemberEpochAdvanced}
         if not advanced:
             return
+        await answers_first()
         moved = {s for e in events if isinstance(e, ShardsInstalled | ShardsReleased) for s in e.shards}
         keys = {s.index: s.key for s in after.layout.shards}
         held = {

@@ -247,6 +247,7 @@ async def test_a_checkpoint_is_written_once_its_batch_is_answered(autojump_clock
             while not store.checkpoints_with:
                 for member in members:
                     await member.heartbeat()
+                    await trio.testing.wait_all_tasks_blocked()  # (the actor's bookkeeping)
                     if store.checkpoints_with:
                         break
         actor = await registry.group("orders", "billing")
