@@ -66,6 +66,8 @@ class Metrics:
         #: Stream prefix -> its readable shards, as last learnt (`_learn_layouts`).
         self._layouts: dict[str, tuple[Shard, ...]] = {}
         self.deployment = deployment
+        #: (stream, group, status) -> its `rsc_heartbeat_answers` series (never removed).
+        self._answer_series: dict[tuple[str, str, Any], Any] = {}
         self.heartbeat_seconds = Histogram(
             "rsc_heartbeat_seconds",
             "Time to answer heartbeat requests",
@@ -124,7 +126,12 @@ class Metrics:
 
     def count_answer(self, body: HeartbeatRequest, answer: HeartbeatResponse) -> None:
         """One heartbeat answer decided (`rsc_heartbeat_answers`)."""
-        self.heartbeat_answers.labels(body.stream_prefix, body.consumer_group, answer.status.value).inc()
+        labels = (body.stream_prefix, body.consumer_group, answer.status)
+        child = self._answer_series.get(labels)
+        if child is None:  # (`labels()` checks and locks: once per series, not per answer)
+            child = self.heartbeat_answers.labels(labels[0], labels[1], answer.status.value)
+            self._answer_series[labels] = child
+        child.inc()
 
     def observe_group(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]

@@ -192,7 +192,9 @@ class HeldCheckpoints(MemoryStore):
         self.gate: trio.Event | None = None
         self.checkpoints_with: list[int] = []
 
-    async def append(self, aggregate: Any, expected_revision: int, events: Any, checkpoint: Any = None) -> Any:
+    async def append(
+        self, aggregate: Any, expected_revision: int, events: Any, checkpoint: Any = None
+    ) -> Any:
         if checkpoint is not None:
             self.checkpoints_with.append(len(events))
             if self.gate is not None:

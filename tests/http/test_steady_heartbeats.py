@@ -269,3 +269,19 @@ def test_an_answer_is_reused_only_for_the_very_same_state_and_level() -> None:
     gc.collect()
     assert memo.answer(known, other, 5) is None  # (a state gone is never mistaken for another)
     assert memo.answer_hits == 1
+
+
+def test_a_member_s_next_item_keeps_its_rate_limit_key_while_its_names_do() -> None:
+    """A reconciling member sends a new epoch each time (a new item, parsed afresh), but its
+    rate-limit key depends on its names only: the one remembered comes back for the same
+    incarnation, and nothing for another one or another member."""
+    memo = SteadyHeartbeats()
+    slot, text, _ = memo.parsed(_item(3))
+    assert slot is not None
+    memo.remember(slot, text, "the suffix", _request())
+    moved, _, known = memo.parsed(_item(4))
+    assert known is None
+    assert moved == slot
+    assert memo.key_suffix(slot, "i-1") == "the suffix"
+    assert memo.key_suffix(slot, "i-2") is None
+    assert memo.key_suffix(("orders", "billing", "m-2"), "i-1") is None

@@ -249,7 +249,8 @@ def _batch_item(
         validate_heartbeat(command, ids=False)
         command = heartbeat_rules.with_join_quota(command, max_members)
         if heartbeat_rules.limited(body):
-            suffix = heartbeat_rules.member_key_suffix(body)
+            known_suffix = steady.key_suffix(slot, body.incarnation) if slot is not None else None
+            suffix = known_suffix or heartbeat_rules.member_key_suffix(body)
         if slot is not None and body.member_epoch > 0:
             later = (slot, text, suffix)
     if heartbeat_rules.limited(body):  # each member its own limit

@@ -104,6 +104,16 @@ class SteadyHeartbeats:
             return slot, text, known
         return slot, text, None
 
+    def key_suffix(self, slot: Slot, incarnation: str) -> str | None:
+        """The rate-limit key suffix remembered for the member at `slot` if its last item named
+        `incarnation` too (then it is this item's: a pure function of the names, which passed
+        their checks then), else None. A reconciling member's item differs from its last one
+        (a new epoch) but not in these."""
+        known = self._items.get(slot)
+        if known is None or known.body.incarnation != incarnation:
+            return None
+        return known.key_suffix
+
     def remember(self, slot: Slot, text: bytes, key_suffix: str, body: HeartbeatRequest) -> Remembered | None:
         """Remember the item `text` of a member in its group, parsed as `body`: every check of
         the body passed and its group accepted it (not refused, not rejected); None (nothing
