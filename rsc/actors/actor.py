@@ -534,8 +534,10 @@ class Actor(Generic[S, C, E]):
 
     async def _write_checkpoint(self, state: S) -> None:
         """Write `state`, the aggregate at `_revision`, as a checkpoint (no events): a reload reads
-        it and the events after it. Left due if the write fails or meets another writer (the next
-        batch meets that conflict itself)."""
+        it and the events after it. If the write fails or meets another writer (the next batch
+        meets that conflict itself), the next durable write makes it due again: not every batch
+        after it (with Redis hanging, each would wait for it)."""
+        self._checkpoint_due = False
         checkpoint = self.aggregate.checkpoint_json(state)
         try:
             appended = await self.store.append(self.aggregate.aggregate_id, self._revision, [], checkpoint)

@@ -154,14 +154,14 @@ def to_json(value: Any, as_type: Any = None) -> str:
     non-ASCII characters escaped (`\\uXXXX`): the same text `json.dumps` writes, which journals
     hold since the first release. orjson writes it (a journal event, an owner token and a
     checkpoint are written on every heartbeat that changes a group: several times faster);
-    what it writes otherwise (a non-ASCII character, an integer past 64 bits) goes to
+    what it writes otherwise (a non-ASCII character or DEL, an integer past 64 bits) goes to
     `json.dumps`."""
     data = converter.unstructure(value, unstructure_as=as_type)
     try:
         text = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS)
     except TypeError:
         text = b"\xff"  # (not ASCII: written the long way below)
-    if text.isascii():
+    if text.isascii() and b"\x7f" not in text:  # (json.dumps escapes DEL too)
         return text.decode("ascii")
     return json.dumps(data, separators=(",", ":"), sort_keys=False)
 

@@ -18,7 +18,7 @@ from rsc.actors.actor import Actor, ActorSettings, fold_loaded
 from rsc.actors.aggregates import GroupAggregate
 from rsc.actors.clock import TrioClock
 from rsc.actors.effects.memory_effects import MemoryEffects
-from rsc.actors.errors import ActorStopped
+from rsc.actors.errors import ActorStopped, StoreUnavailable
 from rsc.actors.keys import AggregateId
 from rsc.actors.store import MemoryStore
 from rsc.events import group
@@ -260,6 +260,52 @@ async def test_a_checkpoint_is_written_once_its_batch_is_answered(autojump_clock
         entries = store.aggregates[AggregateId("orders", "billing")].entries
         first = next(e for e in entries if e.is_checkpoint)
         assert first.revision == revision
+        assert await journal_state(store, "orders", "billing") == actor.state
+
+
+class FailingCheckpoints(MemoryStore):
+    """An append carrying a checkpoint fails (Redis away) while `failing`; counts the tries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = True
+        self.tries = 0
+
+    async def append(
+        self, aggregate: Any, expected_revision: int, events: Any, checkpoint: Any = None
+    ) -> Any:
+        if checkpoint is not None:
+            self.tries += 1
+            if self.failing:
+                raise StoreUnavailable("redis is away")
+        return await super().append(aggregate, expected_revision, events, checkpoint)
+
+
+async def test_a_checkpoint_that_failed_is_due_again_at_the_next_write_not_every_batch(
+    autojump_clock: Clock,
+) -> None:
+    """A failed checkpoint fails nobody's answer and is tried again with the next durable write;
+    batches that write nothing (steady heartbeats) do not try it again each."""
+    store = FailingCheckpoints()
+    async with registry_on(store) as registry:
+        members = [Member(registry, "orders", "billing", f"m{i:03}") for i in range(30)]
+        while not store.tries:
+            for member in members:
+                await member.heartbeat()
+        await settled(members)
+        await trio.testing.wait_all_tasks_blocked()
+        tries = store.tries
+        for _ in range(5):  # steady: nothing durable to write
+            for member in members:
+                await member.heartbeat()
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.tries == tries
+        store.failing = False
+        await members[0].leave()  # durable events: the checkpoint is due again
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.tries > tries
+        actor = await registry.group("orders", "billing")
+        assert any(e.is_checkpoint for e in store.aggregates[AggregateId("orders", "billing")].entries)
         assert await journal_state(store, "orders", "billing") == actor.state
 
 

@@ -8,7 +8,7 @@ import typing
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from rsc.events import codec, commands, events, model, wire
@@ -132,6 +132,8 @@ _JSONISH = st.recursive(
 
 
 @given(_JSONISH)
+@example({"\x7f": ["\x7f", "é", "\ud800", 2**64, True]})  # DEL, non-ASCII, a lone surrogate, big
+@example({1: "a", False: None, None: 2})
 def test_to_json_writes_what_json_dumps_wrote(data: typing.Any) -> None:
     """Journals, checkpoints and owner tokens hold the text `json.dumps` wrote (non-ASCII
     escaped) whichever writer writes it: the same text for any value, non-ASCII text and
