@@ -12,7 +12,9 @@ Two driver shapes (`--shape`, default both):
 
 * `interval`: each agent sends every one of its members in one full batch once per heartbeat
   interval, and a member acknowledges a revoke in the next batch (a worker whose members
-  joined together; the handoffs wait for the next interval);
+  joined together; the handoffs wait for the next interval). The agents' batches are spread
+  evenly over the interval, as workers started apart are; `--spread 0` sends them all at the
+  same moment (every worker of the fleet in step: the batches queue);
 * `at-once`: each agent sends the members that are due, lingering 5 ms for more as the Python
   client's batching does, and a member acknowledges a revoke at once (small batches, many).
 
@@ -29,7 +31,7 @@ puts on the batches' p50 and p99 (what the server spent, without the driver's ow
 the members at the end (the agents' and the coordinator's count)
 against the expected count. Prints a table and writes bench/results/churn.json.
 
-    python bench/churn.py [--members 1000] [--shards 1024] [--seconds 20] [--shape interval]
+    python bench/churn.py [--members 1000] [--shards 1024] [--seconds 20] [--shape interval] [--spread 1]
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ class Driver:
         self.clients = [httpx.AsyncClient(base_url=url, timeout=30, limits=limits) for _ in range(count)]
         self.interval = args.interval_ms / 1000
         self.agents = [
-            Agent(client, settings, shape, self.interval * i / count) for i, client in enumerate(self.clients)
+            Agent(client, settings, shape, self.interval * i / count * args.spread)
+            for i, client in enumerate(self.clients)
         ]
         self.admin = httpx.AsyncClient(base_url=url, timeout=60, auth=ADMIN)
         self.group = f"/v1/admin/streams/{STREAM}/groups/{GROUP}"
@@ -412,6 +415,13 @@ def main() -> None:
     parser.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
     parser.add_argument("--no-storms", dest="storms", action="store_false", help="skip pause and reset")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=1.0,
+        help="interval shape: how much of the interval the agents' batches are spread over "
+        "(1: evenly, as workers started apart; 0: every agent sends at the same moment)",
+    )
     args = parser.parse_args()
     shapes = SHAPES if args.shape == "both" else (args.shape,)
     print(
