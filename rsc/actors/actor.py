@@ -18,7 +18,9 @@ The rules it keeps:
   new state becomes visible to readers of `state`. They are idempotent; if
   they fail, the actor repairs everything on its next batch. What no answer
   waits for (the aggregate's `after_answer`, and a checkpoint the batch made
-  due) runs once the batch is answered, before the next batch is taken.
+  due) runs once the batch is answered: before the next batch, unless commands
+  already wait (then once they are answered, at most `MAX_BOOKKEEPING_DELAY_S`
+  later), for every batch answered since, from the state then.
 * Time-driven commands (ticks) are injected by the actor itself when no
   command arrives before the next tick is due: at the aggregate's next
   deadline (`due_ms`: a lease's end, a revoke deadline...), at most once a
@@ -69,6 +71,9 @@ C = TypeVar("C")
 E = TypeVar("E", bound=GroupEvent | StreamEvent)
 
 MAX_CONFLICT_RETRIES = 8
+#: The longest a batch's bookkeeping (`Aggregate.after_answer`, a checkpoint) waits for the
+#: commands queued behind it to be answered first (s).
+MAX_BOOKKEEPING_DELAY_S = 0.25
 #: In the inbox: compare the stored revision with ours before the next batch (`check_store`).
 _CHECK: Any = object()
 
@@ -116,9 +121,10 @@ class Aggregate(Protocol[S, C, E]):
 
     async def after_answer(self, before: S | None, after: S, events: Sequence[E]) -> None:
         """Perform the side effects of `events` (idempotent) that nobody's answer waits for
-        (bookkeeping a reader may see a moment late); run once the batch's askers are answered,
-        before the next batch (`await answers_first()` before any costly work lets them go
-        first). A failure is repaired as one of `after_persist`'s."""
+        (bookkeeping a reader may see a moment late); run once their batches are answered, for
+        one batch or several (commands that waited were answered first), `after` the state
+        now (`await answers_first()` before any costly work lets the askers go first). A
+        failure is repaired as one of `after_persist`'s."""
         ...
 
     async def repair(self, state: S, after_loss: bool = False) -> None:
@@ -194,6 +200,11 @@ class Actor(Generic[S, C, E]):
         self._checkpoint_bytes = self._tail_bytes = 0
         #: A checkpoint is due once the current batch is answered (`_persist` decides).
         self._checkpoint_due = False
+        #: The events of the batches answered since the last bookkeeping (`_keep_books`), the
+        #: state before the first of them, and since when bookkeeping is owed (None: nothing).
+        self._unkept: list[E] = []
+        self._unkept_before: S | None = None
+        self._books_since: float | None = None
         self.writes = 0
         self.conflicts = 0
         self.last_used = trio.current_time()
@@ -332,6 +343,7 @@ class Actor(Generic[S, C, E]):
                 if tick is None:
                     if self.needs_repair and self.state is not None:
                         await self._process([])
+                        await self._keep_books_unless_busy()
                     continue
                 batch.append((tick, None))
             while len(batch) < self.settings.max_batch:
@@ -340,6 +352,7 @@ class Actor(Generic[S, C, E]):
                 except trio.WouldBlock:
                     break
             await self._process(batch)
+            await self._keep_books_unless_busy()
 
     async def _process(self, batch: Sequence[tuple[C, Answer | None]]) -> None:
         checks = [item for item in batch if item[0] is _CHECK]
@@ -497,16 +510,35 @@ class Actor(Generic[S, C, E]):
             else:
                 pending.resolve(answer)
         self._in_flight = []  # answered: what follows (the batch's bookkeeping) fails nobody
-        await self._after_answers(before, working, every)
-
-    async def _after_answers(self, before: S | None, working: S | None, every: Sequence[E]) -> None:
-        """What nobody's answer waits for, once the batch is answered: the side effects of
-        `after_answer`, then the checkpoint `_persist` found due. A failure of either is left
-        for later (a repair, the next write's checkpoint); a conflict is the next batch's to
-        meet."""
         if every and working is not None:
+            if not self._unkept:
+                self._unkept_before = before
+            self._unkept.extend(every)
+        if (self._unkept or self._checkpoint_due) and self._books_since is None:
+            self._books_since = trio.current_time()
+
+    async def _keep_books_unless_busy(self) -> None:
+        """Do the bookkeeping the batches answered so far left (`_keep_books`), unless commands
+        wait in the inbox and it has waited less than `MAX_BOOKKEEPING_DELAY_S`: batches that
+        arrive together (a fleet's workers in step) are answered first, one after another."""
+        if self._books_since is None:
+            return
+        if self.inbox_depth and trio.current_time() - self._books_since < MAX_BOOKKEEPING_DELAY_S:
+            await answers_first()  # (the answered send theirs before the next batch is decided)
+            return
+        await self._keep_books()
+
+    async def _keep_books(self) -> None:
+        """What nobody's answer waits for, once the batches are answered: the side effects of
+        `after_answer` for all their events, from the current state, then the checkpoint
+        `_persist` found due. A failure of either is left for later (a repair, the next write's
+        checkpoint); a conflict is the next batch's to meet."""
+        self._books_since = None
+        events, before = self._unkept, self._unkept_before
+        self._unkept, self._unkept_before = [], None
+        if events and self.state is not None:
             try:
-                await self.aggregate.after_answer(before, working, every)
+                await self.aggregate.after_answer(before, self.state, events)
             except StoreError as exc:
                 store_failed(
                     log, exc, f"{self.aggregate.aggregate_id}: side effects failed, will repair: {exc}"
@@ -585,6 +617,8 @@ class Actor(Generic[S, C, E]):
         self.state = fold_loaded(self.aggregate, loaded)
         self._revision = self.revision = loaded.revision
         self._checkpoint_due = False  # (decided again by the next write)
+        # (what bookkeeping was owed is done by the repair a reload calls for)
+        self._unkept, self._unkept_before, self._books_since = [], None, None
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
         self._checkpoint_bytes = len(loaded.checkpoint.data) if loaded.checkpoint else 0
         self._tail_bytes = sum(len(entry.data) for entry in loaded.events)

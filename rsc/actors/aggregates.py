@@ -205,19 +205,18 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
     async def after_answer(
         self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
     ) -> None:
-        """The token carries its holder's current epoch: rewrite the tokens of what the members
-        that advanced their epoch hold, but not of a shard installed or released in the batch
-        (`after_persist` wrote its net token); one pass over the owners for the whole batch."""
+        """The token carries its holder's epoch: rewrite, from `after` (the state now), the
+        tokens of what the members that advanced their epoch in `events` (one or more answered
+        batches) hold now; one pass over the owners for all of them."""
         advanced = {e.member_id for e in events if type(e) is MemberEpochAdvanced}
         if not advanced:
             return
         await answers_first()
-        moved = {s for e in events if isinstance(e, ShardsInstalled | ShardsReleased) for s in e.shards}
         keys = {s.index: s.key for s in after.layout.shards}
         held = {
             keys[s]: t
             for s, m in after.owners.items()
-            if m in advanced and s not in moved and (t := token_of(after, s)) is not None
+            if m in advanced and (t := token_of(after, s)) is not None
         }
         if held:
             await self.effects.set_owners(after.group, held)

@@ -238,6 +238,47 @@ async def test_an_epoch_only_token_rewrite_waits_for_no_answer(autojump_clock: C
         assert effects.tokens[key, "billing"].member_epoch == answer.member_epoch
 
 
+class RecordedTokens(MemoryEffects):
+    """Records each `set_owners` call, in `log` (shared with the test's answers)."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def set_owners(self, group: str, tokens: Any) -> None:
+        self.log.append(f"tokens {len(tokens)}")
+        await super().set_owners(group, tokens)
+
+
+async def test_commands_that_wait_are_answered_before_the_bookkeeping(autojump_clock: Clock) -> None:
+    """Batches that arrive together (a fleet in step) are answered one after another before the
+    epoch-only token rewrites of any of them, which then come in one pass, from the state then."""
+    log: list[str] = []
+    effects = RecordedTokens(log)
+    settings = attrs.evolve(SETTINGS, actor=attrs.evolve(SETTINGS.actor, max_batch=4))
+    async with registry_on(effects=effects, settings=settings) as registry:
+        members = [Member(registry, "orders", "billing", f"m{i}") for i in range(7)]  # 6 shards
+        await settled(members)
+        idle = next(m for m in members if not m.owned)
+        await idle.leave()  # the group epoch moves; every other member keeps its shard
+        await trio.testing.wait_all_tasks_blocked()
+        log.clear()
+
+        async def beat(member: Member) -> None:
+            await member.heartbeat()
+            log.append("answer")
+
+        async with trio.open_nursery() as nursery:  # six commands, batches of at most four
+            for member in members:
+                if member is not idle:
+                    nursery.start_soon(beat, member)
+        await trio.testing.wait_all_tasks_blocked()
+        assert log == ["answer"] * 6 + ["tokens 6"]
+        state = (await registry.group("orders", "billing")).state
+        assert state is not None
+        assert {t.member_epoch for t in effects.tokens.values()} == {state.assignment_epoch}
+
+
 async def test_a_checkpoint_is_written_once_its_batch_is_answered(autojump_clock: Clock) -> None:
     """The checkpoint a batch makes due is written after that batch's askers have their answers,
     as an append of its own (no events) at the batch's revision; a reload folds the same state."""
