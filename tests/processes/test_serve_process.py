@@ -213,8 +213,10 @@ def test_a_redis_outage_is_two_lines_in_the_coordinator_log(tmp_path: Path) -> N
     assert repeats is not None, ended[0]
     assert int(repeats.group(1)) >= refused, ended[0]
     # Nothing else repeats the failure: every other warning is an event of its own.
+    # (the outage's own first line names whichever call met it first: a refused connection, or a
+    # connection reset under a side effect)
     noisy = [line for line in warnings if "Unable to establish" in line or "Connection refused" in line]
-    assert noisy == began, text
+    assert [line for line in noisy if line not in began] == [], text
     assert "Traceback" not in text, text
 
 
