@@ -119,7 +119,7 @@ class Aggregate(Protocol[S, C, E]):
         is answered."""
         ...
 
-    async def after_answer(self, before: S | None, after: S, events: Sequence[E]) -> None:
+    async def after_answer(self, after: S, events: Sequence[E]) -> None:
         """Perform the side effects of `events` (idempotent) that nobody's answer waits for
         (bookkeeping a reader may see a moment late); run once their batches are answered, for
         one batch or several (commands that waited were answered first), `after` the state
@@ -200,10 +200,9 @@ class Actor(Generic[S, C, E]):
         self._checkpoint_bytes = self._tail_bytes = 0
         #: A checkpoint is due once the current batch is answered (`_persist` decides).
         self._checkpoint_due = False
-        #: The events of the batches answered since the last bookkeeping (`_keep_books`), the
-        #: state before the first of them, and since when bookkeeping is owed (None: nothing).
+        #: The events of the batches answered since the last bookkeeping (`_keep_books`), and
+        #: since when bookkeeping is owed (None: nothing).
         self._unkept: list[E] = []
-        self._unkept_before: S | None = None
         self._books_since: float | None = None
         self.writes = 0
         self.conflicts = 0
@@ -511,8 +510,6 @@ class Actor(Generic[S, C, E]):
                 pending.resolve(answer)
         self._in_flight = []  # answered: what follows (the batch's bookkeeping) fails nobody
         if every and working is not None:
-            if not self._unkept:
-                self._unkept_before = before
             self._unkept.extend(every)
         if (self._unkept or self._checkpoint_due) and self._books_since is None:
             self._books_since = trio.current_time()
@@ -534,11 +531,10 @@ class Actor(Generic[S, C, E]):
         `_persist` found due. A failure of either is left for later (a repair, the next write's
         checkpoint); a conflict is the next batch's to meet."""
         self._books_since = None
-        events, before = self._unkept, self._unkept_before
-        self._unkept, self._unkept_before = [], None
+        events, self._unkept = self._unkept, []
         if events and self.state is not None:
             try:
-                await self.aggregate.after_answer(before, self.state, events)
+                await self.aggregate.after_answer(self.state, events)
             except StoreError as exc:
                 store_failed(
                     log, exc, f"{self.aggregate.aggregate_id}: side effects failed, will repair: {exc}"
@@ -557,7 +553,7 @@ class Actor(Generic[S, C, E]):
         self.writes += 1
         self._revision = appended.revision
         self._tail_bytes = tail_bytes
-        # A checkpoint is written once the batch is answered (`_after_answers`): rendering and
+        # A checkpoint is written once the batch is answered (`_keep_books`): rendering and
         # storing a large state (a group of 1,000 members: about 370 KB) is no asker's wait.
         self._checkpoint_due = (
             self._revision - self.checkpoint_revision >= self.settings.checkpoint_every
@@ -618,7 +614,7 @@ class Actor(Generic[S, C, E]):
         self._revision = self.revision = loaded.revision
         self._checkpoint_due = False  # (decided again by the next write)
         # (what bookkeeping was owed is done by the repair a reload calls for)
-        self._unkept, self._unkept_before, self._books_since = [], None, None
+        self._unkept, self._books_since = [], None
         self.checkpoint_revision = loaded.checkpoint.revision if loaded.checkpoint else 0
         self._checkpoint_bytes = len(loaded.checkpoint.data) if loaded.checkpoint else 0
         self._tail_bytes = sum(len(entry.data) for entry in loaded.events)

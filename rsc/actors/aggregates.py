@@ -202,9 +202,7 @@ class GroupAggregate(_Journaled[GroupState, GroupEvent]):
         if held:
             await self.effects.set_owners(after.group, held)
 
-    async def after_answer(
-        self, before: GroupState | None, after: GroupState, events: Sequence[GroupEvent]
-    ) -> None:
+    async def after_answer(self, after: GroupState, events: Sequence[GroupEvent]) -> None:
         """The token carries its holder's epoch: rewrite, from `after` (the state now), the
         tokens of what the members that advanced their epoch in `events` (one or more answered
         batches) hold now; one pass over the owners for all of them."""
@@ -321,9 +319,7 @@ class StreamAggregate(_Journaled[StreamState, StreamEvent]):
     def recovered(self, state: StreamState, now_ms: int) -> StreamCommand | None:
         return RestartTimers(now_ms) if state.producers else None
 
-    async def after_answer(
-        self, before: StreamState | None, after: StreamState, events: Sequence[StreamEvent]
-    ) -> None:
+    async def after_answer(self, after: StreamState, events: Sequence[StreamEvent]) -> None:
         """Nothing: every side effect of a stream's events comes before its answers."""
 
     async def after_persist(

@@ -19,7 +19,6 @@ the target that follows is `reconcile.refresh_target`'s to compute.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from rsc.events.events import (
     AssignmentHeld,
@@ -29,7 +28,7 @@ from rsc.events.events import (
     ShardsQuarantined,
     ShardsReleased,
 )
-from rsc.events.group_state import Decision, GroupState
+from rsc.events.group_state import Decision, GroupState, LastOf
 from rsc.events.model import FenceReason, Hold, Member, ReleaseReason
 
 
@@ -96,27 +95,12 @@ def shorten_holds(decision: Decision, now_ms: int) -> None:
     expire_holds(decision, now_ms)
 
 
-class _Earliest:
-    """The earliest end of a mapping of holds or quarantines, for the mapping last asked about.
-
-    Such a mapping is never changed in place (a change is a new mapping, and the states between
-    two changes share it), so its earliest end is found once per mapping, not on every heartbeat
-    (which made every heartbeat of a group with holds cost its number of holds). Memoizes by
-    identity: what it returns depends on its argument only."""
-
-    def __init__(self) -> None:
-        self._mapping: Mapping[Any, Any] | None = None
-        self._earliest = 0
-
-    def __call__(self, mapping: Mapping[Any, Hold] | Mapping[int, int]) -> int:
-        if mapping is not self._mapping:
-            ends = (v.until_ms if isinstance(v, Hold) else v for v in mapping.values())
-            self._earliest = min(ends, default=0)
-            self._mapping = mapping
-        return self._earliest
-
-
-_earliest_hold, _earliest_quarantine = _Earliest(), _Earliest()
+#: The earliest end of the holds, and of the quarantines: found once per mapping, not on every
+#: heartbeat (which made every heartbeat of a group with holds cost its number of holds).
+_earliest_hold: LastOf[Mapping[str, Hold], int] = LastOf(
+    lambda holds: min(h.until_ms for h in holds.values())
+)
+_earliest_quarantine: LastOf[Mapping[int, int], int] = LastOf(lambda quarantine: min(quarantine.values()))
 
 
 def expire_holds(decision: Decision, now_ms: int) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar, assert_never, cast
+from typing import Any, Generic, TypeVar, assert_never, cast
 
 import attrs
 
@@ -80,6 +80,29 @@ def _replacer(cls: type[T]) -> Callable[..., T]:
         return cls(*values)
 
     return replace
+
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+class LastOf(Generic[A, R]):
+    """`compute` memoized for the argument last asked about, by identity.
+
+    For the state's mappings (a target, holds, quarantines): they are never changed in place (a
+    change is a new mapping, and the states between two changes share it), so what is derived
+    from one is computed once per mapping, not on every heartbeat that asks. What it returns
+    depends on its argument only."""
+
+    def __init__(self, compute: Callable[[A], R]) -> None:
+        self._compute = compute
+        self._last: tuple[A, R] | None = None
+
+    def __call__(self, argument: A) -> R:
+        last = self._last
+        if last is None or last[0] is not argument:
+            last = self._last = (argument, self._compute(argument))
+        return last[1]
 
 
 #: Tombstones of fenced members kept so that they hear FENCED, oldest dropped first.

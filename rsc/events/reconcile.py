@@ -28,7 +28,7 @@ from rsc.events.events import (
     ShardsRevokeRequested,
     TargetAssignmentUpdated,
 )
-from rsc.events.group_state import Decision, GroupState
+from rsc.events.group_state import Decision, GroupState, LastOf
 from rsc.events.model import Layout, ReleaseReason
 
 _EMPTY: frozenset[int] = frozenset()
@@ -183,23 +183,8 @@ def _ready_to_move(group: GroupState, shards: frozenset[int]) -> frozenset[int]:
     return frozenset(ready)
 
 
-class _TargetOwners:
-    """Shard -> the member it is targeted to, for the target last asked about.
-
-    A target is never changed in place (a new one is a new mapping, and the states between two
-    target computations share the same one), so it is inverted once per target, not once per
-    heartbeat that revokes (which made a revoke cost the whole group). Memoizes by identity:
-    what it returns depends on its argument only."""
-
-    def __init__(self) -> None:
-        self._target: Mapping[str, frozenset[int]] | None = None
-        self._owners: dict[int, str] = {}
-
-    def __call__(self, target: Mapping[str, frozenset[int]]) -> Mapping[int, str]:
-        if target is not self._target:
-            self._owners = {s: m for m, targeted in target.items() for s in targeted}
-            self._target = target
-        return self._owners
-
-
-_target_owners = _TargetOwners()
+#: Shard -> the member it is targeted to: inverted once per target, not once per heartbeat
+#: that revokes (which made a revoke cost the whole group).
+_target_owners: LastOf[Mapping[str, frozenset[int]], dict[int, str]] = LastOf(
+    lambda target: {s: m for m, targeted in target.items() for s in targeted}
+)
