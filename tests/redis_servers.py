@@ -55,9 +55,23 @@ def free_port(cluster_bus: bool = False) -> int:
     low += index * size
     for _ in range(200):
         port = random.randint(low, low + size - 1)
+        if port in _GIVEN:
+            continue
         if _port_free(port) and (not cluster_bus or _port_free(port + 10_000)):
+            if len(_GIVEN) >= _REMEMBERED:
+                del _GIVEN[next(iter(_GIVEN))]
+            _GIVEN[port] = None
             return port
     raise RuntimeError("no free port found")
+
+
+#: The last ports `free_port` gave in this process (oldest first): not given again while
+#: remembered. A caller that picks several before starting anything (a Sentinel set: two
+#: servers and three sentinels) saw the same free port twice, and a sentinel then found a
+#: server on its port (CI, 2026-12-07: "unknown command 'SENTINEL'"). A port given longer ago
+#: is in use (the check finds it) or free again.
+_REMEMBERED = 256
+_GIVEN: dict[int, None] = {}
 
 
 def _wait_ping(port: int, timeout: float = 10.0, password: str | None = None) -> None:
