@@ -111,19 +111,30 @@ class MemberFenced:
 
 @attrs.frozen
 class TargetAssignmentUpdated:
-    """A new target at `assignment_epoch`; `changed` lists only members whose target changed."""
+    """A new target at `assignment_epoch`; `changed` lists only members whose target changed.
+
+    `advances` (feature level 8, the event's version 2): every member reconciled to the
+    previous target whose target this one keeps moves to `assignment_epoch` with it
+    (`rsc.events.group_state.advance_quiet`), instead of by a `MemberEpochAdvanced` each."""
 
     durable: ClassVar[bool] = True
     assignment_epoch: int
     changed: Mapping[str, frozenset[int]]
     computed_at_ms: int
+    advances: bool = attrs.field(default=False, metadata={"omit_if_default": True})
 
 
 @attrs.frozen
 class MemberEpochAdvanced:
+    """The member reconciled to `member_epoch` on a heartbeat. `heard` (feature level 8, the
+    event's version 2): the epoch that heartbeat carried, when the member was quiet (moved by
+    a target, `Member.quiet`) and so may not have heard its epoch: the one a lost answer's
+    retry carries. None: the member's epoch before this one, as in version 1."""
+
     durable: ClassVar[bool] = True
     member_id: str
     member_epoch: int
+    heard: int | None = attrs.field(default=None, metadata={"omit_if_default": True})
 
 
 @attrs.frozen

@@ -291,7 +291,7 @@ def _heartbeat(decision: Decision, hb: Heartbeat) -> None:
         take_over(decision, member, hb.now_ms)
         group = decision.group
         member = None
-    if hb.recheck and (member is None or hb.member_epoch <= 0 or hb.member_epoch != member.member_epoch):
+    if hb.recheck and (member is None or hb.member_epoch <= 0 or not _recheck_accepted(member, hb)):
         raise StaleRecheck(f"member {hb.member_id!r} moved on since its held heartbeat")
     if hb.member_epoch == -1:
         _leave(decision, hb)
@@ -368,10 +368,25 @@ def _drain_reports(group: GroupState, member: Member | None, hb: Heartbeat) -> t
 
 
 def _epoch_accepted(member: Member, hb: Heartbeat) -> bool:
-    """The member's own epoch, or the previous one when a response was lost."""
+    """The member's own epoch, or the previous one when a response was lost; for a quiet
+    member (moved by a target that kept its shards, feature level 8), any epoch since the last
+    one it was surely told. An older epoch than those only while it reports nothing it does
+    not hold."""
     if hb.member_epoch == member.member_epoch:
         return True
-    return hb.member_epoch == member.previous_epoch and hb.owned <= member.installed
+    if not hb.owned <= member.installed:
+        return False
+    if member.quiet:
+        return member.previous_epoch <= hb.member_epoch < member.member_epoch
+    return hb.member_epoch == member.previous_epoch
+
+
+def _recheck_accepted(member: Member, hb: Heartbeat) -> bool:
+    """A held heartbeat decided again at the epoch its answer gave: the member's epoch still,
+    or one a target that kept its shards moved on from since (it then learns the new one)."""
+    if hb.member_epoch == member.member_epoch:
+        return True
+    return member.quiet and member.previous_epoch <= hb.member_epoch < member.member_epoch
 
 
 def _leave(decision: Decision, hb: Heartbeat) -> None:

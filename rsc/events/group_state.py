@@ -274,11 +274,7 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
         case AssignmentHeld() | HoldEnded() | ShardsQuarantined() | QuarantineEnded():
             return _evolve_holds(state, event)
         case MemberEpochAdvanced():
-            member = _member(state, event.member_id)
-            return _put(
-                state,
-                _member_with(member, member_epoch=event.member_epoch, previous_epoch=member.member_epoch),
-            )
+            return _advanced(state, event)
         case ShardsRevokeRequested():
             member = _member(state, event.member_id)
             if not event.shards <= member.assigned:
@@ -323,18 +319,60 @@ def evolve(state: GroupState | None, event: GroupEvent) -> GroupState:
             assert_never(event)
 
 
+def _advanced(state: GroupState, event: MemberEpochAdvanced) -> GroupState:
+    """A member reconciled to a new epoch on its heartbeat; the epoch it leaves, or the one a
+    quiet member's heartbeat carried (`heard`), is what a lost answer's retry carries."""
+    member = _member(state, event.member_id)
+    previous = member.member_epoch if event.heard is None else event.heard
+    return _put(
+        state, _member_with(member, member_epoch=event.member_epoch, previous_epoch=previous, quiet=False)
+    )
+
+
 def _retarget(state: GroupState, event: TargetAssignmentUpdated) -> GroupState:
     """A new target; the memories it served (of members now staying with a target) are done."""
     holds = state.holds
     if holds:  # a memory has served once its (rejoined, staying) member has a target
         holds = {m: h for m, h in holds.items() if h.static or m not in event.changed or _departed(state, m)}
+    members = advance_quiet(state, event) if event.advances else state.members
     return attrs.evolve(
         state,
         target={**state.target, **event.changed},
+        members=members,
         assignment_epoch=event.assignment_epoch,
         assignment_computed_at_ms=event.computed_at_ms,
         holds=holds,
     )
+
+
+def advance_quiet(state: GroupState, event: TargetAssignmentUpdated) -> Mapping[str, Member]:
+    """The members with those a new target keeps moved to its epoch (feature level 8).
+
+    A member moves when it had reconciled to the previous target (its epoch is the previous
+    assignment epoch, it revokes nothing and holds nothing outside its target) and the new
+    target gives it the same shards (it is not in `changed`): it was told everything this
+    target asks of it, so it has reconciled to this one too, as a `MemberEpochAdvanced` on its
+    next heartbeat would have said. It is marked `quiet`: it learns the epoch from its next
+    answer, and until a later advance that it surely heard, `previous_epoch` stays the last
+    epoch it was surely told. A leaving member, one that must still revoke, and one behind
+    (a joiner before its first target) move on their own heartbeats, as before."""
+    before, epoch, changed = state.assignment_epoch, event.assignment_epoch, event.changed
+    target = state.target
+    members = dict(state.members)
+    if before <= 0:  # no target before this one: every member is a joiner
+        return state.members
+    for member_id, m in state.members.items():
+        if (
+            m.member_epoch != before
+            or m.revoking
+            or m.leaving
+            or member_id in changed
+            or not m.assigned <= target.get(member_id, _EMPTY)
+        ):
+            continue
+        previous = m.previous_epoch if m.quiet else m.member_epoch
+        members[member_id] = _member_with(m, member_epoch=epoch, previous_epoch=previous, quiet=True)
+    return members
 
 
 def _evolve_holds(

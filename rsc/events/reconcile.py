@@ -30,6 +30,7 @@ from rsc.events.events import (
 )
 from rsc.events.group_state import Decision, GroupState, LastOf
 from rsc.events.model import Layout, ReleaseReason
+from rsc.events.versions import ADVANCE_LEVEL
 
 _EMPTY: frozenset[int] = frozenset()
 
@@ -61,7 +62,9 @@ def reconcile(decision: Decision, hb: Heartbeat) -> None:
     if decision.group.members[member.member_id].revoking:
         return  # keeps its old epoch and gets nothing new until it has acked
     if member.member_epoch != group.assignment_epoch:
-        decision.emit(MemberEpochAdvanced(member.member_id, group.assignment_epoch))
+        # (A quiet member may not have heard its epoch: the one it sent is what it knows.)
+        heard = hb.member_epoch if member.quiet else None
+        decision.emit(MemberEpochAdvanced(member.member_id, group.assignment_epoch, heard))
     free = frozenset(s for s in target - member.installed if s not in group.owners)
     if free and group.quarantine:
         free -= group.quarantined(hb.now_ms)
@@ -99,9 +102,10 @@ def refresh_target(decision: Decision, now_ms: int, at_once: bool = False) -> No
     last = group.assignment_computed_at_ms
     if not at_once and last is not None and now_ms - last < assignment_interval_ms(group):
         return
+    advances = decision.level >= ADVANCE_LEVEL  # quiet members move with the target
     if group.paused is not None:
         emptied = {m: frozenset[int]() for m, shards in group.target.items() if shards}
-        decision.emit(TargetAssignmentUpdated(group.group_epoch, emptied, now_ms))
+        decision.emit(TargetAssignmentUpdated(group.group_epoch, emptied, now_ms, advances))
         return
     staying = [m for m, member in group.members.items() if not member.leaving]
     held = group.held() if group.holds or any(m.static for m in group.members.values()) else {}
@@ -130,7 +134,7 @@ def refresh_target(decision: Decision, now_ms: int, at_once: bool = False) -> No
         if (before := group.target.get(m)) is not shards and before != shards
     }
     changed.update({m: frozenset() for m, shards in group.target.items() if shards and m not in target})
-    decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms))
+    decision.emit(TargetAssignmentUpdated(group.group_epoch, changed, now_ms, advances))
 
 
 def draining_stays(

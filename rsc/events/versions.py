@@ -144,6 +144,17 @@ FEATURE_LEVELS: tuple[FeatureLevel, ...] = (
         "assignment), and its position reset across every shard (GroupPositionReset)",
         journal_schema=2,
     ),
+    FeatureLevel(
+        8,
+        "0.3.0",
+        "quiet members advance with the target: a new target moves every member whose shards "
+        "it keeps to the new assignment epoch at once (TargetAssignmentUpdated version 2, "
+        "`advances`), without a MemberEpochAdvanced each; such a member's heartbeat is "
+        "accepted with any epoch since the last it was surely told while it reports only what "
+        "it holds, and its next MemberEpochAdvanced (version 2, `heard`) names the epoch its "
+        "heartbeat carried (a 0.2.0 coordinator would replay these members at their old epochs)",
+        journal_schema=2,
+    ),
 )
 #: The level from which shards are sealed when they drain, and scale-in is allowed.
 SEAL_LEVEL = 2
@@ -158,6 +169,9 @@ RETENTION_LEVEL = 5
 IDEMPOTENCE_LEVEL = 6
 #: The level from which an operator pauses, resumes and resets a group's position.
 GROUP_OPS_LEVEL = 7
+#: The level from which a new target advances the members whose shards it keeps (a rebalance
+#: storm then journals one event per target, not one per member).
+ADVANCE_LEVEL = 8
 #: The highest level this code can run at (write and read), and the level a deployment that
 #: never finalized one is at (every deployment made by 0.1.0).
 MAX_FEATURE_LEVEL = FEATURE_LEVELS[-1].level
@@ -249,10 +263,22 @@ class EventVersion:
     upcast: Upcaster
 
 
-#: The versions after 1 of each event type's data, oldest first (none yet: every event type is
-#: at version 1). A change of an event's fields that a reader of the previous version would
-#: misread adds an entry here, with its feature level and the upcaster from the previous one.
-EVENT_VERSIONS: Mapping[str, tuple[EventVersion, ...]] = {}
+def _as_it_is(data: dict[str, Any]) -> dict[str, Any]:
+    """An upcaster for a version that only adds a field whose default means what the previous
+    version meant (the previous version's data reads as it is)."""
+    return data
+
+
+#: The versions after 1 of each event type's data, oldest first. A change of an event's fields
+#: that a reader of the previous version would misread adds an entry here, with its feature
+#: level and the upcaster from the previous one.
+EVENT_VERSIONS: Mapping[str, tuple[EventVersion, ...]] = {
+    # `advances` (level 8): the target moves the members whose shards it keeps to its epoch.
+    # A reader of version 1 would leave them at their old epochs and fence their next heartbeat.
+    "TargetAssignmentUpdated": (EventVersion(2, ADVANCE_LEVEL, _as_it_is),),
+    # `heard` (level 8): the epoch a quiet member's heartbeat carried, its retry's epoch.
+    "MemberEpochAdvanced": (EventVersion(2, ADVANCE_LEVEL, _as_it_is),),
+}
 
 
 class UnsupportedEventVersion(ValueError):

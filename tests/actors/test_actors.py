@@ -26,6 +26,7 @@ from rsc.events.commands import ChangeShardCount, ConfigureGroup, CreateGroup, D
 from rsc.events.errors import IncarnationMismatch, PreconditionFailed, UnknownGroup, UnknownStream
 from rsc.events.events import GroupConfigured
 from rsc.events.model import FenceReason, GroupConfig, HeartbeatStatus
+from rsc.events.versions import GROUP_OPS_LEVEL
 from tests.actorkit import SETTINGS, TIMING, Member, registry_on
 from tests.groupkit import layout
 
@@ -216,9 +217,10 @@ async def settled(members: list[Member]) -> None:
 async def test_an_epoch_only_token_rewrite_waits_for_no_answer(autojump_clock: Clock) -> None:
     """A member that only advances its epoch (its shards stay) is answered before the owner
     tokens of what it holds are rewritten with the new epoch (the data plane compares the member
-    id and incarnation only); they are, before the next batch. Installs are not deferred."""
+    id and incarnation only); they are, before the next batch. Installs are not deferred.
+    (Below feature level 8: from it, such a member moves with the target and no token changes.)"""
     effects = HeldTokens()
-    async with registry_on(effects=effects) as registry:
+    async with registry_on(MemoryStore(level=GROUP_OPS_LEVEL), effects) as registry:
         members = [Member(registry, "orders", "billing", f"m{i}") for i in range(7)]  # 6 shards
         await settled(members)
         idle = next(m for m in members if not m.owned)
@@ -238,6 +240,36 @@ async def test_an_epoch_only_token_rewrite_waits_for_no_answer(autojump_clock: C
         assert effects.tokens[key, "billing"].member_epoch == answer.member_epoch
 
 
+async def test_members_that_keep_their_shards_move_with_the_target_and_no_token_changes(
+    autojump_clock: Clock,
+) -> None:
+    """From feature level 8 a target moves the members whose shards it keeps to its epoch: their
+    next heartbeats journal nothing and write no owner token (a token names the epoch of its
+    install or of its holder's last advance of its own)."""
+    log: list[str] = []
+    effects = RecordedTokens(log)
+    store = MemoryStore()
+    async with registry_on(store, effects) as registry:
+        members = [Member(registry, "orders", "billing", f"m{i}") for i in range(7)]  # 6 shards
+        await settled(members)
+        idle = next(m for m in members if not m.owned)
+        appends = store.appends
+        await idle.leave()  # the group epoch moves; every other member keeps its shard
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.appends == appends + 1  # the leave and the target, in one write
+        state = (await registry.group("orders", "billing")).state
+        assert state is not None
+        log.clear()
+        for member in members:
+            if member is not idle:
+                answer = await member.heartbeat()
+                assert answer.member_epoch == state.assignment_epoch
+        await trio.testing.wait_all_tasks_blocked()
+        assert log == []
+        assert store.appends == appends + 1
+        assert max(t.member_epoch for t in effects.tokens.values()) < state.assignment_epoch
+
+
 class RecordedTokens(MemoryEffects):
     """Records each `set_owners` call, in `log` (shared with the test's answers)."""
 
@@ -252,11 +284,12 @@ class RecordedTokens(MemoryEffects):
 
 async def test_commands_that_wait_are_answered_before_the_bookkeeping(autojump_clock: Clock) -> None:
     """Batches that arrive together (a fleet in step) are answered one after another before the
-    epoch-only token rewrites of any of them, which then come in one pass, from the state then."""
+    epoch-only token rewrites of any of them, which then come in one pass, from the state then
+    (below feature level 8, where members that keep their shards advance one by one)."""
     log: list[str] = []
     effects = RecordedTokens(log)
     settings = attrs.evolve(SETTINGS, actor=attrs.evolve(SETTINGS.actor, max_batch=4))
-    async with registry_on(effects=effects, settings=settings) as registry:
+    async with registry_on(MemoryStore(level=GROUP_OPS_LEVEL), effects, settings) as registry:
         members = [Member(registry, "orders", "billing", f"m{i}") for i in range(7)]  # 6 shards
         await settled(members)
         idle = next(m for m in members if not m.owned)

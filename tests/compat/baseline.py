@@ -12,6 +12,7 @@ and this project's installed dependencies after it. Built once per commit under
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -60,9 +61,15 @@ def build(cache: Path = CACHE) -> Baseline:
     source, venv = home / "src", home / "venv"
     python = venv / "bin" / "python"
     if not (home / "ready").exists():
-        _archive(commit, source)
-        _venv(venv, source)
-        (home / "ready").write_text(f"{tag} {commit}\n")
+        home.mkdir(parents=True, exist_ok=True)
+        # One builder at a time: the compat tests run on several xdist workers at once, and two
+        # building side by side removed each other's tree (the tier's tests then errored).
+        with (home / "build.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (home / "ready").exists():
+                _archive(commit, source)
+                _venv(venv, source)
+                (home / "ready").write_text(f"{tag} {commit}\n")
     return Baseline(tag, commit, source, python)
 
 

@@ -222,10 +222,10 @@ async def test_version_and_probes(client: httpx.AsyncClient) -> None:
     assert version["lifecycle"]["status"] == "supported"
     assert [(p["version"], p["status"]) for p in version["protocols"]] == [(1, "supported"), (2, "supported")]
     features = version["features"]
-    assert features["supported"] == {"min": 1, "max": 7}
-    assert [level["level"] for level in features["levels"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert features["supported"] == {"min": 1, "max": 8}
+    assert [level["level"] for level in features["levels"]] == [1, 2, 3, 4, 5, 6, 7, 8]
     # the shared Redis: whichever coordinator came first (none yet when this test runs first)
-    assert features["finalized"] in (None, 1, 2, 3, 4, 5, 6, 7)
+    assert features["finalized"] in (None, 1, 2, 3, 4, 5, 6, 7, 8)
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).status_code == 200
 
