@@ -173,7 +173,13 @@ def _add_process_routes(app: QuartTrio, deployment: Deployment, gate: Gate, metr
     async def prometheus() -> Response:
         scope = auth.read_scope(gate.policy, gate.principal(), Action.METRICS)
         source = metrics.prometheus if scope.everything else scoped_registry(metrics.prometheus, scope)
-        return Response(generate_latest(source), content_type=CONTENT_TYPE_LATEST)
+        # Rendered beside the event loop: a deployment of 1,000 shards is 5,000 series, 20-40 ms
+        # of one step that every heartbeat answered meanwhile waited for (a scrape every 15 s
+        # was a stall in the heartbeats' p99). Each collector reads immutable states and
+        # samples, or copies what it reads in one call (`actor_figures`, `sorted(...items())`);
+        # the thread yields the interpreter to the loop every switch interval.
+        body = await trio.to_thread.run_sync(generate_latest, source)
+        return Response(body, content_type=CONTENT_TYPE_LATEST)
 
 
 def readiness(deployment: Deployment, names: bool = True) -> dict[str, Any]:

@@ -66,7 +66,7 @@ class Inspection(Protocol):
 
 
 class RedisInspection(RedisEffectsBase):
-    """`Inspection` on Redis: pipelined per node, 512 keys per round trip."""
+    """`Inspection` on Redis: pipelined per node, `CHUNK` keys per round trip."""
 
     _drain_evidence = CoordinatorScript("drain_evidence")
 
@@ -97,7 +97,7 @@ class RedisInspection(RedisEffectsBase):
         keys = list(shard_keys)
         topology = await self.topology()
         stats: dict[str, ShardStats] = {}
-        for chunk in chunks(keys):  # XLEN and XINFO GROUPS of 512 keys per round trip and node
+        for chunk in chunks(keys):  # XLEN and XINFO GROUPS of `CHUNK` keys per round trip and node
             with redis_errors("reading shard statistics"):
                 async with self.redis.pipeline(transaction=False, raise_on_error=False) as pipe:
                     for key in chunk:
