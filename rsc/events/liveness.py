@@ -100,6 +100,14 @@ class Leases(Mapping[str, int]):
         self._drains: dict[str, tuple[DrainProgress, ...]] = {}
         self._owned: dict[str, frozenset[int]] = {}
 
+    def snapshot(self) -> Leases:
+        """A copy of the table as it is now, which the actor's later heartbeats leave alone
+        (a view rendered beside the event loop reads it)."""
+        copy = Leases(self._deadlines)
+        copy._drains = dict(self._drains)
+        copy._owned = dict(self._owned)
+        return copy
+
     def owned(self, member_id: str) -> frozenset[int]:
         """What `member_id` reported reading (`ownedShards`) in its last heartbeat."""
         return self._owned.get(member_id, frozenset())

@@ -13,11 +13,13 @@ import json
 import math
 import re
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
 import cattrs
 import orjson
+import trio
 from quart import Response, request
 
 from rsc.events import codec
@@ -267,6 +269,18 @@ def error_response(status: int, code: str, message: str, details: Any = None) ->
     response = json_response(error_body(code, message, details))
     response.status_code = status
     return response
+
+
+async def json_response_beside_loop(build: Callable[[], Any]) -> Response:
+    """`json_response(build())`, with `build` and the encoding run in a worker thread: a view of
+    a large group or stream (1,000 members, 1,024 shards: 15-30 ms) would otherwise be one step
+    of the event loop that every heartbeat answered meanwhile waits for. `build` reads only
+    what no other task changes meanwhile: immutable states, and copies (`Leases.snapshot`)."""
+
+    def render() -> bytes:
+        return dump_json(codec.wire.unstructure(build()))
+
+    return Response(await trio.to_thread.run_sync(render), content_type="application/json")
 
 
 def json_response(value: Any, plain: bool = False) -> Response:

@@ -28,7 +28,7 @@ from rsc.http import paging, views
 from rsc.http.admin.lookup import stream_state
 from rsc.http.authenticate import Gate, Refused
 from rsc.http.errors import ApiError
-from rsc.http.json_io import error_response, json_response
+from rsc.http.json_io import error_response, json_response, json_response_beside_loop
 from rsc.http.metrics import Metrics, scoped_registry
 from rsc.http.pending import pending_entries
 
@@ -70,9 +70,10 @@ def _add_views(app: QuartTrio, deployment: Deployment, gate: Gate) -> None:
         actor = await existing_stream_actor(stream_prefix)
         state = stream_state(actor)
         facts = await deployment.stream_facts(state)
-        now_ms = deployment.now_ms()
-        view = views.stream_view(state, actor.leases, now_ms, facts.stats, facts.evidence, facts.consumed)
-        return json_response(view)
+        now_ms, leases = deployment.now_ms(), actor.leases.snapshot()
+        return await json_response_beside_loop(
+            lambda: views.stream_view(state, leases, now_ms, facts.stats, facts.evidence, facts.consumed)
+        )
 
     @app.get("/v1/streams/<stream_prefix>/groups/<consumer_group>")
     async def group(stream_prefix: str, consumer_group: str) -> Response:
@@ -88,12 +89,17 @@ def _add_views(app: QuartTrio, deployment: Deployment, gate: Gate) -> None:
             raise ApiError(404, "UNKNOWN_GROUP", str(exc)) from exc
         if actor.state is None:
             raise ApiError(404, "UNKNOWN_GROUP", f"group {consumer_group!r} has no state yet")
-        view = views.group_view(actor.state, actor.leases, deployment.now_ms())
+        group_state, leases, now_ms = actor.state, actor.leases.snapshot(), deployment.now_ms()
         loss = await deployment.group_loss(state, consumer_group)
         per_shard = {str(i): n for i, n in loss.per_shard.items()}
-        view = attrs.evolve(view, trimmed_unseen=loss.total, trimmed_unseen_per_shard=per_shard)
+
+        def whole() -> views.GroupView:
+            view = views.group_view(group_state, leases, now_ms)
+            return attrs.evolve(view, trimmed_unseen=loss.total, trimmed_unseen_per_shard=per_shard)
+
         if wanted.limit is None:
-            return json_response(view)
+            return await json_response_beside_loop(whole)
+        view = whole()
         page = paging.page_of("members", view.members, wanted, lambda m: m.member_id)
         body = codec.wire.unstructure(views.members_page(view, page.items, page.next_cursor))
         body["nextCursor"] = page.next_cursor  # null on the last page, not left out
