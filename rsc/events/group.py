@@ -85,7 +85,7 @@ from rsc.events.events import (
     TimersRestarted,
 )
 from rsc.events.group_holds import expire_holds, fence, hold_shards, remember, shorten_holds, take_over
-from rsc.events.group_state import Decision, GroupState, evolve, fold
+from rsc.events.group_state import Decision, GroupState, LastOf, evolve, fold
 from rsc.events.liveness import expired
 from rsc.events.model import (
     MAX_STATIC_HOLD_MS,
@@ -442,14 +442,28 @@ def due_ms(group: GroupState, leases: Mapping[str, int]) -> int | None:
         return None
     times = list(group.quarantine.values())
     times.extend(hold.until_ms for hold in group.holds.values())
-    for member_id, member in group.members.items():
-        times.append(leases.get(member_id, 0))
-        if member.revoke_deadline_ms is not None:
-            times.append(member.revoke_deadline_ms)
+    members = group.members
+    if len(leases) == len(members) and members.keys() <= leases.keys():
+        # The table holds exactly the members (as it does between batches): its earliest
+        # deadline, read in one pass over the table (the actor asks after every batch).
+        if members:
+            times.append(min(leases.values()))
+        times.extend(_revoke_deadlines(members))
+    else:
+        for member_id, member in members.items():
+            times.append(leases.get(member_id, 0))
+            if member.revoke_deadline_ms is not None:
+                times.append(member.revoke_deadline_ms)
     if group.group_epoch > group.assignment_epoch:
         last = group.assignment_computed_at_ms
         times.append(0 if last is None else last + assignment_interval_ms(group))
     return min(times, default=None)
+
+
+#: The members' revoke deadlines, once per members mapping (a steady group's batch keeps it).
+_revoke_deadlines: LastOf[Mapping[str, Member], list[int]] = LastOf(
+    lambda members: [m.revoke_deadline_ms for m in members.values() if m.revoke_deadline_ms is not None]
+)
 
 
 def _apply_layout(decision: Decision, command: ApplyLayout) -> None:

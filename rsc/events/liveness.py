@@ -26,8 +26,8 @@ A renewal is one dictionary write: no copy of the state or of the table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import assert_never
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from typing import Any, assert_never
 
 from rsc.events.events import (
     AssignmentHeld,
@@ -118,6 +118,20 @@ class Leases(Mapping[str, int]):
 
     def __getitem__(self, key: str) -> int:
         return self._deadlines[key]
+
+    # (The mapping's reads straight from the dict: `Mapping`'s own go through `__getitem__` and
+    # an exception per missing key, and the actor reads every lease after each batch.)
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._deadlines.get(key, default)
+
+    def keys(self) -> KeysView[str]:
+        return self._deadlines.keys()
+
+    def values(self) -> ValuesView[int]:
+        return self._deadlines.values()
+
+    def items(self) -> ItemsView[str, int]:
+        return self._deadlines.items()
 
     def __contains__(self, key: object) -> bool:
         return key in self._deadlines
