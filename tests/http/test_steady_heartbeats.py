@@ -12,12 +12,16 @@ from typing import Any, ClassVar
 import attrs
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rsc.events.auth import credential
+from rsc.events.model import MAX_COUNTER
 from rsc.events.wire import HeartbeatRequest
 from rsc.http.heartbeats import routes as heartbeat_routes
 from rsc.http.heartbeats import steady as steady_heartbeats
 from rsc.http.heartbeats.steady import SteadyHeartbeats
+from rsc.http.json_io import structure
 from tests.httpkit import FAST, beat, hb, serve_on, workers_and_others
 
 TOKEN = "steady-member-token-0123456789"
@@ -285,3 +289,75 @@ def test_a_member_s_next_item_keeps_its_rate_limit_key_while_its_names_do() -> N
     assert memo.key_suffix(slot, "i-1") == "the suffix"
     assert memo.key_suffix(slot, "i-2") is None
     assert memo.key_suffix(("orders", "billing", "m-2"), "i-1") is None
+
+
+def _full_item(epoch: Any = 3) -> dict[str, Any]:
+    return {
+        **_item(epoch),
+        "metadataVersion": 2,
+        "ownedShards": [4, 1],
+        "revokedShards": [],
+        "client": {"name": "rsc-python", "version": "0.2.0"},
+        "waitMs": 0,
+    }
+
+
+def _remembered(memo: SteadyHeartbeats, raw: dict[str, Any]) -> tuple[str, str, str]:
+    slot, text, _ = memo.parsed(raw)
+    assert slot is not None
+    memo.remember(slot, text, "", structure(raw, HeartbeatRequest))
+    return slot
+
+
+def test_an_item_that_moved_only_its_epoch_is_not_parsed_again() -> None:
+    """A storm moves every member's epoch and nothing else of its item: the request comes from
+    the remembered one with the new epoch, exactly what parsing it would give; any other
+    difference, or an epoch that is no member's, is parsed the long way."""
+    memo = SteadyHeartbeats()
+    slot = _remembered(memo, _full_item(3))
+    moved = _full_item(7)
+    _, text, known = memo.parsed(moved)
+    assert known is None
+    assert memo.epoch_moved(slot, moved, text) == structure(moved, HeartbeatRequest)
+    assert memo.epoch_hits == 1
+    for other in (
+        {**_full_item(7), "ownedShards": [4]},  # the epoch and more
+        {**_full_item(7), "client": {"name": "rsc-python", "version": "0.2.0", "memberEpoch": 7}},
+        _full_item(True),
+        _full_item(7.0),
+        _full_item(0),
+        _full_item(-1),
+        _full_item(2**53),  # past MAX_COUNTER
+        _full_item(3),  # the same epoch: `parsed` found it (or it changed elsewhere)
+    ):
+        _, other_text, _ = memo.parsed(other)
+        assert memo.epoch_moved(slot, other, other_text) is None, other
+    assert memo.epoch_moved(("orders", "billing", "m-9"), moved, text) is None  # not remembered
+
+
+@given(
+    epoch=st.one_of(st.integers(-3, 2**54), st.booleans(), st.floats(allow_nan=False), st.text(max_size=3)),
+    changes=st.dictionaries(
+        st.sampled_from(["ownedShards", "metadataVersion", "waitMs", "memberEpoch", "x", "client"]),
+        st.one_of(
+            st.integers(-2, 2**54),
+            st.lists(st.integers(0, 5), max_size=3),
+            st.fixed_dictionaries({"name": st.just("rsc-python"), "version": st.just("0.2.0")}),
+            st.fixed_dictionaries({"memberEpoch": st.integers(0, 9)}),
+        ),
+        max_size=2,
+    ),
+)
+@settings(max_examples=300)
+def test_a_moved_epoch_is_what_parsing_the_item_gives(epoch: Any, changes: dict[str, Any]) -> None:
+    memo = SteadyHeartbeats()
+    slot = _remembered(memo, _full_item(3))
+    raw = {**_full_item(epoch), **changes}
+    found_slot, text, known = memo.parsed(raw)
+    if found_slot is None or known is not None:
+        return  # never remembered, or the very same item
+    moved = memo.epoch_moved(slot, raw, text)
+    if moved is None:
+        return
+    assert moved == structure(raw, HeartbeatRequest)
+    assert 0 < moved.member_epoch <= MAX_COUNTER

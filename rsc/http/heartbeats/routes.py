@@ -237,8 +237,9 @@ def _batch_item(
     slot, text, known = steady.parsed(raw)
     if known is not None:
         body, suffix = known.body, known.key_suffix
-    else:
-        body = structure(raw, HeartbeatRequest)
+    else:  # (a new epoch alone, as in a storm: the rest of the item as remembered)
+        moved = steady.epoch_moved(slot, raw, text) if slot is not None else None
+        body = moved if moved is not None else structure(raw, HeartbeatRequest)
         suffix = ""
     if body.stream_prefix not in allowed:
         gate.check(Action.MEMBER_HEARTBEAT, body.stream_prefix)

@@ -33,8 +33,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import attrs
 import orjson
 
+from rsc.events.model import MAX_COUNTER
 from rsc.events.wire import HeartbeatRequest
 from rsc.http.json_io import EncodedJSON, dump_json
 
@@ -77,6 +79,8 @@ class SteadyHeartbeats:
         #: Items found unchanged and answers reused (for tests and benchmarks).
         self.parse_hits = 0
         self.answer_hits = 0
+        #: Items found unchanged but for their epoch (`epoch_moved`).
+        self.epoch_hits = 0
 
     def __len__(self) -> int:
         return len(self._items) + len(self._older)
@@ -103,6 +107,30 @@ class SteadyHeartbeats:
             self.parse_hits += 1
             return slot, text, known
         return slot, text, None
+
+    def epoch_moved(self, slot: Slot, raw: dict[str, Any], text: bytes) -> HeartbeatRequest | None:
+        """The request parsed from `raw` (its exact JSON `text`), from what was remembered for
+        the member at `slot`, if `raw` differs from that item in its `memberEpoch` alone and
+        that is a member's epoch (an integer from 1 to `MAX_COUNTER`); else None, and it is
+        parsed the long way.
+
+        A storm moves every member's epoch (a quiet member learns a new one from each target
+        that keeps its shards) and nothing else of its item: such an item is parsed afresh on
+        every heartbeat otherwise, about half of what a batch's items cost. Comparing the JSON
+        with the remembered one's, the old epoch written as the new, is exact: the top-level
+        key is unique, and one written inside a string is escaped (`\\"`). What the long way
+        checks after parsing (`validate_heartbeat`, the rate limits) still runs."""
+        known = self._items.get(slot)
+        epoch = raw.get("memberEpoch")
+        if known is None or type(epoch) is not int or not 0 < epoch <= MAX_COUNTER:
+            return None
+        before = known.body.member_epoch
+        if epoch == before or before <= 0:
+            return None
+        if known.text.replace(b'"memberEpoch":%d' % before, b'"memberEpoch":%d' % epoch, 1) != text:
+            return None
+        self.epoch_hits += 1
+        return attrs.evolve(known.body, member_epoch=epoch)
 
     def key_suffix(self, slot: Slot, incarnation: str) -> str | None:
         """The rate-limit key suffix remembered for the member at `slot` if its last item named
