@@ -13,6 +13,9 @@ heartbeat ago. `SteadyHeartbeats` keeps, per member, what that cost the last tim
   that its group accepted (not refused, not rejected) is remembered (`remember`), only a
   member already in its group (epoch above 0: a join carries its caller's quota, a leave is
   never repeated), and only an item of at most `MAX_ITEM_BYTES`;
+* an item that differs from the member's last in its `memberEpoch` alone (a storm's quiet
+  member, moved by a target that kept its shards) is not parsed either: the remembered
+  request with the new epoch (`epoch_moved`); it is checked and remembered as a new item;
 * the answer rendered for it (as its JSON, `rsc.http.json_io.EncodedJSON`) with the group
   state and feature level it was rendered from. `rsc.events.respond` reads nothing of the
   command but its member id, epoch and metadata version, which the item fixes, so the same
