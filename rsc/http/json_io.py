@@ -271,6 +271,17 @@ def error_response(status: int, code: str, message: str, details: Any = None) ->
     return response
 
 
+#: One rendering thread at a time (views, `/metrics`): many requests at once wait their turn
+#: without the event loop, instead of sharing the interpreter with it in as many threads.
+RENDERS = trio.CapacityLimiter(1)
+
+
+async def beside_loop(render: Callable[[], T]) -> T:
+    """`render()` in a worker thread, one at a time (`RENDERS`): work that would otherwise be
+    one long step of the event loop, which every heartbeat answered meanwhile waits for."""
+    return await trio.to_thread.run_sync(render, limiter=RENDERS)
+
+
 async def json_response_beside_loop(build: Callable[[], Any]) -> Response:
     """`json_response(build())`, with `build` and the encoding run in a worker thread: a view of
     a large group or stream (1,000 members, 1,024 shards: 15-30 ms) would otherwise be one step
@@ -280,7 +291,7 @@ async def json_response_beside_loop(build: Callable[[], Any]) -> Response:
     def render() -> bytes:
         return dump_json(codec.wire.unstructure(build()))
 
-    return Response(await trio.to_thread.run_sync(render), content_type="application/json")
+    return Response(await beside_loop(render), content_type="application/json")
 
 
 def json_response(value: Any, plain: bool = False) -> Response:

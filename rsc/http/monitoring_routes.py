@@ -28,7 +28,7 @@ from rsc.http import paging, views
 from rsc.http.admin.lookup import stream_state
 from rsc.http.authenticate import Gate, Refused
 from rsc.http.errors import ApiError
-from rsc.http.json_io import error_response, json_response, json_response_beside_loop
+from rsc.http.json_io import beside_loop, error_response, json_response, json_response_beside_loop
 from rsc.http.metrics import Metrics, scoped_registry
 from rsc.http.pending import pending_entries
 
@@ -184,7 +184,7 @@ def _add_process_routes(app: QuartTrio, deployment: Deployment, gate: Gate, metr
         # was a stall in the heartbeats' p99). Each collector reads immutable states and
         # samples, or copies what it reads in one call (`actor_figures`, `sorted(...items())`);
         # the thread yields the interpreter to the loop every switch interval.
-        body = await trio.to_thread.run_sync(generate_latest, source)
+        body = await beside_loop(lambda: generate_latest(source))
         return Response(body, content_type=CONTENT_TYPE_LATEST)
 
 
