@@ -59,7 +59,7 @@ from rsc.actors.dataset import DATA_LOSS
 from rsc.actors.errors import ActorStopped, ConcurrencyConflict, Redecide, StoreError, StoreUnavailable
 from rsc.actors.health import REDIS_OUTAGE, store_failed
 from rsc.actors.keys import AggregateId
-from rsc.actors.store import Loaded, Store, check_writable
+from rsc.actors.store import Loaded, Store, check_levels, check_writable
 from rsc.events.errors import CoordinationError, PreconditionFailed
 from rsc.events.events import GroupEvent, StreamEvent
 from rsc.events.liveness import BatchLeases, Leases
@@ -546,8 +546,11 @@ class Actor(Generic[S, C, E]):
 
     async def _persist(self, durable: list[E], state: S) -> None:
         entries = [self.aggregate.event_to_json(e) for e in durable]
-        # Only what the deployment's finalized feature level allows (`NotFinalized`: a bug).
-        check_writable([kind for kind, _ in entries], (await self.store.features.current()).level)
+        # Only what the deployment's finalized feature level allows (`NotFinalized`: a bug, or a
+        # level lowered between the decision and the write).
+        level = (await self.store.features.current()).level
+        check_writable([kind for kind, _ in entries], level)
+        check_levels(durable, level)
         tail_bytes = self._tail_bytes + sum(len(data) for _, data in entries)
         appended = await self.store.append(self.aggregate.aggregate_id, self._revision, entries)
         self.writes += 1

@@ -34,12 +34,14 @@ import attrs
 from rsc.actors.errors import ConcurrencyConflict, NotFinalized, TermFenced
 from rsc.actors.features import FeatureSource, StaticFeatures
 from rsc.actors.keys import AggregateId
+from rsc.events.events import GroupEvent, StreamEvent, level_needed
 from rsc.events.versions import (
     BASELINE_FEATURE_LEVEL,
     EVENT_LEVELS,
     EVENT_VERSIONS,
     MAX_FEATURE_LEVEL,
     current_event_version,
+    written_level,
 )
 
 CHECKPOINT = "Checkpoint"
@@ -137,11 +139,22 @@ class _MemoryAggregate:
     fence: int = 0
 
 
-def level_of_events(kinds: Iterable[str]) -> int:
-    """The highest feature level among event types `kinds` (the baseline for none)."""
-    return max(
-        (EVENT_LEVELS.get(kind, BASELINE_FEATURE_LEVEL) for kind in kinds), default=BASELINE_FEATURE_LEVEL
-    )
+def level_of_events(kinds: Iterable[str], level: int = BASELINE_FEATURE_LEVEL) -> int:
+    """The highest feature level among event types `kinds` written at `level`: each type's, or
+    that of the version of its data `level` writes (`written_level`; the baseline for none)."""
+    return max((written_level(kind, level) for kind in kinds), default=BASELINE_FEATURE_LEVEL)
+
+
+def check_levels(events: Iterable[GroupEvent | StreamEvent], level: int) -> None:
+    """Refuse to write an event whose data needs a higher feature level than `level` (a field
+    of a newer version of its event set: `level_needed`), as `NotFinalized`."""
+    for event in events:
+        needs = level_needed(event)
+        if needs > level:
+            raise NotFinalized(
+                f"{type(event).__name__} as decided needs feature level {needs}; the deployment "
+                f"is finalized at {level} (decided again at that level)"
+            )
 
 
 def check_writable(kinds: Sequence[str], level: int) -> None:
@@ -214,7 +227,8 @@ class MemoryStore:
         if agg.revision != expected_revision:
             raise ConcurrencyConflict(expected_revision, agg.revision)
         self.appends += 1
-        versioned = await self.features.schema_for_write(level_of_events(kind for kind, _ in events)) >= 2
+        written = level_of_events((kind for kind, _ in events), level)
+        versioned = await self.features.schema_for_write(written) >= 2
         for kind, data in events:
             agg.revision += 1
             version = current_event_version(kind, level, EVENT_VERSIONS) if versioned else 1

@@ -31,6 +31,7 @@ from rsc.events.model import (
     Timing,
 )
 from rsc.events.retention import Retention
+from rsc.events.versions import ADVANCE_LEVEL, BASELINE_FEATURE_LEVEL, EVENT_LEVELS
 
 # --- group events ---------------------------------------------------------
 
@@ -127,9 +128,9 @@ class TargetAssignmentUpdated:
 @attrs.frozen
 class MemberEpochAdvanced:
     """The member reconciled to `member_epoch` on a heartbeat. `heard` (feature level 8, the
-    event's version 2): the epoch that heartbeat carried, when the member was quiet (moved by
-    a target, `Member.quiet`) and so may not have heard its epoch: the one a lost answer's
-    retry carries. None: the member's epoch before this one, as in version 1."""
+    event's version 2): the epoch that heartbeat carried, the one the member surely knows and a
+    lost answer's retry carries (a quiet member, moved by targets, may have heard none of its
+    epochs since). None (version 1): the member's epoch before this one."""
 
     durable: ClassVar[bool] = True
     member_id: str
@@ -543,3 +544,15 @@ StreamEvent = (
     | MigrationResumed
     | MigrationAborted
 )
+
+
+def level_needed(event: GroupEvent | StreamEvent) -> int:
+    """The feature level that may write `event`: its type's (`EVENT_LEVELS`), or the level of
+    the version of its data that carries a field it sets (`advances`, `heard`: version 2 of
+    their events, level 8)."""
+    needs = EVENT_LEVELS.get(type(event).__name__, BASELINE_FEATURE_LEVEL)
+    if (isinstance(event, TargetAssignmentUpdated) and event.advances) or (
+        isinstance(event, MemberEpochAdvanced) and event.heard is not None
+    ):
+        needs = max(needs, ADVANCE_LEVEL)
+    return needs

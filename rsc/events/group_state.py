@@ -353,8 +353,9 @@ def advance_quiet(state: GroupState, event: TargetAssignmentUpdated) -> Mapping[
     target gives it the same shards (it is not in `changed`): it was told everything this
     target asks of it, so it has reconciled to this one too, as a `MemberEpochAdvanced` on its
     next heartbeat would have said. It is marked `quiet`: it learns the epoch from its next
-    answer, and until a later advance that it surely heard, `previous_epoch` stays the last
-    epoch it was surely told. A leaving member, one that must still revoke, and one behind
+    answer, and until its next advance of its own, `previous_epoch` stays the epoch it surely
+    knows (the one its heartbeat carried when it last advanced; the epoch it advanced to was
+    only in an answer, which may have been lost). A leaving member, one that must still revoke, and one behind
     (a joiner before its first target) move on their own heartbeats, as before."""
     before, epoch, changed = state.assignment_epoch, event.assignment_epoch, event.changed
     target = state.target
@@ -370,8 +371,9 @@ def advance_quiet(state: GroupState, event: TargetAssignmentUpdated) -> Mapping[
             or not m.assigned <= target.get(member_id, _EMPTY)
         ):
             continue
-        previous = m.previous_epoch if m.quiet else m.member_epoch
-        members[member_id] = _member_with(m, member_epoch=epoch, previous_epoch=previous, quiet=True)
+        # (`previous_epoch` is the epoch the heartbeat that last advanced it carried: the one
+        # it surely knows; the epoch it advanced to was only in an answer, which may be lost.)
+        members[member_id] = _member_with(m, member_epoch=epoch, quiet=True)
     return members
 
 

@@ -62,6 +62,8 @@ def change_of(events: Iterable[GroupEvent]) -> Change | None:
                 released.update(event.shards)
             case TargetAssignmentUpdated():
                 members.update(event.changed)
+                # (moving quiet members, level 8: next owners of shards someone holds are ready)
+                advanced = advanced or event.advances
             case MemberFenced() | MemberLeft():
                 members.add(event.member_id)
             case LayoutApplied():

@@ -467,8 +467,8 @@ class Member:
     #: it when it stops, and a new incarnation of its id takes it over instead of being refused.
     static: bool = attrs.field(default=False, metadata={"omit_if_default": True})
     #: Its epoch was last moved by a target that kept its shards (feature level 8), which it
-    #: may not have heard of yet: a heartbeat with any epoch from `previous_epoch` (the last
-    #: it was surely told) to `member_epoch` is its own, while it reports only what it holds.
+    #: may not have heard of yet: a heartbeat with any epoch from `previous_epoch` (the one it
+    #: surely knows) to `member_epoch` is its own, while it reports only what it holds.
     quiet: bool = attrs.field(default=False, metadata={"omit_if_default": True})
 
     @property

@@ -47,7 +47,14 @@ def reconcile(decision: Decision, hb: Heartbeat) -> None:
         return  # reconciled: nothing to acknowledge, revoke, advance or install
     # A revoking shard is still held only while reported owned and not acked (a recheck
     # speaks for what the member reported when it sent the heartbeat: it acknowledges nothing).
-    acked = frozenset() if hb.recheck else member.revoking - (hb.owned - hb.revoked)
+    # Only a heartbeat at the member's epoch acknowledges: a revoke is asked for at that epoch,
+    # which stays until the member holds nothing outside its target, so an older one (a retry,
+    # a delayed or duplicated request accepted as a lost answer's) predates the revoke.
+    acked = (
+        frozenset()
+        if hb.recheck or hb.member_epoch != member.member_epoch
+        else member.revoking - (hb.owned - hb.revoked)
+    )
     if acked:
         decision.emit(ShardsRevokeAcked(member.member_id, acked))
         decision.emit(ShardsReleased(member.member_id, acked, ReleaseReason.REVOKE_ACKED))
@@ -62,8 +69,8 @@ def reconcile(decision: Decision, hb: Heartbeat) -> None:
     if decision.group.members[member.member_id].revoking:
         return  # keeps its old epoch and gets nothing new until it has acked
     if member.member_epoch != group.assignment_epoch:
-        # (A quiet member may not have heard its epoch: the one it sent is what it knows.)
-        heard = hb.member_epoch if member.quiet else None
+        # (The epoch it sent is the one it surely knows: a lost answer's retry carries it.)
+        heard = hb.member_epoch if decision.level >= ADVANCE_LEVEL or member.quiet else None
         decision.emit(MemberEpochAdvanced(member.member_id, group.assignment_epoch, heard))
     free = frozenset(s for s in target - member.installed if s not in group.owners)
     if free and group.quarantine:

@@ -281,6 +281,15 @@ EVENT_VERSIONS: Mapping[str, tuple[EventVersion, ...]] = {
 }
 
 
+def written_level(kind: str, level: int) -> int:
+    """The feature level a journal entry of `kind` written at `level` belongs to: its type's
+    (`EVENT_LEVELS`), or that of the newest version of its data `level` writes, if higher.
+    What the deployment records as written (a level written to is never lowered again)."""
+    versions = EVENT_VERSIONS.get(kind, ())
+    newest = max((v.level for v in versions if v.level <= level), default=BASELINE_FEATURE_LEVEL)
+    return max(EVENT_LEVELS.get(kind, BASELINE_FEATURE_LEVEL), newest)
+
+
 class UnsupportedEventVersion(ValueError):
     """A journal entry this code cannot read: written by a newer release at a higher level."""
 

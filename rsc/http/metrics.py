@@ -116,7 +116,8 @@ class Metrics:
             registry=self.prometheus,
         )
         self._revoked_at: dict[tuple[str, str, int], int] = {}
-        self.prometheus.register(_ActorCollector(deployment))
+        self._actors = _ActorCollector(deployment)
+        self.prometheus.register(self._actors)
         self.prometheus.register(_DataLossCollector())
         self.prometheus.register(_RetentionCollector(deployment))
         self.prometheus.register(_QuotaCollector())
@@ -154,6 +155,11 @@ class Metrics:
                             self.handoffs.labels(*labels).inc()
                             seconds = max(0, self.deployment.now_ms() - started) / 1000
                             self.handoff_seconds.labels(*labels).observe(seconds)
+
+    def before_render(self) -> None:
+        """What a render beside the event loop (`/metrics`, in a worker thread) must not read
+        there, read now, on the loop: the deployment's time."""
+        self._actors.now_ms = self.deployment.now_ms()
 
     async def sample_forever(self, every_s: float = SAMPLE_EVERY_S) -> None:
         """Read the shards' Redis figures every `every_s` (a scrape never waits for Redis), or
@@ -347,6 +353,9 @@ class _DataLossCollector:
 class _ActorCollector:
     def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment
+        #: The deployment's time, as read on the event loop before a render (`Metrics.before_render`):
+        #: a render runs in a worker thread, where a trio clock cannot be read. None: read it now.
+        self.now_ms: int | None = None
 
     def collect(self) -> Iterator[Metric]:
         members = GaugeMetricFamily(
@@ -394,7 +403,7 @@ class _ActorCollector:
             "1 while the stream's migration is stopped at a phase bound, for an operator to resume or abort",
             labels=["stream"],
         )
-        now_ms = self.deployment.now_ms()
+        now_ms = self.now_ms if self.now_ms is not None else self.deployment.now_ms()
         for actor in self.deployment.actor_figures():
             name = actor.aggregate
             inbox.add_metric([name], actor.inbox_depth)

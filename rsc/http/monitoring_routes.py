@@ -184,6 +184,7 @@ def _add_process_routes(app: QuartTrio, deployment: Deployment, gate: Gate, metr
         # was a stall in the heartbeats' p99). Each collector reads immutable states and
         # samples, or copies what it reads in one call (`actor_figures`, `sorted(...items())`);
         # the thread yields the interpreter to the loop every switch interval.
+        metrics.before_render()
         body = await beside_loop(lambda: generate_latest(source))
         return Response(body, content_type=CONTENT_TYPE_LATEST)
 

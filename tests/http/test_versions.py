@@ -33,7 +33,7 @@ from rsc.actors.features import (
 )
 from rsc.actors.keys import COORDINATOR_TOKEN_KEY, STREAMS_KEY, AggregateId
 from rsc.actors.redis_store import RedisStore
-from rsc.actors.store import MemoryStore, check_writable
+from rsc.actors.store import MemoryStore, check_levels, check_writable, level_of_events
 from rsc.actors.store_connection import open_redis
 from rsc.cli import main
 from rsc.client.coordinator import Coordinator, Negotiation
@@ -42,7 +42,9 @@ from rsc.client.sync import SyncCoordinator
 from rsc.events import codec, events
 from rsc.events.model import ClientInfo, HeartbeatStatus
 from rsc.events.versions import (
+    ADVANCE_LEVEL,
     EVENT_LEVELS,
+    GROUP_OPS_LEVEL,
     MAX_FEATURE_LEVEL,
     PROTOCOL_VERSION,
     EventVersion,
@@ -507,3 +509,32 @@ async def test_lowering_is_allowed_while_nothing_of_the_higher_level_was_written
     assert checker.hget(FEATURES_KEY, "written") == "1"
     assert checker.hlen(COORDINATORS_KEY) == 0  # unregistered on the way out
     checker.close()
+
+
+async def test_data_of_a_newer_event_version_marks_its_level_written(fresh: Any) -> None:
+    """A level-8 target (`TargetAssignmentUpdated` version 2, `advances`) written marks level 8
+    written, in Redis and in memory: the level can no longer be lowered below it, where an
+    N-1 coordinator would misread the journal (review finding: only event types counted)."""
+    target = (
+        "TargetAssignmentUpdated",
+        codec.to_json(events.TargetAssignmentUpdated(1, {}, 0, True), events.GroupEvent),
+    )
+    for store in (RedisStore(fresh), MemoryStore()):
+        await store.append(GROUP, 0, [target])
+        state = await store.features.current()
+        assert state.written == ADVANCE_LEVEL
+        with pytest.raises(FeatureLevelMoved, match="cannot go below"):
+            await store.features.finalize(ADVANCE_LEVEL - 1, "test")
+    assert level_of_events(["TargetAssignmentUpdated"], ADVANCE_LEVEL - 1) == 1
+    assert level_of_events(["TargetAssignmentUpdated", "GroupPaused"], ADVANCE_LEVEL - 1) == GROUP_OPS_LEVEL
+
+
+def test_a_field_of_a_newer_event_version_is_never_written_below_its_level() -> None:
+    """An event decided at level 8 (a target that moves quiet members, an advance naming the
+    epoch heard) is refused at a lower level (a level lowered between decision and write)."""
+    below = ADVANCE_LEVEL - 1
+    check_levels([events.TargetAssignmentUpdated(1, {}, 0), events.MemberEpochAdvanced("a", 2)], below)
+    for decided in (events.TargetAssignmentUpdated(1, {}, 0, True), events.MemberEpochAdvanced("a", 2, 1)):
+        with pytest.raises(NotFinalized, match="needs feature level 8"):
+            check_levels([decided], below)
+        check_levels([decided], ADVANCE_LEVEL)
