@@ -64,6 +64,13 @@ def test_what_concerns_a_held_heartbeat() -> None:
     unquarantined = longpoll.change_of([QuarantineEnded(frozenset({3}))])
     assert unquarantined is not None
     assert longpoll.concerns(unquarantined, "b", frozenset({3}))
+    # A target that moves quiet members (level 8): next owners may be ready, so a member
+    # waiting for them (nothing pending) is asked again; one waiting for shards is not.
+    assert longpoll.change_of([TargetAssignmentUpdated(6, {}, 0)]) is None
+    quiet = longpoll.change_of([TargetAssignmentUpdated(6, {}, 0, advances=True)])
+    assert quiet is not None
+    assert longpoll.concerns(quiet, "b", frozenset())
+    assert not longpoll.concerns(quiet, "b", frozenset({1}))
 
 
 def test_a_recheck_never_acknowledges_and_is_refused_once_the_member_moved_on() -> None:
