@@ -360,6 +360,7 @@ class SentinelSet:
         once every sentinel names it and it says it is the primary."""
         old = self.primary_port()
         self.wait_ready()
+        self._wait_replicated(old, timeout)
         with redis.Redis(port=self.sentinel_ports[0]) as sentinel:
             sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
         deadline = time.monotonic() + timeout
@@ -369,6 +370,24 @@ class SentinelSet:
                 return new
             time.sleep(0.1)
         raise RuntimeError("the failover did not complete")
+
+    @staticmethod
+    def _wait_replicated(primary: int, timeout: float) -> None:
+        """Until every replica has what `primary` had written when asked: a forced
+        `SENTINEL FAILOVER` does not wait for it, and a write made just before was lost with
+        the old primary's resync (CI: a key set before the failover read back as None)."""
+        deadline = time.monotonic() + timeout
+        with redis.Redis(port=primary) as node:
+            target = int(node.info("replication")["master_repl_offset"])
+            while time.monotonic() < deadline:
+                info = node.info("replication")
+                offsets = [
+                    int(v["offset"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                ]
+                if offsets and min(offsets) >= target:
+                    return
+                time.sleep(0.02)
+        raise RuntimeError(f"the replicas did not reach offset {target} of {primary}")
 
     @staticmethod
     def _switched(old: int, new: int) -> bool:
