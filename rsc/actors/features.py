@@ -84,12 +84,23 @@ class FeatureSource(Protocol):
         """The level as Redis holds it now, read only (None: not recorded yet)."""
         ...
 
-    async def schema_for_write(self, needed: int = BASELINE_FEATURE_LEVEL) -> int:
+    async def schema_for_write(self, needed: Needed = BASELINE_FEATURE_LEVEL) -> int:
         """The journal schema to append with now, the level written raised first to cover it
-        and `needed` (the highest level of the events appended)."""
+        and `needed` (the highest level of the events appended, or that as a function of the
+        level they are written at)."""
         ...
 
     async def finalize(self, level: int, by: str, expected: int | None = None) -> FeatureState: ...
+
+
+#: What a write needs marked written: a level, or one as a function of the finalized level
+#: (the version of an event's data written depends on it: `rsc.events.versions.written_level`).
+Needed = int | Callable[[int], int]
+
+
+def needed_at(needed: Needed, level: int) -> int:
+    """`needed` at the finalized `level`."""
+    return needed(level) if callable(needed) else needed
 
 
 class StaticFeatures:
@@ -112,9 +123,9 @@ class StaticFeatures:
     async def peek(self) -> FeatureState | None:
         return self.state
 
-    async def schema_for_write(self, needed: int = BASELINE_FEATURE_LEVEL) -> int:
+    async def schema_for_write(self, needed: Needed = BASELINE_FEATURE_LEVEL) -> int:
         schema = feature_level(self.state.level).journal_schema
-        written = max(self.state.written, level_of_schema(schema), needed)
+        written = max(self.state.written, level_of_schema(schema), needed_at(needed, self.state.level))
         self.state = FeatureState(self.state.level, written)
         return schema
 
@@ -226,22 +237,26 @@ class Features:
             return None
         return FeatureState(int(raw["level"]), int(raw.get("written", BASELINE_FEATURE_LEVEL)))
 
-    async def schema_for_write(self, needed: int = BASELINE_FEATURE_LEVEL) -> int:
+    async def schema_for_write(self, needed: Needed = BASELINE_FEATURE_LEVEL) -> int:
         """The journal schema to append with now; marks its level (or `needed`, the highest
-        level of the events appended, if higher) written first.
+        level of the events appended, if higher: a function of the level read here when the
+        events' data depends on it) written first.
 
         Under the lock `finalize` takes, and decided from the level read under it: a level
         lowered meanwhile is seen here, and one lowered after this returns finds `written`
         raised already and is refused. The mark itself is refused if another coordinator
         changed the level (then it is read again)."""
         state = await self.current()
-        if max(level_of_schema(feature_level(state.level).journal_schema), needed) <= state.written:
+        if (
+            max(level_of_schema(feature_level(state.level).journal_schema), needed_at(needed, state.level))
+            <= state.written
+        ):
             return feature_level(state.level).journal_schema  # the usual case: nothing to mark
         async with self._lock:
             for _ in range(3):
                 state = await self.current()
                 schema = feature_level(state.level).journal_schema
-                mark = max(level_of_schema(schema), needed)
+                mark = max(level_of_schema(schema), needed_at(needed, state.level))
                 if mark <= state.written:
                     return schema
                 with redis_errors("recording the feature level written"):

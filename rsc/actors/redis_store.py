@@ -131,8 +131,8 @@ class RedisStore:
         checkpoint: str | None = None,
     ) -> Appended:
         token = self.fence_token() if self.fence_token is not None else 0
-        level = (await self.features.current()).level
-        schema = await self.features.schema_for_write(level_of_events((kind for kind, _ in events), level))
+        kinds = [kind for kind, _ in events]
+        schema = await self.features.schema_for_write(lambda level: level_of_events(kinds, level))
         state = await self.features.current()
         args: list[str | int] = [expected_revision, schema, self.retention, token, len(events)]
         for kind, data in events:

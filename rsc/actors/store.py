@@ -227,8 +227,8 @@ class MemoryStore:
         if agg.revision != expected_revision:
             raise ConcurrencyConflict(expected_revision, agg.revision)
         self.appends += 1
-        written = level_of_events((kind for kind, _ in events), level)
-        versioned = await self.features.schema_for_write(written) >= 2
+        kinds = [kind for kind, _ in events]
+        versioned = await self.features.schema_for_write(lambda at: level_of_events(kinds, at)) >= 2
         for kind, data in events:
             agg.revision += 1
             version = current_event_version(kind, level, EVENT_VERSIONS) if versioned else 1

@@ -376,17 +376,18 @@ def _epoch_accepted(member: Member, hb: Heartbeat) -> bool:
         return True
     if not hb.owned <= member.installed:
         return False
-    if member.quiet:
-        return member.previous_epoch <= hb.member_epoch < member.member_epoch
-    return hb.member_epoch == member.previous_epoch
+    return _quietly_passed(member, hb.member_epoch) or hb.member_epoch == member.previous_epoch
 
 
 def _recheck_accepted(member: Member, hb: Heartbeat) -> bool:
     """A held heartbeat decided again at the epoch its answer gave: the member's epoch still,
     or one a target that kept its shards moved on from since (it then learns the new one)."""
-    if hb.member_epoch == member.member_epoch:
-        return True
-    return member.quiet and member.previous_epoch <= hb.member_epoch < member.member_epoch
+    return hb.member_epoch == member.member_epoch or _quietly_passed(member, hb.member_epoch)
+
+
+def _quietly_passed(member: Member, epoch: int) -> bool:
+    """`epoch` is one a quiet member may still know: from the one it surely knows to its own."""
+    return member.quiet and member.previous_epoch <= epoch < member.member_epoch
 
 
 def _leave(decision: Decision, hb: Heartbeat) -> None:

@@ -355,13 +355,14 @@ def advance_quiet(state: GroupState, event: TargetAssignmentUpdated) -> Mapping[
     next heartbeat would have said. It is marked `quiet`: it learns the epoch from its next
     answer, and until its next advance of its own, `previous_epoch` stays the epoch it surely
     knows (the one its heartbeat carried when it last advanced; the epoch it advanced to was
-    only in an answer, which may have been lost). A leaving member, one that must still revoke, and one behind
-    (a joiner before its first target) move on their own heartbeats, as before."""
+    only in an answer, which may have been lost). A leaving member, one that must still
+    revoke, and one behind (a joiner before its first target) move on their own heartbeats,
+    as before."""
     before, epoch, changed = state.assignment_epoch, event.assignment_epoch, event.changed
-    target = state.target
-    members = dict(state.members)
     if before <= 0:  # no target before this one: every member is a joiner
         return state.members
+    target = state.target
+    members = dict(state.members)
     for member_id, m in state.members.items():
         if (
             m.member_epoch != before

@@ -288,15 +288,16 @@ async def json_response_beside_loop(build: Callable[[], Any]) -> Response:
     of the event loop that every heartbeat answered meanwhile waits for. `build` reads only
     what no other task changes meanwhile: immutable states, and copies (`Leases.snapshot`)."""
 
-    def render() -> bytes:
-        return dump_json(codec.wire.unstructure(build()))
+    return Response(await beside_loop(lambda: encoded_json(build())), content_type="application/json")
 
-    return Response(await beside_loop(render), content_type="application/json")
+
+def encoded_json(value: Any, plain: bool = False) -> bytes:
+    """`value` as JSON bytes; `plain` says it is already made of dicts, lists and scalars.
+
+    Raises what the wire converter raises for a value that is no wire type (a bug)."""
+    return dump_json(value if plain else codec.wire.unstructure(value))
 
 
 def json_response(value: Any, plain: bool = False) -> Response:
-    """`value` as JSON; `plain` says it is already made of dicts, lists and scalars.
-
-    Raises what the wire converter raises for a value that is no wire type (a bug)."""
-    data = value if plain else codec.wire.unstructure(value)
-    return Response(dump_json(data), content_type="application/json")
+    """`value` as a JSON response (`encoded_json`)."""
+    return Response(encoded_json(value, plain), content_type="application/json")
